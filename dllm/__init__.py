@@ -1,0 +1,22 @@
+"""dllm: a small runtime for diffusion LMs (Dream, LLaDA) with Prefilling-dLLM long-context inference.
+
+Public entry points: :func:`load_model`, :func:`generate`.
+"""
+
+from dllm.config import ConfigError, ModelConfig, load_config
+from dllm.kv_cache import StaticKVCache
+from dllm.loader import default_model_dir, load_model, load_tokenizer
+from dllm.modeling import DiffusionLM
+from dllm.weights import WeightError
+
+__all__ = [
+    "ConfigError",
+    "DiffusionLM",
+    "ModelConfig",
+    "StaticKVCache",
+    "WeightError",
+    "default_model_dir",
+    "load_config",
+    "load_model",
+    "load_tokenizer",
+]

@@ -1,0 +1,77 @@
+"""Static KV cache: per-layer key/value pools plus one segment table (DESIGN sections 3.1 and 4).
+
+The static part of a prompt (a prefix, or the kept context chunks) is encoded
+once and reused for every denoising step. Its keys and values live in a pool of
+``P`` slots of ``T`` tokens per layer; each batch row lists the slots it attends
+to (``seg_slots``, -1 = none) and how many tokens of each slot are valid
+(``seg_lens``). This is exactly the input of ``triton_kernels.split_s_attention``,
+so the pools are never gathered into contiguous memory.
+
+Keys are stored with RoPE already applied at the positions the segment should
+have for decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StaticKVCache:
+    """Per-layer K/V pools and the segment table shared by all layers.
+
+    Attributes:
+        k: list over layers of ``[P, T, Hkv, D]`` keys (RoPE applied), model dtype.
+        v: list over layers of ``[P, T, Hkv, D]`` values.
+        seg_slots: ``[B, S]`` int32, pool slot of each segment per batch row, -1 = none.
+        seg_lens: ``[B, S]`` int32, valid tokens 0..T of that slot.
+    """
+
+    k: list
+    v: list
+    seg_slots: torch.Tensor
+    seg_lens: torch.Tensor
+
+    def __post_init__(self):
+        if len(self.k) != len(self.v) or not self.k:
+            raise ValueError(f"StaticKVCache needs one K and one V pool per layer, got {len(self.k)}/{len(self.v)}")
+        if self.seg_slots.shape != self.seg_lens.shape or self.seg_slots.dim() != 2:
+            raise ValueError(
+                f"seg_slots {tuple(self.seg_slots.shape)} and seg_lens {tuple(self.seg_lens.shape)} must both be [B, S]"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def batch_size(self) -> int:
+        return self.seg_slots.shape[0]
+
+    def tokens_per_row(self) -> torch.Tensor:
+        """Valid cached tokens each batch row attends to, ``[B]`` int64."""
+        return torch.where(self.seg_slots >= 0, self.seg_lens, 0).long().sum(dim=1)
+
+    def nbytes(self) -> int:
+        """Bytes held by the pools (all layers, K and V)."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @classmethod
+    def single_segment(cls, k_layers, v_layers, length: int | None = None) -> StaticKVCache:
+        """One contiguous prefix per batch row: row b attends to slot b.
+
+        Args:
+            k_layers, v_layers: per layer ``[B, T, Hkv, D]`` (e.g. the K/V returned by a
+                model forward with ``return_kv=True``).
+            length: valid tokens per row (default T).
+        """
+        b, t = k_layers[0].shape[:2]
+        n = t if length is None else int(length)
+        if not 0 <= n <= t:
+            raise ValueError(f"length {n} outside [0, {t}]")
+        dev = k_layers[0].device
+        slots = torch.arange(b, dtype=torch.int32, device=dev)[:, None]
+        lens = torch.full((b, 1), n, dtype=torch.int32, device=dev)
+        return cls(list(k_layers), list(v_layers), slots, lens)

@@ -1,0 +1,236 @@
+"""One bidirectional decoder for both dLLM families (Dream / LLaDA).
+
+Both families are pre-norm Llama-style transformers: RMSNorm -> attention
+(RoPE, GQA) -> residual -> RMSNorm -> SwiGLU MLP -> residual, final RMSNorm, LM
+head. They differ only in q/k/v bias, weight names (handled by
+:mod:`dllm.weights`) and the logit shift. Attention is **bidirectional**: a
+diffusion LM has no causal mask.
+
+The forward takes explicit ``position_ids`` and an optional
+:class:`~dllm.kv_cache.StaticKVCache`. With a cache, the live tokens attend to
+the cached segments plus themselves through ``triton_kernels.split_s_attention``
+(partials + LSE merge; Triton on CUDA, the torch reference on CPU). Without one,
+attention is torch SDPA over the live tokens, optionally with a mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import triton_kernels
+from dllm.config import ModelConfig
+from dllm.kv_cache import StaticKVCache
+from dllm.rope import apply_rope, rope_cos_sin
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32, weight applied in the input dtype (Qwen2/LLaDA convention)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.hq * self.d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.hq * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx):
+        b, n, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(b, n, self.hq, self.d), cos, sin)  # [B, L, Hq, D]
+        k = apply_rope(self.k_proj(x).view(b, n, self.hkv, self.d), cos, sin)  # [B, L, Hkv, D]
+        v = self.v_proj(x).view(b, n, self.hkv, self.d)
+        if hook is not None:
+            hook(layer_idx, q, k, v)
+        if cache is None:
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, enable_gqa=True
+            ).transpose(1, 2)
+        else:
+            k_pool, v_pool = cache_kv
+            o, _ = triton_kernels.split_s_attention(q, k_pool, v_pool, cache.seg_slots, cache.seg_lens, k, v)
+        return self.o_proj(o.reshape(b, n, self.hq * self.d)), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, cache_kv, cache, attn_mask, hook, layer_idx)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k, v
+
+
+@dataclass
+class DecoderOutput:
+    """Result of :meth:`DiffusionLM.forward`.
+
+    Attributes:
+        logits: ``[B, L - logits_start, V]`` in the model dtype; ``logits[:, j]`` is the
+            distribution of live token ``logits_start + j`` (already shifted for Dream).
+            None when ``logits_start == L``.
+        k, v: per layer ``[B, L, Hkv, D]`` live keys (RoPE applied) and values, when
+            ``return_kv`` was set; else None.
+    """
+
+    logits: torch.Tensor | None
+    k: list | None = None
+    v: list | None = None
+
+
+class DiffusionLM(nn.Module):
+    """Bidirectional decoder of a diffusion LM (Dream or LLaDA family).
+
+    Attributes set by :func:`dllm.load_model`: ``tokenizer`` (or None) and
+    ``model_dir``. ``family``, ``mask_token_id`` and ``shift_logits`` come from
+    the config.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.tokenizer = None
+        self.model_dir = None
+
+    # --- identity -----------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return self.config.family
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def shift_logits(self) -> bool:
+        return self.config.shift_logits
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    # --- forward ------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: StaticKVCache | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        logits_start: int = 0,
+        return_kv: bool = False,
+        attn_hook=None,
+    ) -> DecoderOutput:
+        """Run the live tokens through the model.
+
+        Args:
+            input_ids: ``[B, L]`` int64 token ids of the live tokens.
+            position_ids: ``[B, L]`` or ``[L]`` int64 RoPE positions (explicit: cached
+                segments and live tokens need not be contiguous).
+            cache: static KV of segments the live tokens also attend to (every layer);
+                its ``seg_slots`` must have B rows. None = attention over live tokens only.
+            attention_mask: only without a cache. ``[B, L]`` bool (True = key is valid, e.g.
+                padding of a ragged batch) or ``[B, L, L]`` bool (query x key allowed).
+            logits_start: first live position whose logits are returned; earlier ones skip
+                the LM head (saves the ``V``-wide matmul for a long prompt).
+            return_kv: also return every layer's live K (RoPE applied) and V.
+            attn_hook: optional ``fn(layer_idx, q, k, v)`` called in every layer with the live
+                q ``[B, L, Hq, D]``, k/v ``[B, L, Hkv, D]`` (used by chunk scoring).
+
+        Returns:
+            :class:`DecoderOutput`. For shifted (Dream) models the logits of token i are the
+            head output at position i-1; token 0 uses its own position (Dream's convention).
+
+        Raises:
+            ValueError: shape mismatches, a mask together with a cache, or a cache with the
+                wrong number of layers / batch rows.
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
+        b, n = input_ids.shape
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0).expand(b, n)
+        if tuple(position_ids.shape) != (b, n):
+            raise ValueError(f"position_ids {tuple(position_ids.shape)} does not match input_ids {(b, n)}")
+        if not 0 <= logits_start <= n:
+            raise ValueError(f"logits_start {logits_start} outside [0, {n}]")
+        mask = None
+        if cache is not None:
+            if attention_mask is not None:
+                raise ValueError("attention_mask cannot be combined with a static cache")
+            if cache.num_layers != len(self.layers) or cache.batch_size != b:
+                raise ValueError(
+                    f"cache has {cache.num_layers} layers x {cache.batch_size} rows; "
+                    f"model has {len(self.layers)} layers, batch is {b}"
+                )
+        elif attention_mask is not None:
+            if attention_mask.dtype != torch.bool:
+                raise ValueError(f"attention_mask must be bool, got {attention_mask.dtype}")
+            if attention_mask.shape == (b, n):
+                mask = attention_mask[:, None, None, :]
+            elif attention_mask.shape == (b, n, n):
+                mask = attention_mask[:, None]
+            else:
+                raise ValueError(f"attention_mask must be [B, L] or [B, L, L], got {tuple(attention_mask.shape)}")
+
+        cfg = self.config
+        cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)  # [B, L, D]
+        x = self.embed_tokens(input_ids)
+        ks, vs = [], []
+        for i, layer in enumerate(self.layers):
+            cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i)
+            if return_kv:
+                ks.append(k)
+                vs.append(v)
+        logits = None
+        if logits_start < n:
+            if cfg.shift_logits:
+                src = torch.arange(logits_start - 1, n - 1, device=x.device).clamp_min(0)
+                h = x.index_select(1, src)
+            else:
+                h = x[:, logits_start:]
+            logits = self.lm_head(self.norm(h))
+        return DecoderOutput(logits, ks if return_kv else None, vs if return_kv else None)

@@ -1,0 +1,161 @@
+"""Checkpoint weights: safetensors files (single or sharded) and the per-family name maps.
+
+Our module names follow the Qwen2 layout without the ``model.`` prefix
+(``layers.N.self_attn.q_proj.weight``...). Dream checkpoints use the Qwen2 names
+with the prefix; LLaDA checkpoints use OLMo names
+(``model.transformer.blocks.N.attn_out.weight``...), mapped below. The exact
+reference names are in ``shared/reference/*/weight_names.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import torch
+from safetensors import safe_open
+
+# LLaDA (OLMo "llama" block) -> our names. ff_proj is the SwiGLU gate (activated),
+# up_proj the linear branch, ff_out the down projection; the top-level ff_out is the LM head.
+_LLADA_BLOCK = {
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "attn_out": "self_attn.o_proj",
+    "ff_proj": "mlp.gate_proj",
+    "up_proj": "mlp.up_proj",
+    "ff_out": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ff_norm": "post_attention_layernorm",
+}
+_LLADA_TOP = {
+    "model.transformer.wte.weight": "embed_tokens.weight",
+    "model.transformer.ln_f.weight": "norm.weight",
+    "model.transformer.ff_out.weight": "lm_head.weight",
+}
+_LLADA_RE = re.compile(r"^model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)$")
+_DREAM_RE = re.compile(r"^model\.(.+)$")
+
+# Buffers some exporters save that carry no learned state.
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary\.inv_freq)$")
+
+
+class WeightError(ValueError):
+    """Checkpoint weights are missing, unreadable, misnamed or of the wrong shape."""
+
+
+def checkpoint_to_module_name(name: str, family: str) -> str | None:
+    """Our parameter name for a checkpoint tensor name, or None for ignorable buffers.
+
+    Raises:
+        WeightError: a name that does not belong to the family's layout.
+    """
+    if _IGNORED.search(name):
+        return None
+    if family == "dream":
+        if name == "lm_head.weight":
+            return name
+        m = _DREAM_RE.match(name)
+        if m:
+            return m.group(1)
+    else:
+        if name in _LLADA_TOP:
+            return _LLADA_TOP[name]
+        m = _LLADA_RE.match(name)
+        if m and m.group(2) in _LLADA_BLOCK:
+            return f"layers.{m.group(1)}.{_LLADA_BLOCK[m.group(2)]}.{m.group(3)}"
+    raise WeightError(f"unexpected tensor {name!r} for a {family} checkpoint")
+
+
+def module_to_checkpoint_name(name: str, family: str) -> str:
+    """Inverse of :func:`checkpoint_to_module_name` (used to write checkpoints)."""
+    if family == "dream":
+        return name if name == "lm_head.weight" else f"model.{name}"
+    for ck, ours in _LLADA_TOP.items():
+        if ours == name:
+            return ck
+    m = re.match(r"^layers\.(\d+)\.(.+)\.(weight|bias)$", name)
+    if m:
+        for ck, ours in _LLADA_BLOCK.items():
+            if ours == m.group(2):
+                return f"model.transformer.blocks.{m.group(1)}.{ck}.{m.group(3)}"
+    raise WeightError(f"no LLaDA name for parameter {name!r}")
+
+
+def checkpoint_files(model_dir: str) -> list[str]:
+    """The safetensors files of a checkpoint.
+
+    Uses ``model.safetensors.index.json`` (sharded) when present, else
+    ``model.safetensors``, else any single ``*.safetensors`` file.
+
+    Raises:
+        WeightError: no safetensors file, or an index naming a missing shard.
+    """
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise WeightError(f"{index} is not a valid safetensors index ({e})") from e
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not os.path.isfile(os.path.join(model_dir, f))]
+        if missing:
+            raise WeightError(f"{index} names shard(s) not in {model_dir}: {missing}")
+        return [os.path.join(model_dir, f) for f in files]
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    found = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if len(found) == 1:
+        return [os.path.join(model_dir, found[0])]
+    raise WeightError(f"{model_dir!r} has no model.safetensors or model.safetensors.index.json")
+
+
+@torch.no_grad()
+def load_weights_into(model: torch.nn.Module, model_dir: str, family: str) -> None:
+    """Copy a checkpoint's tensors into ``model`` (converting to its dtype/device).
+
+    Every parameter must be present exactly once with the expected shape; tied
+    LM heads may be absent.
+
+    Raises:
+        WeightError: unexpected names, missing parameters, shape mismatches.
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    loaded: set[str] = set()
+    for path in checkpoint_files(model_dir):
+        with safe_open(path, framework="pt") as f:
+            for ck_name in f.keys():
+                name = checkpoint_to_module_name(ck_name, family)
+                if name is None:
+                    continue
+                if name not in params:
+                    raise WeightError(f"{os.path.basename(path)}: tensor {ck_name!r} maps to unknown parameter {name!r}")
+                t = f.get_tensor(ck_name)
+                p = params[name]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise WeightError(
+                        f"shape mismatch for {ck_name!r}: checkpoint {tuple(t.shape)}, "
+                        f"config expects {tuple(p.shape)}"
+                    )
+                p.copy_(t.to(dtype=p.dtype, device=p.device))
+                loaded.add(name)
+    missing = [n for n in params if n not in loaded and not (tied and n == "lm_head.weight")]
+    if missing:
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise WeightError(f"checkpoint in {model_dir!r} lacks {len(missing)} tensor(s): {missing[:5]}{more}")
+
+
+def save_checkpoint(model: torch.nn.Module, model_dir: str, family: str, dtype: torch.dtype | None = None) -> None:
+    """Write ``model``'s parameters as ``model.safetensors`` with the family's names."""
+    from safetensors.torch import save_file
+
+    os.makedirs(model_dir, exist_ok=True)
+    tensors = {}
+    for name, p in model.named_parameters():
+        t = p.detach().to("cpu")
+        tensors[module_to_checkpoint_name(name, family)] = (t if dtype is None else t.to(dtype)).contiguous()
+    save_file(tensors, os.path.join(model_dir, "model.safetensors"), metadata={"format": "pt"})
