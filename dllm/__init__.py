@@ -4,6 +4,7 @@ Public entry points: :func:`load_model`, :func:`generate`.
 """
 
 from dllm.config import ConfigError, ModelConfig, load_config
+from dllm.generate import GenerationResult, GenerationStats, generate
 from dllm.kv_cache import StaticKVCache
 from dllm.loader import default_model_dir, load_model, load_tokenizer
 from dllm.modeling import DiffusionLM
@@ -12,10 +13,13 @@ from dllm.weights import WeightError
 __all__ = [
     "ConfigError",
     "DiffusionLM",
+    "GenerationResult",
+    "GenerationStats",
     "ModelConfig",
     "StaticKVCache",
     "WeightError",
     "default_model_dir",
+    "generate",
     "load_config",
     "load_model",
     "load_tokenizer",

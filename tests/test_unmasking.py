@@ -1,0 +1,168 @@
+"""Unmasking rules on a stub model with fixed logits, against hand-computed orders."""
+
+import math
+
+import pytest
+import torch
+
+import dllm
+from dllm.modeling import DecoderOutput
+from dllm.unmasking import dream_count, llada_schedule
+
+# Response position -> probabilities over the 3 real tokens (token 3 = mask, 4 = eos: prob 0).
+#            top1  argmax  margin  sum p log p
+# pos0 A  .46   tok 1   .02     -0.949
+# pos1 B  .50   tok 2   .25     -1.040
+# pos2 C  .70   tok 0   .55     -0.819
+# pos3 D  .60   tok 1   .22     -0.752
+PROBS = [[0.44, 0.46, 0.10], [0.25, 0.25, 0.50], [0.70, 0.15, 0.15], [0.38, 0.60, 0.02]]
+ARGMAX = [1, 2, 0, 1]
+MASK = 3
+
+
+class _Cfg:
+    vocab_size = 5
+    eos_token_id = 4
+    pad_token_id = 4
+
+
+class StubModel:
+    """Fixed logits per response position; records the response seen at every forward."""
+
+    family = "dream"
+    mask_token_id = MASK
+    config = _Cfg()
+    device = torch.device("cpu")
+    tokenizer = None
+
+    def __init__(self, family="dream"):
+        self.family = family
+        self.history = []
+        logp = torch.full((4, 5), -math.inf)
+        logp[:, :3] = torch.tensor(PROBS).log()
+        self.logp = logp
+
+    def __call__(self, x, pos, cache=None, *, logits_start=0, return_kv=False, **kw):
+        self.history.append(x[0, logits_start:].tolist())
+        g = x.shape[1] - logits_start
+        return DecoderOutput(self.logp[:g].unsqueeze(0).expand(x.shape[0], g, 5).clone())
+
+
+def reveal_order(history):
+    """List of sets: positions revealed before each forward after the first, plus the final state."""
+    order = []
+    for prev, cur in zip(history, history[1:]):
+        order.append({i for i, (a, b) in enumerate(zip(prev, cur)) if a == MASK and b != MASK})
+    return order
+
+
+def run(alg, steps=4, block_length=None, family="dream", **kw):
+    m = StubModel(family)
+    res = dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=steps, block_length=block_length,
+                        alg=alg, **kw)
+    final = res.tokens[0].tolist()
+    m.history.append(final)
+    return reveal_order(m.history), final, res
+
+
+def test_schedules_by_hand():
+    # Dream linear schedule, 4 masks, 4 steps, eps=1e-3: t = 1, .75025, .5005, .25075
+    # step0: int(4 * (1 - .75025/1)) = int(0.999) = 0; step1: int(4 * (1 - .5005/.75025)) = int(1.33) = 1
+    assert dream_count(4, 0, 4, 1e-3) == 0
+    assert dream_count(4, 1, 4, 1e-3) == 1
+    assert dream_count(3, 2, 4, 1e-3) == 1  # int(3 * (1 - .25075/.5005)) = int(1.497)
+    assert dream_count(2, 3, 4, 1e-3) == 2  # last step: everything left
+    assert llada_schedule(10, 4) == [3, 3, 2, 2]
+    assert llada_schedule(2, 4) == [1, 1, 0, 0]
+
+
+def test_maskgit_plus_order():
+    # counts [0, 1, 1, 2]; by top1: C(2) .70 > D(3) .60 > B(1) .50 > A(0) .46
+    order, final, res = run("maskgit_plus")
+    assert order == [set(), {2}, {3}, {0, 1}]
+    assert final == ARGMAX
+    assert res.stats.nfe == 4 and res.stats.steps == 4
+
+
+def test_topk_margin_order():
+    # by margin: C .55 > B .25 > D .22 > A .02
+    order, final, _ = run("topk_margin")
+    assert order == [set(), {2}, {1}, {0, 3}]
+    assert final == ARGMAX
+
+
+def test_entropy_order():
+    # by sum p log p: D -.752 > C -.819 > A -.949 > B -1.040
+    order, final, _ = run("entropy")
+    assert order == [set(), {3}, {2}, {0, 1}]
+
+
+def test_low_confidence_order():
+    # LLaDA: one token per step by top1 probability: C, D, B, A
+    order, final, _ = run("low_confidence", family="llada")
+    assert order == [{2}, {3}, {1}, {0}]
+    assert final == ARGMAX
+
+
+def test_semi_autoregressive_blocks():
+    # blocks of 2, 2 steps each: block 0 = {A, B}: B (.50) then A (.46); block 1: C then D
+    order, _, _ = run("low_confidence", steps=4, block_length=2, family="llada")
+    assert order == [{1}, {0}, {2}, {3}]
+
+
+def test_confidence_threshold():
+    # tau .65: step0 only C >= .65; then none -> the single best: D, then B, then A
+    order, final, res = run("confidence_threshold", threshold=0.65)
+    assert order == [{2}, {3}, {1}, {0}]
+    assert res.stats.nfe == 4
+    # tau .45: every top1 >= .45 -> all four in one step
+    order, final, res = run("confidence_threshold", threshold=0.45)
+    assert order == [{0, 1, 2, 3}] and res.stats.nfe == 1 and final == ARGMAX
+
+
+def test_origin_last_step_reveals_all_and_seed_reproducible():
+    order, final, _ = run("origin", steps=1, seed=0)
+    assert order == [{0, 1, 2, 3}] and final == ARGMAX
+    a = run("origin", steps=4, seed=123)[0]
+    b = run("origin", steps=4, seed=123)[0]
+    assert a == b
+    assert set().union(*a) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("alg,kw", [("random", {}), ("maskgit_plus", {"alg_temp": 0.5}),
+                                    ("maskgit_plus", {"temperature": 1.0}),
+                                    ("low_confidence", {"temperature": 0.7})])
+def test_same_seed_same_output(alg, kw):
+    fam = "llada" if alg in ("random", "low_confidence") else "dream"
+    outs = [run(alg, family=fam, seed=7, **kw)[:2] for _ in range(2)]
+    assert outs[0] == outs[1]
+    many = {str(run(alg, family=fam, seed=s, **kw)[:2]) for s in range(12)}
+    assert len(many) > 1, "different seeds never changed the result"
+
+
+def test_random_follows_llada_schedule():
+    order, _, _ = run("random", family="llada", seed=3)
+    assert [len(s) for s in order] == [1, 1, 1, 1]
+
+
+def test_bad_generate_arguments():
+    m = StubModel()
+    p = torch.tensor([[0, 1, 2]])
+    with pytest.raises(ValueError, match="multiple of block_length"):
+        dllm.generate(m, p, gen_length=4, block_length=3)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        dllm.generate(m, p, gen_length=4, steps=0)
+    with pytest.raises(ValueError, match="multiple of the number of blocks"):
+        dllm.generate(m, p, gen_length=4, block_length=2, steps=3)
+    with pytest.raises(ValueError, match="mask token"):
+        dllm.generate(m, torch.tensor([[0, MASK, 1]]), gen_length=4)
+    with pytest.raises(ValueError, match="unknown method"):
+        dllm.generate(m, p, method="magic")
+    with pytest.raises(ValueError, match="unknown unmasking alg"):
+        dllm.generate(m, p, alg="greedy")
+    with pytest.raises(TypeError, match="int64"):
+        dllm.generate(m, p.float())
+    with pytest.raises(ValueError, match="non-empty"):
+        dllm.generate(m, torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="vocabulary|\\[0, 5\\)"):
+        dllm.generate(m, torch.tensor([[0, 9]]))
