@@ -133,7 +133,8 @@ def load_weights_into(model: torch.nn.Module, model_dir: str, family: str) -> No
                 if name is None:
                     continue
                 if name not in params:
-                    raise WeightError(f"{os.path.basename(path)}: tensor {ck_name!r} maps to unknown parameter {name!r}")
+                    where = os.path.basename(path)
+                    raise WeightError(f"{where}: tensor {ck_name!r} maps to unknown parameter {name!r}")
                 t = f.get_tensor(ck_name)
                 p = params[name]
                 if tuple(t.shape) != tuple(p.shape):
