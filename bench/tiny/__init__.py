@@ -1,0 +1,1 @@
+"""Training of the bundled tiny Dream-layout dLLM (dllm/assets/tiny-dream)."""

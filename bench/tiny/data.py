@@ -1,0 +1,130 @@
+"""Training samples for the tiny dLLM: retrieval tasks in three layouts plus packed essay text.
+
+Every sample is a list of character-level token ids plus, per token, a segment id
+and a "may be masked" flag:
+
+- ``dense``: ``BOS prefix context query answer EOS*r`` with full bidirectional
+  attention (what dense / prefix_cache decoding sees).
+- ``chunked``: ``[BOS prefix] [BOS chunk_1] ... [BOS chunk_k] query answer EOS*r``
+  where each bracketed segment attends only to itself and the query/answer rows
+  attend to everything: exactly what Prefilling-dLLM's independent chunk caches
+  give at inference (continuous positions). Chunks are cut at arbitrary character
+  offsets; the kept ones are the needle chunk(s) plus random distractors in order.
+- ``no_needle``: one chunk without the needle + a query; only query tokens are
+  learned, so the model's confidence in the query reflects whether the chunk is
+  relevant (what the self-information score s_I reads).
+- ``lm``: packed essay crops with a BOS between documents, whole-sequence masking.
+
+Masking (the caller): ``answer`` (SFT form: only the response is masked),
+``all`` (every non-BOS token may be masked), ``query``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from bench.tiny.tokenizer import CHARS, SPECIALS
+from dllm.tasks import make_case
+from dllm.tasks.needle import load_essays  # train split only
+
+TASKS = ("passkey", "number_string", "kv_retrieval", "needle")
+PAD, BOS, EOS, MASK = 0, 1, 2, 3
+assert list(SPECIALS) == ["pad", "bos", "eos", "mask"]
+CHAR_ID = {c: i + len(SPECIALS) for i, c in enumerate(CHARS)}
+SPACE = CHAR_ID[" "]
+
+
+def encode(text: str) -> list[int]:
+    """Character ids (unknown characters become a space: the task text is ASCII-normalised)."""
+    return [CHAR_ID.get(c, SPACE) for c in text]
+
+
+@dataclass
+class Sample:
+    ids: list          # token ids
+    segment: list      # 0 = live row (sees all keys); k > 0 = static segment k (sees only itself)
+    role: list         # per token: "b" bos, "p" prompt/context, "q" query, "a" answer/eos
+    kind: str
+
+
+def _append(s: Sample, ids, seg, role):
+    s.ids.extend(ids)
+    s.segment.extend([seg] * len(ids))
+    s.role.extend([role] * len(ids))
+
+
+def _case(rng: random.Random, task: str, ctx_len: int):
+    return make_case(task, ctx_len, rng.random(), rng.randrange(1 << 30), phrasing="random", split="train")
+
+
+def _min_len(task: str) -> int:
+    return {"kv_retrieval": 200, "needle": 300}.get(task, 120)
+
+
+def dense_sample(rng: random.Random, total: int, task: str) -> Sample:
+    """BOS + prompt + answer + EOS*r, about ``total`` tokens long."""
+    r = rng.randint(1, 12)
+    case = _case(rng, task, 64)  # probe the fixed parts' size
+    fixed = 1 + len(case.prefix) + len(case.query) + len(case.answer) + r
+    case = _case(rng, task, max(_min_len(task), total - fixed))
+    s = Sample([], [], [], "dense")
+    _append(s, [BOS], 0, "b")
+    _append(s, encode(case.prefix + case.context), 0, "p")
+    _append(s, encode(case.query), 0, "q")
+    _append(s, encode(case.answer) + [EOS] * r, 0, "a")
+    return s
+
+
+def chunked_sample(rng: random.Random, total: int, task: str, drop_needle: bool = False) -> Sample:
+    """[BOS prefix] [BOS chunk]... query answer: segment-local attention for the static parts."""
+    chunk = rng.choice([64, 96, 128, 192, 256, 384])
+    r = rng.randint(1, 12)
+    probe = _case(rng, task, 64)
+    budget = total - (2 + len(probe.prefix) + len(probe.query) + len(probe.answer) + r)
+    keep = max(1, min(rng.randint(1, 6), budget // (chunk + 1)))
+    n_chunks = keep + rng.randint(0, 6)
+    case = _case(rng, task, max(_min_len(task), n_chunks * chunk))
+    ctx = encode(case.context)
+    cuts = list(range(0, len(ctx), chunk))
+    needle_chunks = {i for i, c in enumerate(cuts) if c < case.needle_end and c + chunk > case.needle_start}
+    others = [i for i in range(len(cuts)) if i not in needle_chunks]
+    if drop_needle:
+        if not others:
+            return dense_sample(rng, total, task)
+        kept = sorted(rng.sample(others, min(keep, len(others))))
+    else:
+        kept = sorted(needle_chunks | set(rng.sample(others, max(0, min(keep - len(needle_chunks), len(others))))))
+    s = Sample([], [], [], "no_needle" if drop_needle else "chunked")
+    seg = 1
+    if case.prefix:
+        _append(s, [BOS], seg, "b")
+        _append(s, encode(case.prefix), seg, "p")
+        seg += 1
+    for i in kept:
+        _append(s, [BOS], seg, "b")
+        _append(s, ctx[cuts[i] : cuts[i] + chunk], seg, "p")
+        seg += 1
+    _append(s, encode(case.query), 0, "q")
+    if not drop_needle:
+        _append(s, encode(case.answer) + [EOS] * r, 0, "a")
+    return s
+
+
+class EssayStream:
+    """Random crops of the training essays, packed with a BOS between documents."""
+
+    def __init__(self):
+        self.docs = [encode(text) for _name, text in load_essays("train")]
+
+    def sample(self, rng: random.Random, total: int) -> Sample:
+        s = Sample([], [], [], "lm")
+        while len(s.ids) < total:
+            doc = rng.choice(self.docs)
+            n = min(total - len(s.ids) - 1, rng.randint(64, max(64, total)))
+            if n <= 0:
+                break
+            start = rng.randrange(0, max(1, len(doc) - n))
+            _append(s, [BOS], 0, "b")
+            _append(s, doc[start : start + n], 0, "p")
+        return s

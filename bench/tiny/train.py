@@ -1,0 +1,238 @@
+"""Train the bundled tiny Dream-layout dLLM with the masked-diffusion objective.
+
+    python -m bench.tiny.train --out dllm/assets/tiny-dream
+
+Model: Dream/Qwen2 layout (shifted logits, GQA 8/2 heads, RoPE, q/k/v bias,
+SwiGLU, untied head), 4 layers x 256 wide, ~2.9M parameters, character-level
+vocabulary. Objective (LLaDA / Dream masked diffusion): draw t ~ U(t_min, 1),
+mask each eligible token with probability t, predict the masked tokens;
+per-sequence loss = sum of masked cross-entropies / (t * eligible tokens), so the
+1/t weighting of the ELBO is kept and a sequence with five answer tokens weighs
+as much as one with a thousand eligible tokens (DESIGN section 6).
+
+Curriculum (DESIGN section 6 warns that a robust mix from step 0 does not learn):
+phase 1 = short dense retrieval (192-640 tokens) with mostly answer-only masking;
+phase 2 = lengths up to the window, the chunked layout of Prefilling-dLLM, needle-free
+chunks and packed essays. Fully reproducible from ``--seed`` (CPU, 2 threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from bench.tiny import data
+from bench.tiny.tokenizer import SPECIALS, save_char_tokenizer
+from dllm.config import ModelConfig
+from dllm.modeling import DiffusionLM
+from dllm.weights import save_checkpoint
+
+ARCH = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6)
+
+
+def dream_config_json(vocab_size: int, window: int) -> dict:
+    """config.json in Dream-v0's own format (same fields as shared/reference/dream-v0-7b)."""
+    return {
+        "architectures": ["DreamModel"], "model_type": "Dream", "attention_dropout": 0.0,
+        "bos_token_id": data.BOS, "eos_token_id": data.EOS, "pad_token_id": data.PAD, "mask_token_id": data.MASK,
+        "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": window,
+        "max_window_layers": ARCH["num_hidden_layers"], "rope_scaling": None, "sliding_window": None,
+        "tie_word_embeddings": False, "torch_dtype": "float32", "use_cache": True, "use_mrope": False,
+        "use_sliding_window": False, "vocab_size": vocab_size, **ARCH,
+    }
+
+
+def model_config(vocab_size: int) -> ModelConfig:
+    return ModelConfig(
+        family="dream", vocab_size=vocab_size, hidden_size=ARCH["hidden_size"],
+        intermediate_size=ARCH["intermediate_size"], num_layers=ARCH["num_hidden_layers"],
+        num_heads=ARCH["num_attention_heads"], num_kv_heads=ARCH["num_key_value_heads"],
+        head_dim=ARCH["hidden_size"] // ARCH["num_attention_heads"], rope_theta=ARCH["rope_theta"],
+        rms_norm_eps=ARCH["rms_norm_eps"], qkv_bias=True, tie_word_embeddings=False, shift_logits=True,
+        mask_token_id=data.MASK, bos_token_id=data.BOS, eos_token_id=data.EOS, pad_token_id=data.PAD,
+    )
+
+
+# ---- batches ------------------------------------------------------------------------------------------
+
+TASK_WEIGHTS = {"passkey": 0.2, "number_string": 0.2, "kv_retrieval": 0.35, "needle": 0.25}
+
+
+def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase: int) -> tuple[data.Sample, str]:
+    """One sample and its masking mode for the curriculum phase."""
+    task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
+    u = rng.random()
+    if phase == 1:
+        if u < 0.75:
+            return data.dense_sample(rng, total, task), "answer" if rng.random() < 0.75 else "all"
+        if u < 0.85:
+            return data.chunked_sample(rng, total, task), "answer"
+        return essays.sample(rng, total), "all"
+    if u < 0.35:
+        return data.dense_sample(rng, total, task), "answer" if rng.random() < 0.7 else "all"
+    if u < 0.70:
+        return data.chunked_sample(rng, total, task), "answer" if rng.random() < 0.8 else "all"
+    if u < 0.80:
+        return data.chunked_sample(rng, total, task, drop_needle=True), "query"
+    return essays.sample(rng, total), "all"
+
+
+def make_batch(samples, modes, gen: torch.Generator, t_min: float = 0.02):
+    """Pad, mask and build the segment-local attention mask.
+
+    Returns ids (masked) [B, L], targets [B, L], loss weights [B, L] (1/(t*n) on masked
+    tokens, 0 elsewhere), positions [B, L], attention mask [B, L, L] bool or None.
+    """
+    L = max(len(s.ids) for s in samples)
+    B = len(samples)
+    ids = torch.full((B, L), data.PAD, dtype=torch.long)
+    seg = torch.full((B, L), -1, dtype=torch.long)
+    eligible = torch.zeros(B, L, dtype=torch.bool)
+    for i, (s, mode) in enumerate(zip(samples, modes)):
+        n = len(s.ids)
+        ids[i, :n] = torch.tensor(s.ids)
+        seg[i, :n] = torch.tensor(s.segment)
+        roles = s.role
+        want = {"answer": "a", "query": "q", "all": "pqa"}[mode]
+        eligible[i, :n] = torch.tensor([r in want for r in roles])
+    t = t_min + (1 - t_min) * torch.rand(B, 1, generator=gen)
+    masked = (torch.rand(B, L, generator=gen) < t) & eligible
+    # at least one masked token per row: the first eligible one
+    none = ~masked.any(dim=1)
+    first = eligible.float().argmax(dim=1)
+    masked[none, first[none]] = eligible[none, first[none]]
+    n_elig = eligible.sum(dim=1, keepdim=True).clamp_min(1)
+    weights = masked.float() / (t * n_elig)
+    inputs = torch.where(masked, torch.full_like(ids, data.MASK), ids)
+    valid = seg >= 0
+    if (seg > 0).any():
+        # static-segment rows see only their segment; live rows (0) and pads see every valid key
+        same = seg[:, :, None] == seg[:, None, :]
+        live_row = (seg <= 0)[:, :, None]
+        attn = valid[:, None, :] & (same | live_row)
+    elif not valid.all():
+        attn = valid[:, None, :].expand(B, L, L)
+    else:
+        attn = None
+    pos = torch.arange(L).expand(B, L)
+    return inputs, ids, weights, pos, attn
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+# ---- training -----------------------------------------------------------------------------------------
+
+def train(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    tok_dir = args.out
+    tok = save_char_tokenizer(tok_dir)
+    vocab = len(tok)
+    assert tok.mask_token_id == data.MASK and tok.bos_token_id == data.BOS, SPECIALS
+    model = DiffusionLM(model_config(vocab))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    essays = data.EssayStream()
+    ckpt = os.path.join(args.work, "train_state.pt")
+    log_path = os.path.join(args.work, "loss.csv")
+    os.makedirs(args.work, exist_ok=True)
+    start = 0
+    if args.resume and os.path.exists(ckpt):
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        rng.setstate(state["rng"])
+        gen.set_state(state["gen"])
+        torch.set_rng_state(state["torch_rng"])
+        start = state["step"]
+        print(f"resumed at step {start}")
+    elif os.path.exists(log_path):
+        os.remove(log_path)
+    model.train()
+    t0 = time.time()
+    for step in range(start, args.steps):
+        phase = 1 if step < args.phase1 else 2
+        lo, hi = (192, 640) if phase == 1 else (256, args.window)
+        total = rng.randint(lo, hi)
+        bsz = max(2, args.token_budget // total)
+        pairs = [draw_sample(rng, essays, total, phase) for _ in range(bsz)]
+        samples = [s for s, _ in pairs]
+        modes = [m for _, m in pairs]
+        for s in samples:  # never exceed the window (task generators can overshoot by a few tokens)
+            del s.ids[args.window :], s.segment[args.window :], s.role[args.window :]
+        inputs, targets, weights, pos, attn = make_batch(samples, modes, gen)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args.steps, args.lr)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            logits = model(inputs, pos, attention_mask=attn).logits
+        ce = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none").view_as(weights)
+        loss = (ce * weights).sum() / len(samples)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ans = weights > 0
+        with open(log_path, "a", newline="") as f:
+            csv.writer(f).writerow([step, phase, total, bsz, f"{loss.item():.4f}", f"{gnorm.item():.3f}",
+                                    f"{(ce[ans].mean().item() if ans.any() else 0):.4f}", f"{time.time() - t0:.1f}"])
+        if step % 25 == 0:
+            print(f"step {step:5d} ph{phase} L={total:4d} B={bsz:2d} loss {loss.item():.3f} "
+                  f"masked-CE {ce[ans].mean().item():.3f} |g| {gnorm.item():.2f} {time.time() - t0:.0f}s", flush=True)
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate(),
+                        "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "step": step + 1}, ckpt)
+            export(model, args, vocab)
+    return model
+
+
+def export(model, args, vocab):
+    """Write config.json + model.safetensors (fp32) into args.out (tokenizer files are already there)."""
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(dream_config_json(vocab, args.window), f, indent=2)
+    with open(os.path.join(args.out, "generation_config.json"), "w") as f:
+        json.dump({"alg": "maskgit_plus", "temperature": 0.0, "eps": 0.001, "steps": 16, "mask_token_id": data.MASK,
+                   "bos_token_id": data.BOS, "eos_token_id": data.EOS, "pad_token_id": data.PAD}, f, indent=2)
+    save_checkpoint(model, args.out, "dream")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="dllm/assets/tiny-dream", help="HF-format output directory")
+    p.add_argument("--work", default="bench/results/tiny-train", help="training state + loss log")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--phase1", type=int, default=600, help="steps of the short dense curriculum phase")
+    p.add_argument("--window", type=int, default=1536, help="longest training sequence (tokens)")
+    p.add_argument("--token-budget", type=int, default=8192, help="tokens per batch (batch = budget // length)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 instead of bf16 autocast")
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args(argv)
+    train(args)
+
+
+if __name__ == "__main__":
+    main()

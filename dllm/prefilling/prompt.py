@@ -1,0 +1,67 @@
+"""The three parts of a long-context prompt: prefix template, context, query."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PromptParts:
+    """Token ids of a prompt split for Prefilling-dLLM.
+
+    Attributes:
+        prefix: ``[P]`` int64, instructions before the context (normally starting with BOS);
+            may be empty. Encoded once as its own static segment.
+        context: ``[L_ctx]`` int64, the long document; cut into chunks. Must be non-empty.
+        query: ``[L_q]`` int64, the question after the context; live in every step. Non-empty.
+    """
+
+    prefix: torch.Tensor
+    context: torch.Tensor
+    query: torch.Tensor
+
+    def full(self) -> torch.Tensor:
+        """``[P + L_ctx + L_q]``: the prompt as one sequence (what dense decoding reads)."""
+        return torch.cat([self.prefix, self.context, self.query])
+
+
+def split_prompt(model, template: str, *, context: str | None = None, query_window: int | None = None) -> PromptParts:
+    """Split a prompt text into :class:`PromptParts` with the model's tokenizer.
+
+    Rules, in order:
+      1. ``context`` given: ``template`` must hold one ``{context}`` slot; the text before it is
+         the prefix, the text after it the query.
+      2. ``template`` holds a ``{context}`` slot but no ``context`` was given: error.
+      3. No slot (documented fallback): the last ``query_window`` tokens (default 64) of the
+         prompt are the query, everything before them the context, and the prefix is BOS only.
+
+    Raises:
+        ValueError: several slots, a slot without context, empty context or query.
+    """
+    from dllm.evaluation import encode_text
+
+    n_slots = template.count("{context}")
+    if n_slots > 1:
+        raise ValueError("the prompt template holds more than one {context} slot")
+    if context is not None:
+        if n_slots != 1:
+            raise ValueError("a context was given but the prompt template has no {context} slot")
+        before, after = template.split("{context}")
+        parts = PromptParts(encode_text(model, before, bos=True), encode_text(model, context),
+                            encode_text(model, after))
+    elif n_slots == 1:
+        raise ValueError("the prompt template has a {context} slot but no context was given")
+    else:
+        ids = encode_text(model, template)
+        w = query_window or 64
+        if ids.numel() <= w:
+            raise ValueError(f"prompt of {ids.numel()} tokens is too short to split off a {w}-token query")
+        bos = encode_text(model, "", bos=True)
+        parts = PromptParts(bos, ids[:-w], ids[-w:])
+    if parts.context.numel() == 0:
+        raise ValueError("the context is empty")
+    if parts.query.numel() == 0:
+        raise ValueError("the query (text after {context}) is empty")
+    return parts
