@@ -20,6 +20,7 @@ LongBench data (local JSONL) and metrics live in :mod:`dllm.tasks.longbench`.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -130,8 +131,8 @@ def make_cases(
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1 (cases per cell), got {n!r}")
-    length_list = [lengths] if isinstance(lengths, int) else list(lengths)
-    depth_list = [depths] if isinstance(depths, (int, float)) else list(depths)
+    length_list = [lengths] if isinstance(lengths, numbers.Integral) else list(lengths)
+    depth_list = [depths] if isinstance(depths, numbers.Real) else list(depths)
     if not length_list or not depth_list:
         raise ValueError("make_cases needs at least one length and one depth")
     return [

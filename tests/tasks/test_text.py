@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,7 @@ def test_stable_seed_is_stable_across_processes():
         text=True,
         check=True,
         env={**os.environ, "PYTHONHASHSEED": "123"},
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert int(other.stdout) == here
     assert stable_seed("passkey", 3, 1000, 0.5) != stable_seed("passkey", 4, 1000, 0.5)
