@@ -1,0 +1,67 @@
+"""The record every task generator returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TaskCase", "PHRASINGS", "SPLITS"]
+
+PHRASINGS = ("canonical", "random")
+SPLITS = ("eval", "train")
+
+
+@dataclass(frozen=True)
+class TaskCase:
+    """One seeded long-context retrieval case.
+
+    The model sees :attr:`prompt` (``prefix + context + query``) and should
+    continue it with :attr:`answer`: the query ends right where the answer
+    starts (e.g. ``"... The pass key is "``).
+
+    Fields:
+        task: task name (``"passkey"``, ``"number_string"``, ``"kv_retrieval"``, ``"needle"``).
+        prefix: instruction text before the context.
+        context: the long text (filler, JSON or essays) holding the needle.
+        query: question after the context; the answer follows it directly.
+        answer: gold answer string (5 digits, 10 digits, a UUID, or 1-3 words).
+        length: requested context length, in tokens of the tokenizer used
+            (characters for the character-level default). The context never
+            exceeds it.
+        depth: requested needle depth, 0.0 (start) to 1.0 (end): the fraction of
+            the filler tokens that precede the needle.
+        seed: the integer seed the case was generated from.
+        needle_start: character offset of the needle in ``context``.
+        needle_end: character offset just past the needle in ``context``.
+        context_tokens: actual token count of ``context`` (<= ``length``).
+        answer_tokens: token count of ``answer``; use it (plus a little slack for
+            trailing punctuation/EOS) to choose the generation length.
+        phrasing: ``"canonical"`` (InfiniteBench/NIAH wording) or ``"random"``.
+        split: ``"eval"`` or ``"train"`` (only the needle task's essays differ).
+        tokenizer: ``"char"`` or the tokenizer's ``name_or_path``.
+    """
+
+    task: str
+    prefix: str
+    context: str
+    query: str
+    answer: str
+    length: int
+    depth: float
+    seed: int
+    needle_start: int
+    needle_end: int
+    context_tokens: int = 0
+    answer_tokens: int = 0
+    phrasing: str = "canonical"
+    split: str = "eval"
+    tokenizer: str = "char"
+
+    @property
+    def prompt(self) -> str:
+        """``prefix + context + query``: the text the model continues with the answer."""
+        return self.prefix + self.context + self.query
+
+    @property
+    def needle(self) -> str:
+        """The inserted needle text, ``context[needle_start:needle_end]``."""
+        return self.context[self.needle_start : self.needle_end]
