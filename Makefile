@@ -36,7 +36,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
-	$(BIN)/python -m dllm demo
+	$(BIN)/python -m bench.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

@@ -8,6 +8,7 @@ from dllm.generate import GenerationResult, GenerationStats, generate
 from dllm.kv_cache import StaticKVCache
 from dllm.loader import default_model_dir, load_model, load_tokenizer
 from dllm.modeling import DiffusionLM
+from dllm.prefilling import PrefillingConfig, PromptParts
 from dllm.weights import WeightError
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "ModelConfig",
+    "PrefillingConfig",
+    "PromptParts",
     "StaticKVCache",
     "WeightError",
     "default_model_dir",

@@ -1,8 +1,9 @@
-"""Command line: ``python -m dllm {generate,eval,demo}``.
+"""Command line: ``python -m dllm {generate,eval}``.
 
     python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling]
     python -m dllm eval passkey --lengths 1024 4096 --depths 0 0.5 1 --method prefilling --samples 5
-    python -m dllm demo
+
+(The demo and the benchmarks live in ``bench/``: ``make demo``, ``make bench``.)
 
 ``--model`` defaults to the bundled tiny model (``dllm/assets/tiny-dream``).
 """
@@ -106,12 +107,6 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from dllm.demo import run_demo
-
-    return run_demo(out_dir=args.out, quick=args.quick, model_dir=args.model)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dllm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,12 +130,6 @@ def main(argv=None) -> int:
     e.add_argument("--out", default=None, help="CSV path (default bench/results/eval_TASK_METHOD.csv)")
     _add_decode_args(e, None)
     e.set_defaults(func=cmd_eval)
-
-    d = sub.add_parser("demo", help="passkey 4K-32K: dense vs prefix_cache vs prefilling")
-    d.add_argument("--model", default=None)
-    d.add_argument("--out", default=os.path.join("bench", "results", "demo"))
-    d.add_argument("--quick", action="store_true", help="fewer lengths/depths (smoke test)")
-    d.set_defaults(func=cmd_demo)
 
     args = p.parse_args(argv)
     return args.func(args)

@@ -228,6 +228,14 @@ def load_config(model_dir: str) -> ModelConfig:
     """
     raw = read_raw_config(model_dir)
     path = os.path.join(model_dir, "config.json")
+    if raw.get("bos_token_id") is None:  # LLaDA keeps its BOS id in generation_config.json only
+        gen_path = os.path.join(model_dir, "generation_config.json")
+        if os.path.isfile(gen_path):
+            try:
+                with open(gen_path, encoding="utf-8") as f:
+                    raw["bos_token_id"] = json.load(f).get("bos_token_id")
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{gen_path} is not valid JSON: {e}") from e
     family = family_of(raw)
     build = _dream_config if family == "dream" else _llada_config
     try:

@@ -263,7 +263,7 @@ def generate(
             from dllm.prefilling import build_prefilling_policy
 
             policy, batch, extra = build_prefilling_policy(
-                model, input_ids, prompt, prefilling, timer, cfg=cfg, generator=generator, progress=progress
+                model, input_ids, prompt, prefilling, timer, gen_length=gen_length, progress=progress
             )
         else:
             input_ids = check_prompt(model, input_ids)

@@ -24,6 +24,7 @@ DREAM_TINY = dict(hidden_size=112, intermediate_size=75, num_hidden_layers=2, nu
 LLADA_TINY = dict(d_model=96, mlp_hidden_size=67, n_layers=3, n_heads=6, n_kv_heads=6,
                   vocab_size=97, embedding_size=97, mask_token_id=95, eos_token_id=94, pad_token_id=94,
                   rope_theta=500000.0)
+LLADA_BOS = 93
 
 
 def reference_config(family: str) -> dict:
@@ -116,6 +117,9 @@ def write_llada_checkpoint(out_dir: str, seed: int = 0, shards: int = 1, **over)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
+    # like the real LLaDA-8B, the BOS id lives in generation_config.json only
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": LLADA_BOS, "eos_token_id": LLADA_TINY["eos_token_id"]}, f)
     tensors = {llada_name(n): p.detach().contiguous() for n, p in hf.state_dict().items()}
     _save(tensors, out_dir, shards)
     return hf

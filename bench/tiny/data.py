@@ -59,13 +59,13 @@ def _case(rng: random.Random, task: str, ctx_len: int):
 
 
 def _min_len(task: str) -> int:
-    return {"kv_retrieval": 200, "needle": 300}.get(task, 120)
+    return {"kv_retrieval": 250, "needle": 300}.get(task, 160)
 
 
 def dense_sample(rng: random.Random, total: int, task: str) -> Sample:
     """BOS + prompt + answer + EOS*r, about ``total`` tokens long."""
     r = rng.randint(1, 12)
-    case = _case(rng, task, 64)  # probe the fixed parts' size
+    case = _case(rng, task, 512)  # probe the fixed parts' size
     fixed = 1 + len(case.prefix) + len(case.query) + len(case.answer) + r
     case = _case(rng, task, max(_min_len(task), total - fixed))
     s = Sample([], [], [], "dense")
@@ -80,7 +80,7 @@ def chunked_sample(rng: random.Random, total: int, task: str, drop_needle: bool 
     """[BOS prefix] [BOS chunk]... query answer: segment-local attention for the static parts."""
     chunk = rng.choice([64, 96, 128, 192, 256, 384])
     r = rng.randint(1, 12)
-    probe = _case(rng, task, 64)
+    probe = _case(rng, task, 512)
     budget = total - (2 + len(probe.prefix) + len(probe.query) + len(probe.answer) + r)
     keep = max(1, min(rng.randint(1, 6), budget // (chunk + 1)))
     n_chunks = keep + rng.randint(0, 6)

@@ -11,7 +11,7 @@ per-sequence loss = sum of masked cross-entropies / (t * eligible tokens), so th
 as much as one with a thousand eligible tokens (DESIGN section 6).
 
 Curriculum (DESIGN section 6 warns that a robust mix from step 0 does not learn):
-phase 1 = short dense retrieval (192-640 tokens) with mostly answer-only masking;
+phase 1 = short dense retrieval (up to 640 tokens) with mostly answer-only masking;
 phase 2 = lengths up to the window, the chunked layout of Prefilling-dLLM, needle-free
 chunks and packed essays. Fully reproducible from ``--seed`` (CPU, 2 threads).
 """
@@ -86,13 +86,13 @@ def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase:
     return essays.sample(rng, total), "all"
 
 
-def make_batch(samples, modes, gen: torch.Generator, t_min: float = 0.02):
-    """Pad, mask and build the segment-local attention mask.
+def make_batch(samples, modes, gen: torch.Generator, length: int, t_min: float = 0.02):
+    """Pad to ``length``, mask, and build the segment-local attention mask.
 
     Returns ids (masked) [B, L], targets [B, L], loss weights [B, L] (1/(t*n) on masked
     tokens, 0 elsewhere), positions [B, L], attention mask [B, L, L] bool or None.
     """
-    L = max(len(s.ids) for s in samples)
+    L = length
     B = len(samples)
     ids = torch.full((B, L), data.PAD, dtype=torch.long)
     seg = torch.full((B, L), -1, dtype=torch.long)
@@ -125,6 +125,11 @@ def make_batch(samples, modes, gen: torch.Generator, t_min: float = 0.02):
         attn = None
     pos = torch.arange(L).expand(B, L)
     return inputs, ids, weights, pos, attn
+
+
+# Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new
+# shape every step cost 2-4 s of a ~1.5 s step in a probe.
+BUCKETS = {1: (256, 384, 512, 640), 2: (256, 384, 512, 768, 1024, 1280, 1536)}
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
@@ -173,15 +178,17 @@ def train(args):
     t0 = time.time()
     for step in range(start, args.steps):
         phase = 1 if step < args.phase1 else 2
-        lo, hi = (192, 640) if phase == 1 else (256, args.window)
-        total = rng.randint(lo, hi)
-        bsz = max(2, args.token_budget // total)
-        pairs = [draw_sample(rng, essays, total, phase) for _ in range(bsz)]
+        length = rng.choice([b for b in BUCKETS[phase] if b <= args.window])
+        bsz = max(2, args.token_budget // length)
+        pairs = []
+        while len(pairs) < bsz:  # redraw the rare sample that overshoots its bucket (never truncate answers)
+            total = rng.randint(max(160, length // 2), length - 8)
+            s, mode = draw_sample(rng, essays, total, phase)
+            if len(s.ids) <= length:
+                pairs.append((s, mode))
         samples = [s for s, _ in pairs]
         modes = [m for _, m in pairs]
-        for s in samples:  # never exceed the window (task generators can overshoot by a few tokens)
-            del s.ids[args.window :], s.segment[args.window :], s.role[args.window :]
-        inputs, targets, weights, pos, attn = make_batch(samples, modes, gen)
+        inputs, targets, weights, pos, attn = make_batch(samples, modes, gen, length)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
@@ -194,10 +201,10 @@ def train(args):
         opt.step()
         ans = weights > 0
         with open(log_path, "a", newline="") as f:
-            csv.writer(f).writerow([step, phase, total, bsz, f"{loss.item():.4f}", f"{gnorm.item():.3f}",
+            csv.writer(f).writerow([step, phase, length, bsz, f"{loss.item():.4f}", f"{gnorm.item():.3f}",
                                     f"{(ce[ans].mean().item() if ans.any() else 0):.4f}", f"{time.time() - t0:.1f}"])
         if step % 25 == 0:
-            print(f"step {step:5d} ph{phase} L={total:4d} B={bsz:2d} loss {loss.item():.3f} "
+            print(f"step {step:5d} ph{phase} L={length:4d} B={bsz:2d} loss {loss.item():.3f} "
                   f"masked-CE {ce[ans].mean().item():.3f} |g| {gnorm.item():.2f} {time.time() - t0:.0f}s", flush=True)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate(),

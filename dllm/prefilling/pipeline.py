@@ -175,8 +175,8 @@ def _joint_cache(model, parts, chunks: ChunkCache, kept, cfg, gen_length):
 
 
 @torch.no_grad()
-def build_prefilling_policy(model, input_ids, prompt, cfg: PrefillingConfig | None, timer, *, cfg_unmask=None,
-                            gen_length: int, generator=None, progress=False, **_):
+def build_prefilling_policy(model, input_ids, prompt, cfg: PrefillingConfig | None, timer, *, gen_length: int,
+                            progress: bool = False):
     """Run prefill + scoring + selection and return the decode policy.
 
     Args:

@@ -1,0 +1,146 @@
+"""``make demo`` / ``python -m bench.demo``: passkey retrieval at 4K-32K tokens, three methods, one table.
+
+On the bundled tiny model, for context lengths 4K, 8K, 16K and 32K tokens and
+needle depths 0, 25, 50, 75 and 100%, each case is decoded with ``dense`` (the
+transformers baseline), ``prefix_cache`` (Fast-dLLM style) and ``prefilling``
+(this package). The table reports accuracy, mean seconds per case and the
+speedup over dense measured in the same run. A method whose predicted time at
+the next length (its measured time scaled by the method's cost law: quadratic in
+the context for dense and prefix_cache, linear for prefilling) would not fit the
+time budget is skipped, and the table says so. Writes a CSV and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import asdict
+
+from bench.budget import TimeBudget
+from bench.provenance import write_csv
+from dllm.evaluation import EvalRow, run_case
+from dllm.loader import load_model
+from dllm.prefilling import PrefillingConfig
+from dllm.tasks import make_case
+
+LENGTHS = (4096, 8192, 16384, 32768)
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+METHODS = ("dense", "prefix_cache", "prefilling")
+# Cost growth with the context length L (DESIGN section 1): dense and prefix_cache pay O(L^2) attention
+# (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
+EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
+# The tiny model's training window is 1536 tokens: 4 kept chunks of 256 (+ BOS) after a ~150-token
+# prefix put the query at ~1.2K, inside it.
+TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4)
+
+
+def run_demo(out_dir: str = "bench/results/demo", *, quick: bool = False, model_dir: str | None = None,
+             budget_s: float = 540.0, lengths=LENGTHS, depths=DEPTHS, prefilling: PrefillingConfig | None = None,
+             seed: int = 0) -> int:
+    """Run the demo grid and print the table; returns a process exit code (0).
+
+    Args:
+        out_dir: where ``demo.csv`` and ``demo.png`` go.
+        quick: 2 lengths x 2 depths (smoke test).
+        model_dir: checkpoint (default: the bundled tiny model).
+        budget_s: wall-clock budget; methods predicted to overrun it are skipped.
+        lengths, depths: the grid (tokens; 0..1).
+        prefilling: prefilling configuration (default: :data:`TINY_PREFILLING`).
+        seed: first task seed (case i of a cell uses ``seed + i``; one case per cell).
+    """
+    if quick:
+        lengths, depths = lengths[:2], (depths[0], depths[-1])
+    model = load_model(model_dir)
+    cfg = prefilling or TINY_PREFILLING
+    budget = TimeBudget(budget_s)
+    rows: list[EvalRow] = []
+    for length in lengths:
+        cases = [make_case("passkey", length, d, seed + i, tokenizer=None) for i, d in enumerate(depths)]
+        for method in METHODS:
+            if budget.skip_reason(method, length, len(cases), EXPONENT[method]):
+                continue
+            kw = {"prefilling": cfg} if method == "prefilling" else {}
+            t0 = time.perf_counter()
+            new = [run_case(model, case, method, gen_length=8, steps=8, **kw) for case in cases]
+            rows += new
+            budget.record(method, length, (time.perf_counter() - t0) / len(cases))
+            print(f"  {method:>12} @ {length:>6}: {sum(r.correct for r in new)}/{len(new)} correct, "
+                  f"{budget.measured[method][1]:.2f} s/case", flush=True)
+    skipped = budget.skipped
+    os.makedirs(out_dir, exist_ok=True)
+    write_csv(os.path.join(out_dir, "demo.csv"), [asdict(r) for r in rows], str(model.device))
+    table = demo_table(rows, skipped, lengths)
+    print(table)
+    with open(os.path.join(out_dir, "demo.md"), "w") as f:
+        f.write(table + "\n")
+    plot_demo(rows, os.path.join(out_dir, "demo.png"))
+    print(f"total {budget.seconds - budget.left():.0f} s; wrote {out_dir}/demo.csv, demo.md, demo.png")
+    return 0
+
+
+def _cell(rows, method, length):
+    sel = [r for r in rows if r.method == method and r.length == length]
+    if not sel:
+        return None
+    return 100.0 * sum(r.correct for r in sel) / len(sel), sum(r.seconds for r in sel) / len(sel), len(sel)
+
+
+def demo_table(rows, skipped, lengths) -> str:
+    """Markdown: per length and method, accuracy, seconds per case and speedup over dense (same run)."""
+    lines = ["| context tokens | method | passkey accuracy % | s / case | speedup vs dense |",
+             "|---:|---|---:|---:|---:|"]
+    for length in lengths:
+        dense = _cell(rows, "dense", length)
+        for method in METHODS:
+            c = _cell(rows, method, length)
+            if c is None:
+                reason = skipped.get((method, length), "not run")
+                lines.append(f"| {length} | {method} | - | - | {reason} |")
+                continue
+            acc, secs, n = c
+            speed = f"{dense[1] / secs:.1f}x" if dense else "dense not run"
+            lines.append(f"| {length} | {method} | {acc:.0f} ({n} cases) | {secs:.2f} | {speed} |")
+    return "\n".join(lines)
+
+
+def plot_demo(rows, path: str) -> None:
+    """Accuracy and seconds per case vs context length, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
+    for method in METHODS:
+        lens = sorted({r.length for r in rows if r.method == method})
+        if not lens:
+            continue
+        cells = [_cell(rows, method, ln) for ln in lens]
+        ax_acc.plot(lens, [c[0] for c in cells], marker="o", label=method)
+        ax_t.plot(lens, [c[1] for c in cells], marker="o", label=method)
+    for ax, ylabel in ((ax_acc, "passkey accuracy (%)"), (ax_t, "seconds per case")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ax_t.set_yscale("log")
+    fig.suptitle("Bundled tiny dLLM, passkey, CPU: dense vs prefix_cache vs prefilling")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled tiny model)")
+    p.add_argument("--out", default=os.path.join("bench", "results", "demo"))
+    p.add_argument("--quick", action="store_true", help="2 lengths x 2 depths (smoke test)")
+    p.add_argument("--budget", type=float, default=540.0, help="seconds; slower methods are skipped past it")
+    args = p.parse_args(argv)
+    return run_demo(args.out, quick=args.quick, model_dir=args.model, budget_s=args.budget)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

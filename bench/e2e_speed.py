@@ -1,0 +1,182 @@
+"""End-to-end speed vs context length on the bundled tiny model, beside the FLOP model.
+
+    python -m bench.e2e_speed [--lengths 2048 4096 ... 65536] [--depths 0.1 0.5 0.9] [--budget 600]
+
+For every context length and method (dense, prefix_cache, prefilling) it decodes
+passkey cases (one per depth; accuracy reported beside every time) and records total
+time, prefill / scoring / decode time, per-step decode time and NFE, plus the FLOP
+model's prediction (:mod:`bench.flop_model`). Methods whose predicted time would
+overrun the budget are skipped at that length (listed in the table). Dense's per-step
+cost is additionally probed with one forward at every length where it fits, so its
+growth can be read even where full decoding is skipped.
+
+Writes ``bench/results/e2e_speed.csv`` and ``e2e_speed.png`` (log-log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from bench import flop_model
+from bench.budget import TimeBudget
+from bench.demo import EXPONENT, TINY_PREFILLING
+from bench.provenance import write_csv
+from dllm.evaluation import case_inputs, encode_text
+from dllm.generate import generate
+from dllm.loader import load_model
+from dllm.prefilling import PromptParts
+from dllm.tasks import make_case, score
+
+METHODS = ("dense", "prefix_cache", "prefilling")
+GEN, STEPS = 8, 8
+
+
+def predicted_flops(model, case_parts, method, cfg=TINY_PREFILLING) -> dict:
+    arch = flop_model.Arch.of(model.config)
+    p, c, q = (t.numel() for t in case_parts)
+    if method == "dense":
+        return flop_model.dense_flops(arch, p + c + q, GEN, STEPS)
+    if method == "prefix_cache":
+        return flop_model.prefix_cache_flops(arch, p + c + q, GEN, STEPS)
+    return flop_model.prefilling_flops(arch, p, c, q, GEN, STEPS, cfg.chunk_size, cfg.top_k, cfg.token_budget,
+                                       cfg.draft_tokens)
+
+
+def dense_step_probe(model, n_tokens: int) -> float:
+    """Seconds of one dense forward over ``n_tokens`` (one denoising step of the baseline)."""
+    ids = torch.randint(4, model.config.vocab_size, (1, n_tokens))
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model(ids, torch.arange(n_tokens), logits_start=n_tokens - GEN)
+        return time.perf_counter() - t0
+
+
+def run(lengths, depths, budget_s: float, out_dir: str) -> list[dict]:
+    model = load_model()
+    budget = TimeBudget(budget_s)
+    rows = []
+    probe_budget = TimeBudget(budget_s * 0.25)
+    for length in lengths:
+        cases = [make_case("passkey", length, d, i, tokenizer=None) for i, d in enumerate(depths)]
+        parts = PromptParts(encode_text(model, cases[0].prefix, bos=True), encode_text(model, cases[0].context),
+                            encode_text(model, cases[0].query))
+        for method in METHODS:
+            reason = budget.skip_reason(method, length, len(cases), EXPONENT[method])
+            flops = predicted_flops(model, (parts.prefix, parts.context, parts.query), method)
+            if reason:
+                rows.append({"length": length, "method": method, "status": reason,
+                             "flops_total": flop_model.total(flops)})
+                continue
+            t0 = time.perf_counter()
+            for case in cases:
+                kw = {"prefilling": TINY_PREFILLING} if method == "prefilling" else {}
+                res = generate(model, **case_inputs(model, case, method), method=method, gen_length=GEN,
+                               steps=STEPS, **kw)
+                sec = res.stats.seconds
+                rows.append({
+                    "length": length, "method": method, "status": "ok", "depth": case.depth,
+                    "correct": int(score("passkey", res.text[0], case)), "total_s": round(sec["total"], 4),
+                    "prefill_s": round(sec.get("prefill", 0.0), 4), "scoring_s": round(sec.get("scoring", 0.0), 4),
+                    "decode_s": round(sec.get("decode", 0.0), 4),
+                    "step_s": round(sec.get("decode", 0.0) / max(1, res.stats.steps), 5),
+                    "nfe": res.stats.nfe, "steps": res.stats.steps,
+                    **{f"flops_{k}": v for k, v in flops.items()}, "flops_total": flop_model.total(flops),
+                })
+            budget.record(method, length, (time.perf_counter() - t0) / len(cases))
+            print(f"  {method:>12} @ {length:>6}: {budget.measured[method][1]:.2f} s/case", flush=True)
+        if not probe_budget.skip_reason("dense_probe", length, 1, 2.0):
+            t = dense_step_probe(model, parts.full().numel() + GEN)
+            probe_budget.record("dense_probe", length, t)
+            rows.append({"length": length, "method": "dense_step_probe", "status": "ok", "step_s": round(t, 5),
+                         "flops_total": flop_model.Arch.of(model.config).forward(parts.full().numel() + GEN,
+                                                                                parts.full().numel() + GEN, GEN)})
+    write_csv(os.path.join(out_dir, "e2e_speed.csv"), rows, "cpu")
+    return rows
+
+
+def summarize(rows) -> str:
+    """Markdown: per length and method mean times, accuracy, measured and FLOP-predicted speedups."""
+    def cell(method, length):
+        sel = [r for r in rows if r["method"] == method and r["length"] == length and r["status"] == "ok"]
+        if not sel:
+            return None
+        n = len(sel)
+        return {k: sum(r.get(k, 0) for r in sel) / n for k in ("total_s", "prefill_s", "scoring_s", "decode_s",
+                                                                  "step_s", "nfe", "flops_total", "correct")}
+
+    lines = ["| tokens | method | accuracy % | total s | prefill s | scoring s | per-step s | NFE | "
+             "speedup vs dense (measured) | speedup (FLOP model) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for length in sorted({r["length"] for r in rows}):
+        dense = cell("dense", length)
+        for method in METHODS:
+            c = cell(method, length)
+            if c is None:
+                why = next((r["status"] for r in rows if r["method"] == method and r["length"] == length), "-")
+                lines.append(f"| {length} | {method} | - | - | - | - | - | - | {why} | - |")
+                continue
+            d_flops = next((r["flops_total"] for r in rows if r["method"] == "dense" and r["length"] == length), None)
+            meas = f"{dense['total_s'] / c['total_s']:.1f}x" if dense else "dense skipped"
+            pred = f"{d_flops / c['flops_total']:.1f}x" if d_flops else "-"
+            lines.append(f"| {length} | {method} | {100 * c['correct']:.0f} | {c['total_s']:.2f} | {c['prefill_s']:.2f} "
+                         f"| {c['scoring_s']:.2f} | {c['step_s']:.4f} | {c['nfe']:.0f} | {meas} | {pred} |")
+    probes = [r for r in rows if r["method"] == "dense_step_probe"]
+    if probes:
+        lines.append("")
+        lines.append("Dense per-step probe (one forward): " + ", ".join(f"{r['length']}: {r['step_s']:.3f} s"
+                                                                         for r in probes))
+    return "\n".join(lines)
+
+
+def plot(rows, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method in METHODS + ("dense_step_probe",):
+        sel = [r for r in rows if r["method"] == method and r["status"] == "ok"]
+        lens = sorted({r["length"] for r in sel})
+        if not lens:
+            continue
+        mean = lambda k, ln: sum(r[k] for r in sel if r["length"] == ln) / sum(1 for r in sel if r["length"] == ln)
+        if method != "dense_step_probe":
+            a.plot(lens, [mean("total_s", ln) for ln in lens], marker="o", label=method)
+        b.plot(lens, [mean("step_s", ln) for ln in lens], marker="o", ls="--" if "probe" in method else "-",
+               label=method if "probe" not in method else "dense (one-forward probe)")
+    for ax, title in ((a, "total seconds per generation"), (b, "seconds per denoising step")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context tokens")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    fig.suptitle("tiny-dream on CPU: passkey, 8 tokens, 8 steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768, 65536])
+    p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    p.add_argument("--budget", type=float, default=420.0, help="seconds")
+    p.add_argument("--out", default=os.path.join("bench", "results"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(2)
+    rows = run(args.lengths, args.depths, args.budget, args.out)
+    table = summarize(rows)
+    print(table)
+    with open(os.path.join(args.out, "e2e_speed.md"), "w") as f:
+        f.write(table + "\n")
+    plot(rows, os.path.join(args.out, "e2e_speed.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

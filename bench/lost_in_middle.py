@@ -1,0 +1,117 @@
+"""Lost in the middle: accuracy over needle depth x context length, per method, as heatmaps.
+
+    python -m bench.lost_in_middle [--tasks passkey needle] [--lengths ...] [--depths 11] [--budget 300]
+
+For each task, method (dense, prefix_cache, prefilling), context length and needle
+depth (11 depths 0..1 by default) one seeded case is decoded on the bundled tiny
+model. Cells a method could not reach within the time budget are grey ("not run").
+Writes ``bench/results/lost_in_middle.csv`` and ``lost_in_middle.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import asdict
+
+import torch
+
+from bench.budget import TimeBudget
+from bench.demo import EXPONENT, TINY_PREFILLING
+from bench.provenance import write_csv
+from dllm.evaluation import run_case
+from dllm.loader import load_model
+from dllm.tasks import make_case
+
+METHODS = ("dense", "prefix_cache", "prefilling")
+
+
+def run(tasks, lengths, depths, budget_s, out_dir, seed=1000):
+    model = load_model()
+    budget = TimeBudget(budget_s)
+    rows = []
+    for length in lengths:
+        for method in METHODS:
+            n = len(depths) * len(tasks)
+            if budget.skip_reason(method, length, n, EXPONENT[method]):
+                continue
+            t0 = time.perf_counter()
+            for task in tasks:
+                for i, d in enumerate(depths):
+                    case = make_case(task, length, d, seed + i, tokenizer=None)
+                    kw = {"prefilling": TINY_PREFILLING} if method == "prefilling" else {}
+                    rows.append(asdict(run_case(model, case, method, **kw)))
+            budget.record(method, length, (time.perf_counter() - t0) / n)
+            print(f"  {method:>12} @ {length:>6}: {budget.measured[method][1]:.2f} s/case", flush=True)
+    write_csv(os.path.join(out_dir, "lost_in_middle.csv"), rows, "cpu")
+    return rows, budget.skipped
+
+
+def summarize(rows, tasks, lengths) -> str:
+    lines = ["| task | method | " + " | ".join(str(ln) for ln in lengths) + " |",
+             "|---|---|" + "---:|" * len(lengths)]
+    for task in tasks:
+        for method in METHODS:
+            cells = []
+            for ln in lengths:
+                sel = [r for r in rows if r["task"] == task and r["method"] == method and r["length"] == ln]
+                cells.append(f"{100 * sum(r['correct'] for r in sel) / len(sel):.0f}" if sel else "not run")
+            lines.append(f"| {task} | {method} | " + " | ".join(cells) + " |")
+    return "Accuracy % over all depths, per context length (tokens):\n\n" + "\n".join(lines)
+
+
+def plot(rows, tasks, lengths, depths, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(len(tasks), len(METHODS), figsize=(4.2 * len(METHODS), 3.4 * len(tasks)),
+                             squeeze=False)
+    cmap = plt.get_cmap("RdYlGn").copy()
+    cmap.set_bad("lightgrey")
+    for ti, task in enumerate(tasks):
+        for mi, method in enumerate(METHODS):
+            grid = np.full((len(depths), len(lengths)), np.nan)
+            for r in rows:
+                if r["task"] == task and r["method"] == method:
+                    di = min(range(len(depths)), key=lambda i: abs(depths[i] - r["depth"]))
+                    grid[di, lengths.index(r["length"])] = 100.0 * r["correct"]
+            ax = axes[ti][mi]
+            ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=100, aspect="auto", origin="upper")
+            ax.set_xticks(range(len(lengths)), [f"{ln // 1024}K" if ln >= 1024 else str(ln) for ln in lengths])
+            ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=7)
+            ax.set_title(f"{task} / {method}")
+            ax.set_xlabel("context tokens")
+            if mi == 0:
+                ax.set_ylabel("needle depth")
+    fig.suptitle("tiny-dream, CPU: green = correct, red = wrong, grey = not run (time budget)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", nargs="+", default=["passkey", "needle"])
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
+    p.add_argument("--depths", type=int, default=11, help="number of depths in 0..1")
+    p.add_argument("--budget", type=float, default=300.0, help="seconds")
+    p.add_argument("--out", default=os.path.join("bench", "results"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(2)
+    depths = [i / (args.depths - 1) for i in range(args.depths)]
+    rows, skipped = run(args.tasks, args.lengths, depths, args.budget, args.out)
+    table = summarize(rows, args.tasks, args.lengths)
+    print(table)
+    with open(os.path.join(args.out, "lost_in_middle.md"), "w") as f:
+        f.write(table + "\n\nSkipped: " + ("; ".join(f"{m}@{ln}: {why}" for (m, ln), why in skipped.items())
+                                          or "none") + "\n")
+    plot(rows, args.tasks, args.lengths, depths, os.path.join(args.out, "lost_in_middle.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
