@@ -15,6 +15,8 @@ anything, even NaN). Rows whose partials are all -inf get ``o = 0``, ``lse = -in
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -150,8 +152,9 @@ def _merge_states_op(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[
         return _ref.merge_states(o, lse)
     n = o.shape[0]
     rest = o.shape[1:-1]
-    o3 = o.reshape(n, -1, o.shape[-1])  # a view when the leading dims allow it, else a copy
-    l2 = lse.reshape(n, -1)
+    rows = math.prod(rest)
+    o3 = o.reshape(n, rows, o.shape[-1])  # a view when the leading dims allow it, else a copy
+    l2 = lse.reshape(n, rows)
     out, out_lse = merge_states_launch(o3, l2)
     return out.view(*rest, o.shape[-1]), out_lse.view(*rest)
 

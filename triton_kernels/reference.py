@@ -52,6 +52,8 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor):
     o [N, *, H, D], lse [N, *, H] -> (o [*, H, D] in o.dtype, lse [*, H] fp32).
     """
     lse = lse.float()
+    if lse.shape[0] == 0:  # nothing to merge: no keys at all
+        return o.new_zeros(o.shape[1:]), lse.new_full(lse.shape[1:], NEG_INF)
     m = lse.max(dim=0).values
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     w = torch.exp(lse - m_safe)  # exp(-inf) = 0: empty partials weigh nothing

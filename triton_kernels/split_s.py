@@ -147,28 +147,31 @@ def _split_s_partial_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # [BLOCK_M]
     l_i = tl.zeros([BLOCK_M], tl.float32)  # [BLOCK_M]
 
-    if part < n_seg_parts:
-        seg0 = (part // N_SPLITS) * SEGS_PER_PROG
-        lo = (part % N_SPLITS) * SPLIT_LEN
-        for j in range(SEGS_PER_PROG):
-            seg = seg0 + j
-            in_table = seg < S
-            slot = tl.load(slots_ptr + b * stride_sb + seg * stride_ss, mask=in_table, other=-1)
-            n_valid = tl.load(lens_ptr + b * stride_nb + seg * stride_ns, mask=in_table, other=0)
-            n_valid = tl.where(slot >= 0, n_valid, 0)  # slot -1: no segment, whatever its length says
-            hi = tl.minimum(n_valid, lo + SPLIT_LEN).to(tl.int32)
-            slot64 = tl.maximum(slot, 0).to(tl.int64)  # 64-bit: P * T * Hkv * D may exceed 2**31
-            k_base = kp_ptr + slot64 * stride_kp + h * stride_kh
-            v_base = vp_ptr + slot64 * stride_vp + h * stride_vh
-            acc, m_i, l_i = _attend_range(
-                acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, lo, hi, qk_scale,
-                HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
-            )  # fmt: skip
-    else:
-        k_base = kl_ptr + b.to(tl.int64) * stride_klb + h * stride_klh
-        v_base = vl_ptr + b.to(tl.int64) * stride_vlb + h * stride_vlh
+    # One inlined copy of the key loop serves both kinds of partial: a second copy (an
+    # if/else around two calls) would double the shared memory of its software pipeline.
+    is_live = part >= n_seg_parts  # the last partial reads the live block, as one "segment"
+    seg0 = (part // N_SPLITS) * SEGS_PER_PROG
+    lo_seg = (part % N_SPLITS) * SPLIT_LEN
+    for j in range(SEGS_PER_PROG):
+        seg = seg0 + j
+        in_table = (seg < S) & (part < n_seg_parts)
+        slot = tl.load(slots_ptr + b * stride_sb + seg * stride_ss, mask=in_table, other=-1)
+        n_valid = tl.load(lens_ptr + b * stride_nb + seg * stride_ns, mask=in_table, other=0)
+        n_valid = tl.where(slot >= 0, n_valid, 0)  # slot -1: no segment, whatever its length says
+        slot64 = tl.maximum(slot, 0).to(tl.int64)  # 64-bit: P * T * Hkv * D may exceed 2**31
+        k_base = kp_ptr + slot64 * stride_kp + h * stride_kh
+        v_base = vp_ptr + slot64 * stride_vp + h * stride_vh
+        s_kt = stride_kt
+        s_vt = stride_vt
+        if is_live:
+            k_base = kl_ptr + b.to(tl.int64) * stride_klb + h * stride_klh
+            v_base = vl_ptr + b.to(tl.int64) * stride_vlb + h * stride_vlh
+            s_kt = stride_klm
+            s_vt = stride_vlm
+        lo = tl.where(is_live, 0, lo_seg)
+        hi = tl.where(is_live, tl.where(j == 0, M, 0), tl.minimum(n_valid, lo_seg + SPLIT_LEN)).to(tl.int32)
         acc, m_i, l_i = _attend_range(
-            acc, m_i, l_i, q, k_base, v_base, stride_klm, stride_vlm, 0, M, qk_scale,
+            acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, lo, hi, qk_scale,
             HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
         )  # fmt: skip
 
