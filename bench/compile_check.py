@@ -54,19 +54,25 @@ class _CompileOnly:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             bound, spec, options = self.binder(*args, **kwargs)
-            options, signature, constexprs, attrs = self.fn._pack_args(self.backend, kwargs, bound, spec, options)
-            key = (self.fn.fn.__name__, str(signature), str(sorted((str(k), str(v)) for k, v in constexprs.items())))
+            options, signature, constexprs, attrs = self.fn._pack_args(
+                self.backend, kwargs, bound, spec, options
+            )
+            key = (
+                self.fn.fn.__name__,
+                str(signature),
+                str(sorted((str(k), str(v)) for k, v in constexprs.items())),
+            )
             if key in self.log:
                 return
             t0 = time.time()
             src = ASTSource(self.fn, signature, constexprs, attrs)
             compiled = triton.compile(src, target=self.target, options=options.__dict__)
-            shown = {self.fn.arg_names[k[0]]: v for k, v in constexprs.items() if self.fn.arg_names[k[0]].isupper()}
+            shown = {
+                self.fn.arg_names[k[0]]: v for k, v in constexprs.items() if self.fn.arg_names[k[0]].isupper()
+            }
             self.log[key] = (time.time() - t0, compiled.metadata.shared, shown)
-            print(
-                f"  ok {self.fn.fn.__name__:26s} {time.time() - t0:5.1f}s smem={compiled.metadata.shared:6d} {shown}",
-                flush=True,
-            )
+            name, smem = self.fn.fn.__name__, compiled.metadata.shared
+            print(f"  ok {name:26s} {time.time() - t0:5.1f}s smem={smem:6d} {shown}", flush=True)
 
         return launch
 
@@ -92,7 +98,7 @@ def compile_only(arch: int):
 
 def _drive(dtype: torch.dtype, d: int, g: int, quick: bool) -> None:
     """Call every launcher once per code path (split / multi-segment / single partial)."""
-    hkv, m, p_slots, t, s = 2, 17, 4, 70, 3
+    hkv, m, p_slots, t = 2, 17, 4, 70
     q = torch.randn(2, m, g * hkv, d, dtype=dtype)
     kp = torch.randn(p_slots, t, hkv, d, dtype=dtype)
     kl = torch.randn(2, m, hkv, d, dtype=dtype)
@@ -103,7 +109,9 @@ def _drive(dtype: torch.dtype, d: int, g: int, quick: bool) -> None:
     if not quick:
         split_s.split_s_launch(q, kp, kp, slots, lens, kl, kl, scale, split_len=64)
         split_s.split_s_launch(q, kp, kp, slots, lens, kl, kl, scale, segs_per_prog=2)
-        split_s.split_s_launch(q[:, :1], kp, kp, slots[:, :1], lens[:, :1], None, None, scale)  # M=1, 1 partial
+        split_s.split_s_launch(
+            q[:, :1], kp, kp, slots[:, :1], lens[:, :1], None, None, scale
+        )  # M=1, 1 partial
     n, e = 3, 5
     qs = torch.randn(n, m, g * hkv, d, dtype=dtype)
     kc = torch.randn(n, t, hkv, d, dtype=dtype)
@@ -113,6 +121,8 @@ def _drive(dtype: torch.dtype, d: int, g: int, quick: bool) -> None:
     chunk_scores.chunk_row_mass_launch(torch.randn(n, t, g * hkv, d, dtype=dtype), kc, cl, xe, scale)
     if not quick:
         chunk_scores.chunk_attention_scores_launch(qs, kc, None, None, scale)
+        chunk_scores.chunk_attention_scores_launch(qs, kc, cl.long(), xe, scale)
+        chunk_scores.chunk_row_mass_launch(torch.randn(n, t, g * hkv, d, dtype=dtype), kc, None, xe, scale)
     idx = torch.tensor([[[0, 3, -1]] * hkv] * n, dtype=torch.long)
     topb.gather_rows_launch(idx, kc, kc)
     merge.merge_states_launch(torch.randn(3, 10, d, dtype=dtype), torch.randn(3, 10))
@@ -125,13 +135,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     combos = [(torch.float16, 128, 7)]
     if not args.quick:
-        combos += [(torch.bfloat16, 128, 7), (torch.float32, 64, 1), (torch.float16, 64, 4), (torch.bfloat16, 256, 1)]
+        combos += [
+            (torch.bfloat16, 128, 7),
+            (torch.float32, 64, 1),
+            (torch.float16, 64, 4),
+            (torch.bfloat16, 256, 1),
+        ]
     t0 = time.time()
     with compile_only(args.arch) as log:
         for dtype, d, g in combos:
             print(f"[compile_check] sm_{args.arch} dtype={dtype} D={d} G={g}", flush=True)
             _drive(dtype, d, g, args.quick)
-    print(f"[compile_check] {len(log)} kernel variants compiled for sm_{args.arch} in {time.time() - t0:.0f}s")
+    print(
+        f"[compile_check] {len(log)} kernel variants compiled for sm_{args.arch} in {time.time() - t0:.0f}s"
+    )
     return 0
 
 

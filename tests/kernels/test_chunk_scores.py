@@ -60,7 +60,13 @@ LENS = [T, 0, 1, 45]
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize(
     "m,g,d,e,use_lens",
-    [(1, 1, 64, 5, True), (17, 7, 64, 9, True), (33, 4, 128, None, True), (17, 1, 128, 0, False), (5, 7, 64, 17, False)],
+    [
+        (1, 1, 64, 5, True),
+        (17, 7, 64, 9, True),
+        (33, 4, 128, None, True),
+        (17, 1, 128, 0, False),
+        (5, 7, 64, 17, False),
+    ],
     ids=lambda x: str(x),
 )
 def test_scores_match_references(m, g, d, e, use_lens, dtype):
@@ -75,7 +81,9 @@ def test_scores_match_references(m, g, d, e, use_lens, dtype):
     ref = R.chunk_attention_scores(f32[0], f32[1], lens, f32[2], sm_scale=scale)
     dense = _dense_probs(f32[0], f32[1], lens, f32[2], scale, torch.float32)
     low = _dense_probs(q, k, lens, k_extra, scale, dtype)
-    for name, got, r, dn, lo in zip(("mass", "extra", "lse"), (mass, extra, lse), ref, dense, low, strict=False):
+    for name, got, r, dn, lo in zip(
+        ("mass", "extra", "lse"), (mass, extra, lse), ref, dense, low, strict=False
+    ):
         assert max_err(r, dn) <= 1e-4, name  # the two references agree
         assert_rule(got, r, lo, dtype, name)
     if use_lens:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from triton_kernels import chunk_attention_scores, chunk_row_mass, merge_states, split_s_attention, topb_gather
+from triton_kernels import (
+    chunk_attention_scores,
+    chunk_row_mass,
+    merge_states,
+    split_s_attention,
+    topb_gather,
+)
 
 from ._helpers import DEVICE
 
@@ -27,7 +33,14 @@ def _split_args(**over):
 def _call_split(**over):
     a = _split_args(**over)
     return split_s_attention(
-        a["q"], a["k_pool"], a["v_pool"], a["seg_slots"], a["seg_lens"], a["k_live"], a["v_live"], backend="torch"
+        a["q"],
+        a["k_pool"],
+        a["v_pool"],
+        a["seg_slots"],
+        a["seg_lens"],
+        a["k_live"],
+        a["v_live"],
+        backend="torch",
     )
 
 
@@ -59,10 +72,16 @@ I32 = dict(dtype=torch.int32, device=DEVICE)
         (dict(seg_slots=torch.tensor([[0.0, 1.0], [2.0, -1.0]], device=DEVICE)), TypeError, "int32 or int64"),
         (dict(seg_slots=torch.tensor([[0, 1]], **I32)), ValueError, "seg_slots must have shape"),
         (dict(seg_slots=torch.tensor([0, 1], **I32)), ValueError, r"seg_slots must be 2-D"),
-        (dict(q=torch.randn(2, 3, 4, 32, 2, device=DEVICE)[..., 0]), ValueError, "contiguous in its last dim"),
+        (
+            dict(q=torch.randn(2, 3, 4, 32, 2, device=DEVICE)[..., 0]),
+            ValueError,
+            "contiguous in its last dim",
+        ),
         (dict(k_live=torch.randn(2, 3, 2, 32, device=DEVICE)), ValueError, "both k_live and v_live"),
         (
-            dict(k_live=torch.randn(2, 4, 2, 32, device=DEVICE), v_live=torch.randn(2, 4, 2, 32, device=DEVICE)),
+            dict(
+                k_live=torch.randn(2, 4, 2, 32, device=DEVICE), v_live=torch.randn(2, 4, 2, 32, device=DEVICE)
+            ),
             ValueError,
             "k_live must have shape",
         ),
