@@ -19,9 +19,9 @@ TEST_TIMEOUT_S="${TEST_TIMEOUT_S:-240}"
 BENCH_TIMEOUT_S="${BENCH_TIMEOUT_S:-200}"
 BENCH_BUDGET_S="${BENCH_BUDGET_S:-130}"   # bench stops starting new cases after this
 
-cd "$(dirname "$0")/.." || exit 2
 mkdir -p "$OUT_DIR" || exit 2
-OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"   # absolute, relative to the caller's directory
+cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"

@@ -117,3 +117,11 @@ def test_opcheck_registrations():
     torch.library.opcheck(ops.chunk_attention_scores, (q, k, None, k[:, :3], 0.2, "torch"))
     torch.library.opcheck(ops.chunk_row_mass, (torch.randn(2, 12, 4, 32), k, None, k[:, :3], 0.2, "torch"))
     torch.library.opcheck(ops.topb_gather, (torch.randn(2, 2, 12), k, k, 4, None, 3, True, "torch"))
+
+
+def test_poison_hook_fills_launcher_buffers():
+    """The autouse fixture is active: launcher buffers start as NaN / -7, outside it as torch.empty."""
+    assert torch.isnan(_dispatch.alloc((4,), torch.float32, DEVICE)).all()
+    assert (_dispatch.alloc((4,), torch.int32, DEVICE) == -7).all()
+    with _dispatch.poison_outputs(False):
+        assert _dispatch.alloc((4,), torch.float32, DEVICE).shape == (4,)
