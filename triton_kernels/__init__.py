@@ -2,15 +2,17 @@
 
 Public API (DESIGN section 3): ``split_s_attention``, ``merge_states``,
 ``chunk_attention_scores``, ``chunk_row_mass``, ``topb_gather``.
-Torch references with the same signatures live in ``triton_kernels.reference``.
+
+Each op validates its inputs, then dispatches (see :mod:`triton_kernels._dispatch`):
+CUDA tensors -> Triton kernels, other devices -> the torch references of
+:mod:`triton_kernels.reference` (same signatures); ``backend="triton"|"torch"`` or
+``PREFILLING_DLLM_BACKEND`` overrides. The ops are registered with
+``torch.library`` (namespace ``prefilling_dllm``) so they compose with ``torch.compile``.
 """
 
-from triton_kernels.reference import (  # noqa: F401  (temporary: kernels plug in behind these names)
-    chunk_attention_scores,
-    chunk_row_mass,
-    merge_states,
-    split_s_attention,
-    topb_gather,
-)
+from triton_kernels.chunk_scores import chunk_attention_scores, chunk_row_mass
+from triton_kernels.merge import merge_states
+from triton_kernels.split_s import split_s_attention
+from triton_kernels.topb import topb_gather
 
 __all__ = ["split_s_attention", "merge_states", "chunk_attention_scores", "chunk_row_mass", "topb_gather"]

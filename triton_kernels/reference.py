@@ -52,6 +52,8 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor):
     o [N, *, H, D], lse [N, *, H] -> (o [*, H, D] in o.dtype, lse [*, H] fp32).
     """
     lse = lse.float()
+    if lse.shape[0] == 0:  # nothing to merge: no keys at all
+        return o.new_zeros(o.shape[1:]), lse.new_full(lse.shape[1:], NEG_INF)
     m = lse.max(dim=0).values
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     w = torch.exp(lse - m_safe)  # exp(-inf) = 0: empty partials weigh nothing
@@ -78,7 +80,7 @@ def split_s_attention(q, k_pool, v_pool, seg_slots, seg_lens, k_live=None, v_liv
     lens = seg_lens.tolist()
     for b in range(q.shape[0]):
         ks, vs = [], []
-        for slot, n in zip(slots[b], lens[b]):
+        for slot, n in zip(slots[b], lens[b], strict=True):
             if slot >= 0 and n > 0:
                 ks.append(k_pool[slot, :n])
                 vs.append(v_pool[slot, :n])
@@ -136,7 +138,8 @@ def chunk_row_mass(q, k, lens=None, k_extra=None, *, sm_scale=None):
     """Reference of :func:`triton_kernels.chunk_row_mass`.
 
     q [N, T, Hq, D] the chunk tokens' own queries; k [N, T, Hkv, D] chunk keys
-    (valid length ``lens[n]``); k_extra [N, E, Hkv, D] the scoring tokens' keys.
+    (valid length ``lens[n]``); k_extra [N, E, Hkv, D] the scoring tokens' keys
+    (None: no extra keys, all zeros).
     For every valid chunk row: the softmax mass it sends to the extra keys when
     it attends over (valid chunk keys + extra keys), summed over the G query
     heads of each KV head. -> [N, Hkv, T] fp32, 0 beyond lens.
@@ -146,6 +149,8 @@ def chunk_row_mass(q, k, lens=None, k_extra=None, *, sm_scale=None):
     g = hq // hkv
     scale = _scale(sm_scale, d)
     out = torch.zeros(n_chunks, hkv, t, dtype=torch.float32, device=q.device)
+    if k_extra is None:  # no extra keys: no row sends them any mass
+        return out
     lens_l = [t] * n_chunks if lens is None else lens.tolist()
     for n in range(n_chunks):
         ln = lens_l[n]
@@ -180,7 +185,9 @@ def pool_scores(scores: torch.Tensor, lens=None, *, pool_kernel: int = 7, keep_f
         if invalid is None:
             s[:, :, 0] = float("inf")
         else:
-            s[:, :, 0] = torch.where(invalid[:, None, 0], s[:, :, 0], torch.full_like(s[:, :, 0], float("inf")))
+            s[:, :, 0] = torch.where(
+                invalid[:, None, 0], s[:, :, 0], torch.full_like(s[:, :, 0], float("inf"))
+            )
     return s
 
 
@@ -194,7 +201,9 @@ def topb_gather(scores, k, v, b, *, lens=None, pool_kernel=7, keep_first=True):
     """
     n, h, t = scores.shape
     pooled = pool_scores(scores, lens, pool_kernel=pool_kernel, keep_first=keep_first)
-    lens_t = torch.full((n,), t, dtype=torch.long, device=k.device) if lens is None else lens.long().to(k.device)
+    lens_t = (
+        torch.full((n,), t, dtype=torch.long, device=k.device) if lens is None else lens.long().to(k.device)
+    )
     kept = torch.clamp(lens_t, max=b).to(torch.int32)
     order = torch.sort(pooled, dim=-1, descending=True, stable=True).indices  # [N, H, T]
     idx = torch.full((n, h, b), -1, dtype=torch.long, device=k.device)

@@ -1,0 +1,156 @@
+"""chunk_attention_scores / chunk_row_mass vs the references, dense probabilities and mass invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from triton_kernels import chunk_attention_scores, chunk_row_mass
+from triton_kernels import reference as R
+from triton_kernels.chunk_scores import chunk_attention_scores_launch
+
+from ._helpers import DEVICE, assert_rule, dtype_params, max_err, randn
+
+HKV = 2
+T = 70
+
+
+def _dense_probs(q, k, lens, k_extra, scale, dtype):
+    """Per chunk: full softmax matrix over (valid chunk keys + extra keys), scores in ``dtype``.
+
+    -> (mass [N, Hkv, T], extra [N, Hkv, E], lse [N, M, Hq], row_to_extra [N, Hkv, M]) fp32.
+    """
+    n, m, hq, _ = q.shape
+    t, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    e = 0 if k_extra is None else k_extra.shape[1]
+    mass = torch.zeros(n, hkv, t, device=q.device)
+    extra = torch.zeros(n, hkv, e, device=q.device)
+    lse = torch.full((n, m, hq), float("-inf"), device=q.device)
+    to_extra = torch.zeros(n, hkv, m, device=q.device)
+    for i in range(n):
+        ln = t if lens is None else int(lens[i])
+        keys = torch.cat([k[i, :ln]] + ([] if k_extra is None else [k_extra[i]]))
+        if keys.shape[0] == 0:
+            continue
+        kk = keys.to(dtype).repeat_interleave(g, dim=1)
+        s = (torch.einsum("mhd,lhd->hml", q[i].to(dtype), kk) * scale).float()  # [Hq, M, L]
+        p = torch.softmax(s, dim=-1)
+        per_kv = p.sum(1).view(hkv, g, -1).sum(1)
+        mass[i, :, :ln] = per_kv[:, :ln]
+        extra[i] = per_kv[:, ln:]
+        lse[i] = torch.logsumexp(s, -1).transpose(0, 1)
+        to_extra[i] = p[..., ln:].sum(-1).view(hkv, g, m).sum(1)
+    return mass, extra, lse, to_extra
+
+
+def _inputs(n, m, g, d, e, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = randn(n, m, g * HKV, d, dtype=dtype, gen=gen)
+    k = randn(n, T, HKV, d, dtype=dtype, gen=gen)
+    k_extra = randn(n, e, HKV, d, dtype=dtype, gen=gen) if e is not None else None
+    return q, k, k_extra
+
+
+LENS = [T, 0, 1, 45]
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize(
+    "m,g,d,e,use_lens",
+    [
+        (1, 1, 64, 5, True),
+        (17, 7, 64, 9, True),
+        (33, 4, 128, None, True),
+        (17, 1, 128, 0, False),
+        (5, 7, 64, 17, False),
+    ],
+    ids=lambda x: str(x),
+)
+def test_scores_match_references(m, g, d, e, use_lens, dtype):
+    q, k, k_extra = _inputs(4, m, g, d, e, dtype, seed=m + g + d)
+    lens = torch.tensor(LENS, dtype=torch.int32, device=DEVICE) if use_lens else None
+    scale = 1 / math.sqrt(d)
+    mass, extra, lse = chunk_attention_scores(q, k, lens, k_extra, backend="triton")
+    e_eff = 0 if k_extra is None else k_extra.shape[1]
+    assert mass.shape == (4, HKV, T) and extra.shape == (4, HKV, e_eff) and lse.shape == (4, m, g * HKV)
+    assert not any(torch.isnan(x).any() for x in (mass, extra, lse))
+    f32 = [None if x is None else x.float() for x in (q, k, k_extra)]
+    ref = R.chunk_attention_scores(f32[0], f32[1], lens, f32[2], sm_scale=scale)
+    dense = _dense_probs(f32[0], f32[1], lens, f32[2], scale, torch.float32)
+    low = _dense_probs(q, k, lens, k_extra, scale, dtype)
+    for name, got, r, dn, lo in zip(
+        ("mass", "extra", "lse"), (mass, extra, lse), ref, dense, low, strict=False
+    ):
+        assert max_err(r, dn) <= 1e-4, name  # the two references agree
+        assert_rule(got, r, lo, dtype, name)
+    if use_lens:
+        assert torch.all(mass[1] == 0) and torch.all(mass[2, :, 1:] == 0) and torch.all(mass[3, :, 45:] == 0)
+
+
+@pytest.mark.parametrize("g", [1, 7])
+def test_mass_sums_to_queries_times_heads(g):
+    """Scoring tokens' own keys as the extra keys: every (chunk, KV head) hands out M*G units."""
+    m, d = 17, 64
+    gen = torch.Generator().manual_seed(g)
+    q = randn(4, m, g * HKV, d, gen=gen)
+    k = randn(4, T, HKV, d, gen=gen)
+    k_own = randn(4, m, HKV, d, gen=gen)
+    lens = torch.tensor(LENS, device=DEVICE)
+    mass, extra, _ = chunk_attention_scores(q, k, lens, k_own, backend="triton")
+    total = mass.sum(-1) + extra.sum(-1)  # [N, Hkv]
+    assert torch.allclose(total, torch.full_like(total, m * g), rtol=1e-5, atol=1e-4)
+
+
+def test_no_keys_at_all():
+    q, k, _ = _inputs(2, 5, 4, 64, None, torch.float32, seed=3)
+    lens = torch.tensor([0, 3], device=DEVICE)
+    mass, extra, lse = chunk_attention_scores(q, k, lens, None, backend="triton")
+    assert torch.all(mass[0] == 0) and torch.all(lse[0] == float("-inf")) and extra.shape == (2, HKV, 0)
+    assert torch.isfinite(lse[1]).all()
+
+
+def test_small_tiles_agree():
+    q, k, k_extra = _inputs(3, 17, 7, 64, 9, torch.float16, seed=9)
+    lens = torch.tensor([T, 0, 33], device=DEVICE)
+    a = chunk_attention_scores_launch(q, k, lens, k_extra, 0.2, block_m=16, block_n=16)
+    b = chunk_attention_scores_launch(q, k, lens, k_extra, 0.2)
+    for x, y in zip(a, b, strict=True):
+        assert max_err(x, y) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("g,d,e,use_lens", [(1, 64, 5, True), (7, 64, 9, True), (4, 128, 33, False)], ids=str)
+def test_row_mass_matches_references(g, d, e, use_lens, dtype):
+    gen = torch.Generator().manual_seed(g * d + e)
+    q = randn(4, T, g * HKV, d, dtype=dtype, gen=gen)  # the chunk tokens' own queries
+    k = randn(4, T, HKV, d, dtype=dtype, gen=gen)
+    k_extra = randn(4, e, HKV, d, dtype=dtype, gen=gen)
+    lens = torch.tensor(LENS, dtype=torch.int32, device=DEVICE) if use_lens else None
+    scale = 1 / math.sqrt(d)
+    out = chunk_row_mass(q, k, lens, k_extra, backend="triton")
+    assert out.shape == (4, HKV, T) and not torch.isnan(out).any()
+    ref = R.chunk_row_mass(q.float(), k.float(), lens, k_extra.float(), sm_scale=scale)
+    # Dense: chunk rows attend over (valid chunk keys + extra keys); mass on the extra keys.
+    dense = torch.zeros_like(ref)
+    low = torch.zeros_like(ref)
+    for i in range(4):
+        ln = T if lens is None else int(lens[i])
+        qi, ki, xi = q[i : i + 1, :ln], k[i : i + 1], k_extra[i : i + 1]
+        li = torch.tensor([ln], device=DEVICE)
+        dense[i, :, :ln] = _dense_probs(qi.float(), ki.float(), li, xi.float(), scale, torch.float32)[3][0]
+        low[i, :, :ln] = _dense_probs(qi, ki, li, xi, scale, dtype)[3][0]
+    assert max_err(ref, dense) <= 1e-5
+    assert_rule(out, ref, low, dtype, "row mass")
+    assert torch.all(out <= g + 1e-4) and torch.all(out >= 0)
+    if use_lens:
+        assert torch.all(out[1] == 0) and torch.all(out[3, :, 45:] == 0)
+
+
+def test_row_mass_without_extra_keys_is_zero():
+    q, k, _ = _inputs(2, T, 4, 64, None, torch.float32, seed=1)
+    assert torch.all(chunk_row_mass(q, k, None, None, backend="triton") == 0)
+    assert torch.all(chunk_row_mass(q, k, None, k[:, :0], backend="triton") == 0)
+    assert torch.all(R.chunk_row_mass(q, k, None, None) == 0)

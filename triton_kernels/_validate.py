@@ -1,0 +1,142 @@
+"""Input validation shared by the public ops.
+
+Shape, dtype, device and layout checks read only metadata, so they also run on
+FakeTensors while ``torch.compile`` traces a caller. Checks that read tensor
+*values* (slot in range, lengths in range) live in ``check_*_values`` and run
+inside the registered ops, where the data is real (see
+:func:`triton_kernels._dispatch.check_values_enabled`).
+
+Every error names the op, the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+SUPPORTED_HEAD_DIMS = "any multiple of 16 from 16 to 256"
+
+
+def check_ndim(op: str, name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{op}: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
+
+
+def check_float(op: str, **tensors: torch.Tensor) -> torch.dtype:
+    """All named tensors share one floating dtype among fp32/fp16/bf16; returns it."""
+    dtype = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
+        if dtype is None:
+            dtype, first = t.dtype, name
+        elif t.dtype != dtype:
+            raise TypeError(f"{op}: dtype mismatch: {first} is {dtype} but {name} is {t.dtype}")
+    return dtype
+
+
+def check_device(op: str, **tensors: torch.Tensor) -> torch.device:
+    """All named tensors live on one device; returns it."""
+    device = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if device is None:
+            device, first = t.device, name
+        elif t.device != device:
+            raise ValueError(f"{op}: device mismatch: {first} is on {device} but {name} is on {t.device}")
+    return device
+
+
+def check_last_dim_contiguous(op: str, **tensors: torch.Tensor) -> None:
+    """Kernels stride over every dim but the last (head_dim), which must have stride 1."""
+    for name, t in tensors.items():
+        if t is None or t.numel() == 0:
+            continue
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(
+                f"{op}: {name} must be contiguous in its last dim (stride 1), "
+                f"got strides {tuple(t.stride())}; other dims may have any stride. Call .contiguous() on it."
+            )
+
+
+def check_head_dim(op: str, d: int) -> None:
+    if d % 16 != 0 or not (MIN_HEAD_DIM <= d <= MAX_HEAD_DIM):
+        raise ValueError(f"{op}: head_dim D={d} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
+
+
+def check_gqa(op: str, hq: int, hkv: int) -> int:
+    if hkv < 1 or hq < 1 or hq % hkv != 0:
+        raise ValueError(
+            f"{op}: query heads Hq={hq} must be a positive multiple of KV heads Hkv={hkv} (GQA, Hq = G * Hkv)"
+        )
+    return hq // hkv
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple, what: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} must have shape {what} = {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def check_index_tensor(op: str, name: str, t: torch.Tensor, shape: tuple, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be an integer torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{op}: {name} must be int32 or int64, got {t.dtype}")
+    check_shape(op, name, t, shape, what)
+
+
+def check_scale(op: str, sm_scale) -> None:
+    if sm_scale is not None and not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"{op}: sm_scale must be a float or None, got {type(sm_scale).__name__}")
+
+
+# ----------------------------------------------------------------------------- value checks
+
+
+def _flags(*conds: torch.Tensor) -> list[bool]:
+    """Evaluate several boolean reductions with a single host sync."""
+    if not conds:
+        return []
+    return [bool(x) for x in torch.stack([c.reshape(()) for c in conds]).tolist()]
+
+
+def check_segment_table_values(
+    op: str, seg_slots: torch.Tensor, seg_lens: torch.Tensor, p: int, t: int
+) -> None:
+    """seg_slots in [-1, P) and seg_lens in [0, T]."""
+    if seg_slots.numel() == 0:
+        return
+    slot_lo, slot_hi, len_lo, len_hi = _flags(
+        (seg_slots < -1).any(), (seg_slots >= p).any(), (seg_lens < 0).any(), (seg_lens > t).any()
+    )
+    if slot_lo or slot_hi:
+        raise ValueError(
+            f"{op}: seg_slots out of range: every entry must be -1 (no segment) or a slot in [0, P={p}); "
+            f"got min {int(seg_slots.min())}, max {int(seg_slots.max())}"
+        )
+    if len_lo or len_hi:
+        raise ValueError(
+            f"{op}: seg_lens out of range: every entry must be in [0, T={t}]; "
+            f"got min {int(seg_lens.min())}, max {int(seg_lens.max())}"
+        )
+
+
+def check_lens_values(op: str, lens: torch.Tensor | None, t: int) -> None:
+    """Per-chunk valid lengths in [0, T]."""
+    if lens is None or lens.numel() == 0:
+        return
+    lo, hi = _flags((lens < 0).any(), (lens > t).any())
+    if lo or hi:
+        raise ValueError(
+            f"{op}: lens out of range: every entry must be in [0, T={t}]; "
+            f"got min {int(lens.min())}, max {int(lens.max())}"
+        )

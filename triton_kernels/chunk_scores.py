@@ -1,0 +1,543 @@
+"""Intra-chunk token scores: the attention mass exchanged between chunk tokens and scoring tokens.
+
+Prefilling-dLLM ranks the tokens inside each kept chunk by the attention mass
+they exchange with the scoring tokens (query window / pseudo-labels), then keeps
+the top-B (:mod:`triton_kernels.topb`). Two directions, one file:
+
+* :func:`chunk_attention_scores` (scoring tokens -> chunk keys): the softmax mass
+  each chunk key receives from the ``M`` scoring queries attending over
+  (valid chunk keys + extra keys), summed over the queries and the ``G`` query
+  heads of its KV group. Two passes so that no ``[M, T]`` probability matrix per
+  head ever reaches global memory: pass 1 (``_row_lse_kernel``) computes every
+  query row's LSE over all its keys with an online max/sum; pass 2
+  (``_column_mass_kernel``) recomputes ``Q K^T`` one key tile at a time and sums
+  ``exp(s - lse_row)`` down the columns.
+* :func:`chunk_row_mass` (chunk tokens -> scoring tokens): for every chunk row,
+  the mass it sends to the extra keys when attending over (valid chunk keys +
+  extra keys) = ``exp(lse_extra - lse_all)``, summed over the G heads
+  (``_row_mass_kernel``, one pass, two LSEs per row).
+
+GQA packing as in :mod:`triton_kernels.split_s`: the G query heads of a KV head
+are rows of the same tile (row ``r`` = token ``r // G``, head ``h * G + r % G``).
+
+Sources: Prefilling-dLLM (arXiv 2606.10537) intra-chunk token selection;
+FlashAttention-2 online softmax (base 2, scale folded into ``sm_scale*log2(e)``);
+the recompute-the-scores-from-the-LSE trick of FlashAttention's backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_kernels import _validate as V
+from triton_kernels import reference as _ref
+from triton_kernels._dispatch import LN2_C as LN2
+from triton_kernels._dispatch import (
+    LOG2E,
+    alloc,
+    check_values_enabled,
+    compute_dtype,
+    next_pow2,
+    require_runnable,
+    resolve_backend,
+)
+from triton_kernels._dispatch import LOG2E_C as LOG2E_K
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _lse_range(
+    m_i,  # [BLOCK_M] fp32 running max of base-2 logits
+    l_i,  # [BLOCK_M] fp32 running sum of exp2(logit - m_i)
+    q,  # [BLOCK_M, BLOCK_D] query tile, COMPUTE dtype
+    k_base,  # pointer to key token 0 of this (chunk, KV head)
+    stride_kt,
+    n_keys,  # keys [0, n_keys) are valid
+    qk_scale,  # sm_scale * log2(e)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    d_ok = offs_d < HEAD_DIM
+    k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    for start in tl.range(0, n_keys, BLOCK_N):
+        n_ok = (start + offs_n) < n_keys  # [BLOCK_N]
+        k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M] finite: the block has a valid key
+        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+        m_i = m_new
+        k_ptrs += BLOCK_N * stride_kt
+    return m_i, l_i
+
+
+@triton.jit
+def _row_lse_kernel(
+    q_ptr,  # [N, M, Hq, D] scoring queries
+    k_ptr,  # [N, T, Hkv, D] chunk keys
+    x_ptr,  # [N, E, Hkv, D] extra keys (k again when E == 0: never read)
+    lens_ptr,  # [N] int valid chunk keys (unused when HAS_LENS is False)
+    lse_ptr,  # [N, M, Hq] fp32 out, natural log
+    M,
+    T,
+    E,
+    qk_scale,
+    stride_qn, stride_qm, stride_qh,
+    stride_kn, stride_kt, stride_kh,
+    stride_xn, stride_xt, stride_xh,
+    stride_ln, stride_lm, stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    pid_mh = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    n_mtiles = tl.cdiv(M * GROUP, BLOCK_M)
+    h = pid_mh // n_mtiles
+    rows = (pid_mh % n_mtiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head)
+    row_ok = rows < M * GROUP
+    m_idx = rows // GROUP
+    hq = h * GROUP + rows % GROUP
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    q_ptrs = q_ptr + n * stride_qn + m_idx[:, None] * stride_qm + hq[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0).to(COMPUTE)
+
+    n_chunk = T
+    if HAS_LENS:
+        n_chunk = tl.load(lens_ptr + n).to(tl.int32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # [BLOCK_M]
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # [BLOCK_M]
+    m_i, l_i = _lse_range(
+        m_i, l_i, q, k_ptr + n * stride_kn + h * stride_kh, stride_kt, n_chunk, qk_scale,
+        HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
+    )  # fmt: skip
+    m_i, l_i = _lse_range(
+        m_i, l_i, q, x_ptr + n * stride_xn + h * stride_xh, stride_xt, E, qk_scale,
+        HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
+    )  # fmt: skip
+    live = l_i > 0
+    lse = tl.where(live, (m_i + tl.log2(tl.where(live, l_i, 1.0))) * LN2, float("-inf"))  # [BLOCK_M]
+    tl.store(lse_ptr + n * stride_ln + m_idx * stride_lm + hq * stride_lh, lse, mask=row_ok)
+
+
+@triton.jit
+def _column_mass_kernel(
+    q_ptr,  # [N, M, Hq, D] scoring queries
+    k_ptr,  # [N, L, Hkv, D] the key set scored by this launch (chunk keys or extra keys)
+    lens_ptr,  # [N] int valid keys of the set (unused when HAS_LENS is False: all L valid)
+    lse_ptr,  # [N, M, Hq] fp32 row LSEs over *all* keys (pass 1)
+    mass_ptr,  # [N, Hkv, L] fp32 out
+    M,
+    L,
+    qk_scale,
+    stride_qn, stride_qm, stride_qh,
+    stride_kn, stride_kt, stride_kh,
+    stride_ln, stride_lm, stride_lh,
+    stride_mn, stride_mh, stride_mt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    pid_t = tl.program_id(0)
+    h = tl.program_id(1)
+    n = tl.program_id(2).to(tl.int64)
+    n_valid = L
+    if HAS_LENS:
+        n_valid = tl.load(lens_ptr + n).to(tl.int32)
+    offs_n = pid_t * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions of this tile
+    col_ok = offs_n < n_valid
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    d_ok = offs_d < HEAD_DIM
+    mass = tl.zeros([BLOCK_N], tl.float32)  # [BLOCK_N]
+
+    if pid_t * BLOCK_N < n_valid:  # tiles past the valid length only write zeros
+        k_ptrs = k_ptr + n * stride_kn + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
+        k = tl.load(k_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)  # [BLOCK_N, BLOCK_D]
+        # Every row of every query tile: p = exp2(s - lse2), summed down the columns.
+        for r0 in tl.range(0, M * GROUP, BLOCK_M):
+            rows = r0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head)
+            row_ok = rows < M * GROUP
+            m_idx = rows // GROUP
+            hq = h * GROUP + rows % GROUP
+            q_ptrs = (
+                q_ptr + n * stride_qn + m_idx[:, None] * stride_qm + hq[:, None] * stride_qh + offs_d[None, :]
+            )
+            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(
+                COMPUTE
+            )  # [BLOCK_M, BLOCK_D]
+            lse2 = tl.load(
+                lse_ptr + n * stride_ln + m_idx * stride_lm + hq * stride_lh, mask=row_ok, other=0.0
+            )
+            lse2 = lse2 * LOG2E_K  # [BLOCK_M] base-2; finite for every row that has a key
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
+            p = tl.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N] softmax probabilities
+            p = tl.where(row_ok[:, None] & col_ok[None, :], p, 0.0)
+            mass += tl.sum(p, 0)
+    tl.store(mass_ptr + n * stride_mn + h * stride_mh + offs_n * stride_mt, mass, mask=offs_n < L)
+
+
+@triton.jit
+def _row_mass_kernel(
+    q_ptr,  # [N, T, Hq, D] chunk tokens' queries
+    k_ptr,  # [N, T, Hkv, D] chunk keys
+    x_ptr,  # [N, E, Hkv, D] extra keys (scoring tokens'), E >= 1
+    lens_ptr,  # [N] int valid chunk tokens (unused when HAS_LENS is False)
+    out_ptr,  # [N, Hkv, T] fp32 out
+    T,
+    E,
+    qk_scale,
+    stride_qn, stride_qt, stride_qh,
+    stride_kn, stride_kt, stride_kh,
+    stride_xn, stride_xt, stride_xh,
+    stride_on, stride_oh, stride_ot,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    pid_t = tl.program_id(0)
+    h = tl.program_id(1)
+    n = tl.program_id(2).to(tl.int64)
+    n_valid = T
+    if HAS_LENS:
+        n_valid = tl.load(lens_ptr + n).to(tl.int32)
+    rows = pid_t * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] chunk tokens (one head at a time)
+    row_ok = rows < n_valid
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    qd_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_M, BLOCK_D]
+    k_base = k_ptr + n * stride_kn + h * stride_kh
+    x_base = x_ptr + n * stride_xn + h * stride_xh
+    total = tl.zeros([BLOCK_M], tl.float32)  # [BLOCK_M]
+
+    if pid_t * BLOCK_M < n_valid:
+        # Rows here are tokens, not (token, head) pairs: the per-token sum over the G
+        # heads then stays in registers (G = 7 would not reshape into a tile).
+        for g in range(GROUP):
+            hq = h * GROUP + g
+            q_ptrs = q_ptr + n * stride_qn + rows[:, None] * stride_qt + hq * stride_qh + offs_d[None, :]
+            q = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(COMPUTE)  # [BLOCK_M, BLOCK_D]
+            m_c = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_c = tl.zeros([BLOCK_M], tl.float32)
+            m_c, l_c = _lse_range(
+                m_c,
+                l_c,
+                q,
+                k_base,
+                stride_kt,
+                n_valid,
+                qk_scale,
+                HEAD_DIM,
+                BLOCK_N,
+                BLOCK_D,
+                COMPUTE,
+                DOT_PREC,
+            )  # [BLOCK_M] each: LSE over the valid chunk keys
+            m_x = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_x = tl.zeros([BLOCK_M], tl.float32)
+            m_x, l_x = _lse_range(
+                m_x, l_x, q, x_base, stride_xt, E, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC
+            )  # [BLOCK_M] each: LSE over the extra keys (E > 0, so finite)
+            mm = tl.maximum(m_c, m_x)  # finite
+            w_c = l_c * tl.exp2(m_c - mm)
+            w_x = l_x * tl.exp2(m_x - mm)
+            total += w_x / (w_c + w_x)  # = exp(lse_extra - lse_all)
+    tl.store(
+        out_ptr + n * stride_on + h * stride_oh + rows * stride_ot,
+        tl.where(row_ok, total, 0.0),
+        mask=rows < T,
+    )
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _tiles(d: int, rows: int):
+    block_d = next_pow2(d)
+    block_m = min(64, max(16, next_pow2(rows)))
+    block_n = 64 if block_d <= 128 else 32
+    return block_m, block_n, block_d
+
+
+def chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_n=None):
+    """Pass 1 (row LSEs) then pass 2 (column sums) on validated inputs.
+
+    Returns ``(mass [N, Hkv, T], extra_mass [N, Hkv, E], lse [N, M, Hq])``, all fp32.
+    """
+    require_runnable(_row_lse_kernel, q.device, "chunk_attention_scores")
+    n, m, hq, d = q.shape
+    t, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    e = 0 if k_extra is None else k_extra.shape[1]
+    bm, bn, block_d = _tiles(d, m * g)
+    block_m = bm if block_m is None else block_m
+    block_n = bn if block_n is None else block_n
+    mass = alloc((n, hkv, t), torch.float32, q.device)
+    extra_mass = alloc((n, hkv, e), torch.float32, q.device)
+    lse = alloc((n, m, hq), torch.float32, q.device)
+    if n == 0:
+        return mass, extra_mass, lse
+    if m == 0:  # no scoring query: no mass anywhere
+        mass.zero_()
+        extra_mass.zero_()
+        return mass, extra_mass, lse
+
+    x = k if k_extra is None else k_extra
+    lens_arg = lens if lens is not None else k  # dummy pointer when HAS_LENS is False
+    comp = compute_dtype(_row_lse_kernel, q.dtype)
+    prec = "ieee" if comp == tl.float32 else "tf32"
+    qk_scale = float(sm_scale) * LOG2E
+    _row_lse_kernel[(hkv * triton.cdiv(m * g, block_m), n)](
+        q, k, x, lens_arg, lse,
+        m, t, e, qk_scale,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        x.stride(0), x.stride(1), x.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        GROUP=g, HEAD_DIM=d, HAS_LENS=lens is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp, DOT_PREC=prec,
+        num_warps=4,
+    )  # fmt: skip
+    for keys, n_keys, has_lens, out in ((k, t, lens is not None, mass), (k_extra, e, False, extra_mass)):
+        if n_keys == 0:
+            continue
+        _column_mass_kernel[(triton.cdiv(n_keys, block_n), hkv, n)](
+            q, keys, lens_arg, lse, out,
+            m, n_keys, qk_scale,
+            q.stride(0), q.stride(1), q.stride(2),
+            keys.stride(0), keys.stride(1), keys.stride(2),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            GROUP=g, HEAD_DIM=d, HAS_LENS=has_lens,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp, DOT_PREC=prec,
+            num_warps=4,
+        )  # fmt: skip
+    return mass, extra_mass, lse
+
+
+def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_n=None):
+    """One pass on validated inputs. Returns ``[N, Hkv, T]`` fp32."""
+    require_runnable(_row_mass_kernel, q.device, "chunk_row_mass")
+    n, t, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    e = 0 if k_extra is None else k_extra.shape[1]
+    bm, bn, block_d = _tiles(d, t)
+    block_m = bm if block_m is None else block_m
+    block_n = bn if block_n is None else block_n
+    out = alloc((n, hkv, t), torch.float32, q.device)
+    if out.numel() == 0:
+        return out
+    if e == 0:  # no extra keys: no row sends them any mass
+        return out.zero_()
+    x = k_extra
+    lens_arg = lens if lens is not None else k
+    comp = compute_dtype(_row_mass_kernel, q.dtype)
+    _row_mass_kernel[(triton.cdiv(t, block_m), hkv, n)](
+        q, k, x, lens_arg, out,
+        t, e, float(sm_scale) * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        x.stride(0), x.stride(1), x.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=g, HEAD_DIM=d, HAS_LENS=lens is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp,
+        DOT_PREC="ieee" if comp == tl.float32 else "tf32",
+        num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> None:
+    V.check_ndim(op, "q", q, 4, "[N, T, Hq, D]" if q_tokens_are_chunk else "[N, M, Hq, D]")
+    V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
+    if k_extra is not None:
+        V.check_ndim(op, "k_extra", k_extra, 4, "[N, E, Hkv, D]")
+    V.check_float(op, q=q, k=k, k_extra=k_extra)
+    n, mq, hq, d = q.shape
+    nk, t, hkv, dk = k.shape
+    if nk != n:
+        raise ValueError(f"{op}: q has N={n} chunks but k has N={nk}")
+    if dk != d:
+        raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k has D={dk}")
+    if q_tokens_are_chunk and mq != t:
+        raise ValueError(f"{op}: q must hold one query per chunk token: q has T={mq}, k has T={t}")
+    V.check_head_dim(op, d)
+    V.check_gqa(op, hq, hkv)
+    if k_extra is not None:
+        ne, _, he, de = k_extra.shape
+        if (ne, he, de) != (n, hkv, d):
+            raise ValueError(
+                f"{op}: k_extra must be [N={n}, E, Hkv={hkv}, D={d}], got shape {tuple(k_extra.shape)}"
+            )
+    if lens is not None:
+        V.check_index_tensor(op, "lens", lens, (n,), "[N]")
+    V.check_device(op, q=q, k=k, k_extra=k_extra, lens=lens)
+    V.check_last_dim_contiguous(op, q=q, k=k, k_extra=k_extra)
+    V.check_scale(op, sm_scale)
+
+
+def _scale(q, sm_scale) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+
+
+# ----------------------------------------------------------------------------- public ops
+
+
+@torch.library.custom_op("prefilling_dllm::chunk_attention_scores", mutates_args=())
+def _chunk_scores_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lens: torch.Tensor | None,
+    k_extra: torch.Tensor | None,
+    sm_scale: float,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if check_values_enabled():
+        V.check_lens_values("chunk_attention_scores", lens, k.shape[1])
+    if backend == "torch":
+        return _ref.chunk_attention_scores(q, k, lens, k_extra, sm_scale=sm_scale)
+    return chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale)
+
+
+@_chunk_scores_op.register_fake
+def _(q, k, lens, k_extra, sm_scale, backend):
+    n, m, hq, _ = q.shape
+    t, hkv = k.shape[1], k.shape[2]
+    e = 0 if k_extra is None else k_extra.shape[1]
+    f32 = torch.float32
+    return (
+        q.new_empty((n, hkv, t), dtype=f32),
+        q.new_empty((n, hkv, e), dtype=f32),
+        q.new_empty((n, m, hq), dtype=f32),
+    )
+
+
+def chunk_attention_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lens: torch.Tensor | None = None,
+    k_extra: torch.Tensor | None = None,
+    *,
+    sm_scale: float | None = None,
+    backend: str | None = None,
+):
+    """Attention mass each chunk key receives from the scoring queries.
+
+    For chunk ``n`` every scoring query (``M`` tokens x ``Hq`` heads) attends
+    bidirectionally over the chunk's valid keys ``k[n, :lens[n]]`` plus the extra
+    keys ``k_extra[n]`` (typically the scoring tokens' own keys). The softmax
+    probability each key receives is summed over the ``M`` queries and the ``G``
+    query heads of its KV group.
+
+    Args:
+        q: ``[N, M, Hq, D]`` scoring queries per chunk (fp32/fp16/bf16).
+        k: ``[N, T, Hkv, D]`` chunk keys, same dtype.
+        lens: ``[N]`` int32/int64 valid chunk keys, each in ``0..T``; None = all T.
+        k_extra: ``[N, E, Hkv, D]`` extra keys every query also sees, or None (E = 0).
+        sm_scale: softmax scale, default ``1/sqrt(D)``.
+        backend: ``"triton"``, ``"torch"`` or None (auto; see :mod:`triton_kernels._dispatch`).
+
+    Returns:
+        ``(mass [N, Hkv, T] fp32, extra_mass [N, Hkv, E] fp32, lse [N, M, Hq] fp32)``:
+        probability mass (unitless, in ``[0, M*G]``; 0 beyond ``lens``), and each
+        query row's natural-log LSE over all its keys (``-inf`` if it has none).
+        ``mass.sum(-1) + extra_mass.sum(-1) == M * G`` whenever a row has keys.
+
+    Raises:
+        TypeError: unsupported or mismatched dtypes; lens not int32/int64.
+        ValueError: bad ranks/shapes, N/D/Hkv mismatch between q, k, k_extra,
+            ``Hq % Hkv != 0``, unsupported D, device mismatch, last dim not
+            contiguous, lens outside ``[0, T]``.
+        RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
+
+    Algorithm: Prefilling-dLLM intra-chunk scoring; FlashAttention-2 online
+    softmax for the row LSEs (pass 1), then a column pass that recomputes
+    ``Q K^T`` per key tile and sums ``exp(s - lse)`` (as FlashAttention's backward
+    recomputes P). Never stores an ``[M, T]`` score matrix; costs two ``Q K^T``.
+    """
+    _validate("chunk_attention_scores", q, k, lens, k_extra, sm_scale, q_tokens_are_chunk=False)
+    return _chunk_scores_op(q, k, lens, k_extra, _scale(q, sm_scale), resolve_backend(backend, q.device))
+
+
+@torch.library.custom_op("prefilling_dllm::chunk_row_mass", mutates_args=())
+def _chunk_row_mass_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lens: torch.Tensor | None,
+    k_extra: torch.Tensor | None,
+    sm_scale: float,
+    backend: str,
+) -> torch.Tensor:
+    if check_values_enabled():
+        V.check_lens_values("chunk_row_mass", lens, k.shape[1])
+    if backend == "torch":
+        return _ref.chunk_row_mass(q, k, lens, k_extra, sm_scale=sm_scale)
+    return chunk_row_mass_launch(q, k, lens, k_extra, sm_scale)
+
+
+@_chunk_row_mass_op.register_fake
+def _(q, k, lens, k_extra, sm_scale, backend):
+    return q.new_empty((k.shape[0], k.shape[2], k.shape[1]), dtype=torch.float32)
+
+
+def chunk_row_mass(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lens: torch.Tensor | None = None,
+    k_extra: torch.Tensor | None = None,
+    *,
+    sm_scale: float | None = None,
+    backend: str | None = None,
+):
+    """Attention mass each chunk token sends to the extra (scoring) keys.
+
+    Chunk row ``t < lens[n]`` attends over the valid chunk keys plus
+    ``k_extra[n]``; its mass on the extra keys is ``exp(lse_extra - lse_all)``,
+    summed over the ``G`` query heads of each KV head. The other direction of
+    :func:`chunk_attention_scores`; add the two for a bidirectional score.
+
+    Args:
+        q: ``[N, T, Hq, D]`` the chunk tokens' own queries (fp32/fp16/bf16).
+        k: ``[N, T, Hkv, D]`` chunk keys, same dtype.
+        lens: ``[N]`` int32/int64 valid chunk tokens in ``0..T``; None = all T.
+        k_extra: ``[N, E, Hkv, D]`` the scoring tokens' keys; None or E = 0 gives zeros.
+        sm_scale: softmax scale, default ``1/sqrt(D)``.
+        backend: ``"triton"``, ``"torch"`` or None (auto).
+
+    Returns:
+        ``[N, Hkv, T]`` fp32 probability mass in ``[0, G]``; 0 for rows ``t >= lens[n]``.
+
+    Raises:
+        TypeError / ValueError / RuntimeError: as :func:`chunk_attention_scores`,
+        plus ValueError when q and k disagree on T.
+
+    Algorithm: Prefilling-dLLM intra-chunk scoring (chunk -> query direction);
+    two FlashAttention-2 online-softmax LSEs per row (chunk keys, extra keys),
+    combined as ``l_x 2^(m_x - m) / (l_c 2^(m_c - m) + l_x 2^(m_x - m))``.
+    """
+    _validate("chunk_row_mass", q, k, lens, k_extra, sm_scale, q_tokens_are_chunk=True)
+    return _chunk_row_mass_op(q, k, lens, k_extra, _scale(q, sm_scale), resolve_backend(backend, q.device))

@@ -1,0 +1,241 @@
+"""``topb_gather``: keep the top-B tokens of every (chunk, KV head) and gather their K/V.
+
+Intra-chunk sparsity of Prefilling-dLLM: after scoring (:mod:`triton_kernels.chunk_scores`)
+each chunk keeps, per KV head, the ``b`` tokens with the highest max-pooled
+score (pooling keeps neighbourhoods of salient tokens together, as SnapKV does),
+always including token 0 (the BOS attention anchor), in their original order.
+
+Split of the work, and why:
+
+* **Selection in torch** (``pool_scores`` of the reference + one stable
+  descending sort + one ascending sort). It runs once per chunk at prefill time,
+  never in the decode loop, on ``[N, Hkv, T]`` with T ~ 1K: a few microseconds
+  of sort kernels. The stable sort gives exactly the documented tie rule (equal
+  pooled scores go to the lower index) and is deterministic. A Triton top-k on
+  Triton 3.6 would need ``tl.sort``'s bitonic network on power-of-two rows with
+  the token index packed into the sort key for stability; not worth it here.
+* **Gather in Triton** (``_gather_rows_kernel``): copies the selected rows of
+  K and V into the compact pool ``[N, b, Hkv, D]`` in one pass (padding rows are
+  written as zeros), reading only the selected rows, from any row strides.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_kernels import _validate as V
+from triton_kernels import reference as _ref
+from triton_kernels._dispatch import alloc, check_values_enabled, next_pow2, require_runnable, resolve_backend
+
+# ----------------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def _gather_rows_kernel(
+    idx_ptr,  # [N, Hkv, b] int64 selected token per output row, -1 = padding
+    k_ptr,  # [N, T, Hkv, D]
+    v_ptr,
+    ko_ptr,  # [N, b, Hkv, D] out
+    vo_ptr,
+    n_out,  # b
+    stride_in, stride_ih, stride_ib,
+    stride_kn, stride_kt, stride_kh,
+    stride_vn, stride_vt, stride_vh,
+    stride_kon, stride_kob, stride_koh,
+    stride_von, stride_vob, stride_voh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    pid_b = tl.program_id(0)
+    h = tl.program_id(1)
+    n = tl.program_id(2).to(tl.int64)
+    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)  # [BLOCK_B] output rows
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    b_ok = offs_b < n_out
+    tok = tl.load(
+        idx_ptr + n * stride_in + h * stride_ih + offs_b * stride_ib, mask=b_ok, other=-1
+    )  # [BLOCK_B]
+    sel = tok >= 0
+    tok = tl.where(sel, tok, 0)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    src_mask = sel[:, None] & d_ok  # [BLOCK_B, BLOCK_D]: padding rows read nothing...
+    dst_mask = b_ok[:, None] & d_ok  # ...but are written (as zeros)
+    k = tl.load(
+        k_ptr + n * stride_kn + tok[:, None] * stride_kt + h * stride_kh + offs_d[None, :],
+        mask=src_mask,
+        other=0.0,
+    )
+    tl.store(
+        ko_ptr + n * stride_kon + offs_b[:, None] * stride_kob + h * stride_koh + offs_d[None, :],
+        k,
+        mask=dst_mask,
+    )
+    v = tl.load(
+        v_ptr + n * stride_vn + tok[:, None] * stride_vt + h * stride_vh + offs_d[None, :],
+        mask=src_mask,
+        other=0.0,
+    )
+    tl.store(
+        vo_ptr + n * stride_von + offs_b[:, None] * stride_vob + h * stride_voh + offs_d[None, :],
+        v,
+        mask=dst_mask,
+    )
+
+
+# ----------------------------------------------------------------------------- launcher
+
+
+def select_topb(scores, b, lens, pool_kernel, keep_first):
+    """Selection (torch): ``(idx [N, Hkv, b] int64 ascending, -1 padded, kept [N] int32)``.
+
+    Vectorised over chunks and heads with no host sync: sort the pooled scores
+    (stable, descending: ties to the lower index), keep the first
+    ``kept = min(b, lens)`` per chunk, put them back in ascending token order.
+    """
+    n, h, t = scores.shape
+    pooled = _ref.pool_scores(scores, lens, pool_kernel=pool_kernel, keep_first=keep_first)  # [N, H, T]
+    lens_t = torch.full((n,), t, dtype=torch.long, device=scores.device) if lens is None else lens.long()
+    kept = torch.clamp(lens_t, max=b)  # [N]
+    width = min(b, t)
+    top = torch.sort(pooled, dim=-1, descending=True, stable=True).indices[..., :width]  # [N, H, width]
+    pad = torch.arange(width, device=scores.device)[None, None, :] >= kept[:, None, None]  # [N, 1, width]
+    top = torch.sort(top.masked_fill(pad, t), dim=-1).values.masked_fill(pad, -1)  # padding (t) sorts last
+    idx = torch.full((n, h, b), -1, dtype=torch.long, device=scores.device)
+    idx[..., :width] = top
+    return idx, kept.to(torch.int32)
+
+
+def gather_rows_launch(idx, k, v):
+    """Gather ``k[n, idx[n, h, j], h]`` into ``k_out[n, j, h]`` (zeros where idx = -1); same for v."""
+    require_runnable(_gather_rows_kernel, k.device, "topb_gather")
+    n, h, b = idx.shape
+    d = k.shape[-1]
+    k_out = alloc((n, b, h, d), k.dtype, k.device)
+    v_out = alloc((n, b, h, d), v.dtype, v.device)
+    if k_out.numel() == 0:
+        return k_out, v_out
+    block_d = next_pow2(d)
+    block_b = max(1, min(64, 4096 // block_d, next_pow2(b)))
+    _gather_rows_kernel[(triton.cdiv(b, block_b), h, n)](
+        idx, k, v, k_out, v_out, b,
+        idx.stride(0), idx.stride(1), idx.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        k_out.stride(0), k_out.stride(1), k_out.stride(2),
+        v_out.stride(0), v_out.stride(1), v_out.stride(2),
+        HEAD_DIM=d, BLOCK_B=block_b, BLOCK_D=block_d,
+        num_warps=4,
+    )  # fmt: skip
+    return k_out, v_out
+
+
+def _validate(scores, k, v, b, lens, pool_kernel, keep_first) -> None:
+    op = "topb_gather"
+    V.check_ndim(op, "scores", scores, 3, "[N, Hkv, T]")
+    V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
+    V.check_ndim(op, "v", v, 4, "[N, T, Hkv, D]")
+    if not scores.dtype.is_floating_point:
+        raise TypeError(f"{op}: scores must be a floating tensor, got {scores.dtype}")
+    V.check_float(op, k=k, v=v)
+    n, h, t = scores.shape
+    V.check_shape(op, "k", k, (n, t, h, k.shape[-1]), "[N, T, Hkv, D] matching scores [N, Hkv, T]")
+    V.check_shape(op, "v", v, k.shape, "k.shape")
+    if isinstance(b, bool) or not isinstance(b, int):
+        raise TypeError(f"{op}: b must be an int, got {type(b).__name__}")
+    if b < 1:
+        raise ValueError(f"{op}: b (tokens kept per chunk and head) must be >= 1, got {b}")
+    if isinstance(pool_kernel, bool) or not isinstance(pool_kernel, int):
+        raise TypeError(f"{op}: pool_kernel must be an int, got {type(pool_kernel).__name__}")
+    if pool_kernel < 1 or pool_kernel % 2 == 0:
+        raise ValueError(f"{op}: pool_kernel must be odd and >= 1 (same-length pooling), got {pool_kernel}")
+    if not isinstance(keep_first, bool):
+        raise TypeError(f"{op}: keep_first must be a bool, got {type(keep_first).__name__}")
+    if lens is not None:
+        V.check_index_tensor(op, "lens", lens, (n,), "[N]")
+    V.check_device(op, scores=scores, k=k, v=v, lens=lens)
+    V.check_last_dim_contiguous(op, k=k, v=v)
+
+
+# ----------------------------------------------------------------------------- public op
+
+
+@torch.library.custom_op("prefilling_dllm::topb_gather", mutates_args=())
+def _topb_op(
+    scores: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b: int,
+    lens: torch.Tensor | None,
+    pool_kernel: int,
+    keep_first: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if check_values_enabled():
+        V.check_lens_values("topb_gather", lens, k.shape[1])
+    if backend == "torch":
+        return _ref.topb_gather(scores, k, v, b, lens=lens, pool_kernel=pool_kernel, keep_first=keep_first)
+    idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
+    k_out, v_out = gather_rows_launch(idx, k, v)
+    return k_out, v_out, idx, kept
+
+
+@_topb_op.register_fake
+def _(scores, k, v, b, lens, pool_kernel, keep_first, backend):
+    n, h, _ = scores.shape
+    d = k.shape[-1]
+    return (
+        k.new_empty((n, b, h, d)),
+        v.new_empty((n, b, h, d)),
+        k.new_empty((n, h, b), dtype=torch.long),
+        k.new_empty((n,), dtype=torch.int32),
+    )
+
+
+def topb_gather(
+    scores: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b: int,
+    *,
+    lens: torch.Tensor | None = None,
+    pool_kernel: int = 7,
+    keep_first: bool = True,
+    backend: str | None = None,
+):
+    """Keep the top-``b`` tokens per (chunk, KV head) by max-pooled score; gather their K/V.
+
+    Args:
+        scores: ``[N, Hkv, T]`` token scores (any float dtype; higher = keep), e.g.
+            ``mass`` of :func:`chunk_attention_scores` (+ :func:`chunk_row_mass`).
+        k, v: ``[N, T, Hkv, D]`` chunk keys/values (fp32/fp16/bf16, same dtype).
+        b: tokens kept per chunk and KV head, ``>= 1``.
+        lens: ``[N]`` int32/int64 valid tokens per chunk in ``0..T``; None = all T.
+        pool_kernel: odd window of the max-pool along tokens (stride 1, same
+            length, windows clipped at the chunk ends); 1 disables pooling.
+        keep_first: always keep token 0 (BOS anchor) when the chunk is non-empty.
+        backend: ``"triton"``, ``"torch"`` or None (auto).
+
+    Returns:
+        ``(k_out [N, b, Hkv, D], v_out [N, b, Hkv, D], idx [N, Hkv, b] int64, kept [N] int32)``:
+        ``idx`` holds the selected token indices in ascending order, padded with
+        ``-1`` when fewer than ``b`` tokens are valid; ``kept = min(b, lens)``;
+        rows of ``k_out``/``v_out`` beyond ``kept`` are zeros. Equal pooled scores
+        go to the lower token index.
+
+    Raises:
+        TypeError: non-float scores, unsupported/mismatched K/V dtypes, ``b`` /
+            ``pool_kernel`` not int, ``keep_first`` not bool, lens not int32/int64.
+        ValueError: bad ranks or shapes, ``b < 1``, even or non-positive
+            ``pool_kernel``, lens outside ``[0, T]``, device mismatch, last dim of
+            K/V not contiguous.
+        RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
+
+    Algorithm: Prefilling-dLLM intra-chunk top-B with BOS kept; max-pooled
+    scores as in SnapKV. Selection by torch stable sort (see module docstring
+    for why), gather by a Triton kernel.
+    """
+    _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+    return _topb_op(scores, k, v, b, lens, pool_kernel, keep_first, resolve_backend(backend, k.device))
