@@ -109,7 +109,8 @@ def summarize(rows) -> str:
                                                                   "step_s", "nfe", "flops_total", "correct")}
 
     lines = ["| tokens | method | accuracy % | total s | prefill s | scoring s | per-step s | NFE | "
-             "speedup vs dense (measured) | speedup (FLOP model) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "speedup vs dense (measured) | speedup (FLOP model) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for length in sorted({r["length"] for r in rows}):
         dense = cell("dense", length)
         for method in METHODS:
@@ -121,14 +122,20 @@ def summarize(rows) -> str:
             d_flops = next((r["flops_total"] for r in rows if r["method"] == "dense" and r["length"] == length), None)
             meas = f"{dense['total_s'] / c['total_s']:.1f}x" if dense else "dense skipped"
             pred = f"{d_flops / c['flops_total']:.1f}x" if d_flops else "-"
-            lines.append(f"| {length} | {method} | {100 * c['correct']:.0f} | {c['total_s']:.2f} | {c['prefill_s']:.2f} "
-                         f"| {c['scoring_s']:.2f} | {c['step_s']:.4f} | {c['nfe']:.0f} | {meas} | {pred} |")
+            lines.append(f"| {length} | {method} | {100 * c['correct']:.0f} | {c['total_s']:.2f} "
+                         f"| {c['prefill_s']:.2f} | {c['scoring_s']:.2f} | {c['step_s']:.4f} | {c['nfe']:.0f} "
+                         f"| {meas} | {pred} |")
     probes = [r for r in rows if r["method"] == "dense_step_probe"]
     if probes:
         lines.append("")
         lines.append("Dense per-step probe (one forward): " + ", ".join(f"{r['length']}: {r['step_s']:.3f} s"
                                                                          for r in probes))
     return "\n".join(lines)
+
+
+def _mean(rows, key, length):
+    vals = [r[key] for r in rows if r["length"] == length]
+    return sum(vals) / len(vals)
 
 
 def plot(rows, path: str) -> None:
@@ -143,10 +150,9 @@ def plot(rows, path: str) -> None:
         lens = sorted({r["length"] for r in sel})
         if not lens:
             continue
-        mean = lambda k, ln: sum(r[k] for r in sel if r["length"] == ln) / sum(1 for r in sel if r["length"] == ln)
         if method != "dense_step_probe":
-            a.plot(lens, [mean("total_s", ln) for ln in lens], marker="o", label=method)
-        b.plot(lens, [mean("step_s", ln) for ln in lens], marker="o", ls="--" if "probe" in method else "-",
+            a.plot(lens, [_mean(sel, "total_s", ln) for ln in lens], marker="o", label=method)
+        b.plot(lens, [_mean(sel, "step_s", ln) for ln in lens], marker="o", ls="--" if "probe" in method else "-",
                label=method if "probe" not in method else "dense (one-forward probe)")
     for ax, title in ((a, "total seconds per generation"), (b, "seconds per denoising step")):
         ax.set_xscale("log", base=2)

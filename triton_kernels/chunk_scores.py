@@ -385,7 +385,6 @@ def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> No
         raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k has D={dk}")
     if q_tokens_are_chunk and mq != t:
         raise ValueError(f"{op}: q must hold one query per chunk token: q has T={mq}, k has T={t}")
-    V.check_head_dim(op, d)
     V.check_gqa(op, hq, hkv)
     if k_extra is not None:
         ne, _, he, de = k_extra.shape
@@ -480,7 +479,10 @@ def chunk_attention_scores(
     recomputes P). Never stores an ``[M, T]`` score matrix; costs two ``Q K^T``.
     """
     _validate("chunk_attention_scores", q, k, lens, k_extra, sm_scale, q_tokens_are_chunk=False)
-    return _chunk_scores_op(q, k, lens, k_extra, _scale(q, sm_scale), resolve_backend(backend, q.device))
+    backend = resolve_backend(backend, q.device)
+    if backend == "triton":  # the torch reference takes any D
+        V.check_head_dim("chunk_attention_scores", q.shape[-1])
+    return _chunk_scores_op(q, k, lens, k_extra, _scale(q, sm_scale), backend)
 
 
 @torch.library.custom_op("prefilling_dllm::chunk_row_mass", mutates_args=())
@@ -540,4 +542,7 @@ def chunk_row_mass(
     combined as ``l_x 2^(m_x - m) / (l_c 2^(m_c - m) + l_x 2^(m_x - m))``.
     """
     _validate("chunk_row_mass", q, k, lens, k_extra, sm_scale, q_tokens_are_chunk=True)
-    return _chunk_row_mass_op(q, k, lens, k_extra, _scale(q, sm_scale), resolve_backend(backend, q.device))
+    backend = resolve_backend(backend, q.device)
+    if backend == "triton":  # the torch reference takes any D
+        V.check_head_dim("chunk_row_mass", q.shape[-1])
+    return _chunk_row_mass_op(q, k, lens, k_extra, _scale(q, sm_scale), backend)

@@ -310,7 +310,6 @@ def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale) 
     if dk != d:
         raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k_pool has D={dk}")
     V.check_shape(op, "v_pool", v_pool, k_pool.shape, "k_pool.shape [P, T, Hkv, D]")
-    V.check_head_dim(op, d)
     V.check_gqa(op, hq, hkv)
     V.check_ndim(op, "seg_slots", seg_slots, 2, "[B, S]")
     V.check_index_tensor(op, "seg_slots", seg_slots, (bsz, seg_slots.shape[1]), "[B, S] with B = q.shape[0]")
@@ -409,7 +408,7 @@ def split_s_attention(
         TypeError: dtype not fp32/fp16/bf16 or q/k/v dtypes differ; segment tables
             not int32/int64 or of different dtypes; sm_scale not a number.
         ValueError: wrong ranks or shapes, device mismatch, ``Hq % Hkv != 0``,
-            unsupported D (a multiple of 16 in 16..256), last dim not contiguous,
+            unsupported D for the Triton kernels (a multiple of 16 in 16..256), last dim not contiguous,
             only one of k_live/v_live, slot outside ``[-1, P)``, length outside ``[0, T]``.
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
@@ -418,7 +417,8 @@ def split_s_attention(
     long segments; FlashInfer merge_states math. Partials are fp32.
     """
     _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale)
+    backend = resolve_backend(backend, q.device)
+    if backend == "triton":  # the torch reference takes any D
+        V.check_head_dim("split_s_attention", q.shape[-1])
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    return _split_s_op(
-        q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, scale, resolve_backend(backend, q.device)
-    )
+    return _split_s_op(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, scale, backend)

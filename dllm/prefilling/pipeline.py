@@ -122,7 +122,9 @@ def _independent_cache(model, parts, chunks: ChunkCache, kept, prefix_kv, scores
     theta = model.config.rope_theta
     k_layers = [rotate_keys(k.index_select(0, idx), delta, theta) for k in chunks.k]
     v_layers = [v.index_select(0, idx) for v in chunks.v]
-    tok = None if scores is None or scores.token_scores is None else [s.index_select(0, idx) for s in scores.token_scores]
+    tok = None
+    if scores is not None and scores.token_scores is not None:
+        tok = [s.index_select(0, idx) for s in scores.token_scores]
     budget = None if cfg.token_budget is None else cfg.token_budget + 1  # + the BOS anchor
     segments = _gather_chunks(k_layers, v_layers, chunks.lens.index_select(0, idx), tok, budget, cfg, True)
     if parts.prefix.numel():
