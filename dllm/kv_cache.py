@@ -41,6 +41,12 @@ class StaticKVCache:
             raise ValueError(
                 f"seg_slots {tuple(self.seg_slots.shape)} and seg_lens {tuple(self.seg_lens.shape)} must both be [B, S]"
             )
+        # Checked once here so that the decode loop can skip the per-call value checks of the kernels.
+        p, t = self.k[0].shape[:2]
+        if self.seg_slots.numel() and (bool((self.seg_slots < -1).any()) or bool((self.seg_slots >= p).any())):
+            raise ValueError(f"seg_slots must be -1 or a pool slot in [0, {p})")
+        if self.seg_lens.numel() and (bool((self.seg_lens < 0).any()) or bool((self.seg_lens > t).any())):
+            raise ValueError(f"seg_lens must be in [0, T={t}]")
 
     @property
     def num_layers(self) -> int:

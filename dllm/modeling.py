@@ -219,12 +219,14 @@ class DiffusionLM(nn.Module):
         cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)  # [B, L, D]
         x = self.embed_tokens(input_ids)
         ks, vs = [], []
-        for i, layer in enumerate(self.layers):
-            cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i)
-            if return_kv:
-                ks.append(k)
-                vs.append(v)
+        # the cache's segment table was range-checked when it was built: skip the per-call host sync
+        with triton_kernels.skip_value_checks():
+            for i, layer in enumerate(self.layers):
+                cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
+                x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i)
+                if return_kv:
+                    ks.append(k)
+                    vs.append(v)
         logits = None
         if logits_start < n:
             if cfg.shift_logits:

@@ -83,3 +83,11 @@ def test_prefix_cache_bad_options(dream):
         dllm.generate(dream, p, method="prefix_cache", live_window=6, gen_length=4)
     with pytest.raises(ValueError, match="refresh"):
         dllm.generate(dream, p, method="prefix_cache", cache_refresh="never", gen_length=4)
+
+
+def test_static_cache_validates_its_segment_table():
+    k = [torch.zeros(2, 5, 1, 4)]
+    with pytest.raises(ValueError, match="pool slot in \\[0, 2\\)"):
+        dllm.StaticKVCache(k, k, torch.tensor([[2]], dtype=torch.int32), torch.tensor([[1]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="seg_lens must be in \\[0, T=5\\]"):
+        dllm.StaticKVCache(k, k, torch.tensor([[1]], dtype=torch.int32), torch.tensor([[6]], dtype=torch.int32))

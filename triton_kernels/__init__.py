@@ -10,9 +10,17 @@ CUDA tensors -> Triton kernels, other devices -> the torch references of
 ``torch.library`` (namespace ``prefilling_dllm``) so they compose with ``torch.compile``.
 """
 
+from triton_kernels._dispatch import skip_value_checks
 from triton_kernels.chunk_scores import chunk_attention_scores, chunk_row_mass
 from triton_kernels.merge import merge_states
 from triton_kernels.split_s import split_s_attention
 from triton_kernels.topb import topb_gather
 
-__all__ = ["split_s_attention", "merge_states", "chunk_attention_scores", "chunk_row_mass", "topb_gather"]
+__all__ = [
+    "split_s_attention",
+    "merge_states",
+    "chunk_attention_scores",
+    "chunk_row_mass",
+    "topb_gather",
+    "skip_value_checks",
+]

@@ -68,9 +68,32 @@ def require_runnable(kernel, device: torch.device, op: str) -> None:
     )
 
 
+_SKIP_VALUE_CHECKS = False
+
+
 def check_values_enabled() -> bool:
-    """Data-dependent input checks (one host sync on CUDA) unless PREFILLING_DLLM_CHECK_VALUES=0."""
+    """Data-dependent input checks (one host sync on CUDA) unless PREFILLING_DLLM_CHECK_VALUES=0
+    or inside :func:`skip_value_checks`."""
+    if _SKIP_VALUE_CHECKS:
+        return False
     return os.environ.get("PREFILLING_DLLM_CHECK_VALUES", "1").strip() not in ("0", "false", "no")
+
+
+@contextlib.contextmanager
+def skip_value_checks():
+    """Skip the data-dependent checks (slot/length ranges) of the ops inside this block.
+
+    For hot loops whose index tensors were validated once (a decode loop over a static
+    KV cache): the checks cost one host sync per call on CUDA. Shape/dtype/device checks
+    still run.
+    """
+    global _SKIP_VALUE_CHECKS
+    old = _SKIP_VALUE_CHECKS
+    _SKIP_VALUE_CHECKS = True
+    try:
+        yield
+    finally:
+        _SKIP_VALUE_CHECKS = old
 
 
 @contextlib.contextmanager
