@@ -12,6 +12,7 @@ code is run) and mapped onto :class:`ModelConfig`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -195,6 +196,22 @@ def _llada_config(raw: dict, path: str) -> ModelConfig:
     )
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' warnings about foreign model types and deprecated fields (Dream and
+    LLaDA ship remote-code configs that transformers only half knows; we read their fields ourselves)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def read_raw_config(model_dir: str) -> dict:
     """The checkpoint's config.json as a plain dict, parsed by transformers.
 
@@ -209,8 +226,7 @@ def read_raw_config(model_dir: str) -> dict:
     from transformers import PretrainedConfig
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_transformers():
             return PretrainedConfig.from_json_file(path).to_dict()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from e

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from dllm.config import load_config
+from dllm.config import load_config, quiet_transformers
 from dllm.modeling import DiffusionLM
 from dllm.weights import load_weights_into
 
@@ -46,7 +46,8 @@ def load_tokenizer(path: str):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    with quiet_transformers():
+        return AutoTokenizer.from_pretrained(path)
 
 
 def load_model(path: str | None = None, device=None, dtype=None, *, tokenizer_path: str | None = None) -> DiffusionLM:
