@@ -25,11 +25,12 @@ from bench import flop_model
 from bench.budget import TimeBudget
 from bench.demo import EXPONENT, TINY_PREFILLING
 from bench.provenance import write_csv
-from dllm.evaluation import case_inputs, encode_text
+from dllm.evaluation import case_inputs
 from dllm.generate import generate
 from dllm.loader import load_model
 from dllm.prefilling import PromptParts
 from dllm.tasks import make_case, score
+from dllm.tokenization import encode_text
 
 METHODS = ("dense", "prefix_cache", "prefilling")
 GEN, STEPS = 8, 8

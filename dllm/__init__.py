@@ -9,6 +9,7 @@ from dllm.kv_cache import StaticKVCache
 from dllm.loader import default_model_dir, load_model, load_tokenizer
 from dllm.modeling import DiffusionLM
 from dllm.prefilling import PrefillingConfig, PromptParts
+from dllm.tokenization import decode_text, encode_text
 from dllm.weights import WeightError
 
 __all__ = [
@@ -21,7 +22,9 @@ __all__ = [
     "PromptParts",
     "StaticKVCache",
     "WeightError",
+    "decode_text",
     "default_model_dir",
+    "encode_text",
     "generate",
     "load_config",
     "load_model",

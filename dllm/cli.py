@@ -62,7 +62,7 @@ def _decode_kwargs(args):
 
 def cmd_generate(args) -> int:
     import dllm
-    from dllm.evaluation import encode_text
+    from dllm.tokenization import encode_text
 
     model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
     with open(args.prompt_file, encoding="utf-8") as f:

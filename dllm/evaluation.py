@@ -12,10 +12,9 @@ import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-import torch
-
 from dllm.generate import generate
 from dllm.tasks import make_case, score
+from dllm.tokenization import encode_text
 
 CSV_FIELDS = ("task", "length", "depth", "method", "seed", "correct", "answer", "gold", "seconds", "nfe",
               "context_tokens", "selected_chunks")
@@ -37,21 +36,6 @@ class EvalRow:
     nfe: int
     context_tokens: int
     selected_chunks: str = ""
-
-
-def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
-    """Token ids ``[L]`` int64 on the model's device (optionally BOS first).
-
-    Raises:
-        ValueError: the model has no tokenizer.
-    """
-    tok = model.tokenizer
-    if tok is None:
-        raise ValueError(f"model {model.model_dir!r} has no tokenizer; pass token ids instead of text")
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    if bos and tok.bos_token_id is not None:
-        ids = [tok.bos_token_id] + ids
-    return torch.tensor(ids, dtype=torch.long, device=model.device)
 
 
 def case_inputs(model, case, method: str):

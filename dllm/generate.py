@@ -20,6 +20,7 @@ import torch
 
 from dllm.denoise import PhaseTimer, denoise
 from dllm.kv_cache import StaticKVCache
+from dllm.tokenization import decode_text
 from dllm.unmasking import UnmaskingConfig
 
 METHODS = ("dense", "prefix_cache", "prefilling")
@@ -165,19 +166,6 @@ def check_prompt(model, input_ids: torch.Tensor) -> torch.Tensor:
     if input_ids.min() < 0 or input_ids.max() >= model.config.vocab_size:
         raise ValueError(f"prompt token ids must be in [0, {model.config.vocab_size})")
     return input_ids.long()
-
-
-def decode_text(model, tokens: torch.Tensor) -> list | None:
-    """Decode responses with the model's tokenizer, cut at the first EOS/PAD; None without tokenizer."""
-    tok = model.tokenizer
-    if tok is None:
-        return None
-    stops = {i for i in (model.config.eos_token_id, model.config.pad_token_id, tok.eos_token_id) if i is not None}
-    texts = []
-    for row in tokens.tolist():
-        cut = next((i for i, t in enumerate(row) if t in stops), len(row))
-        texts.append(tok.decode(row[:cut], skip_special_tokens=True))
-    return texts
 
 
 @torch.no_grad()

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm.tokenization import encode_text
+
 
 @dataclass
 class PromptParts:
@@ -40,7 +42,7 @@ def split_prompt(model, template: str, *, context: str | None = None, query_wind
     Raises:
         ValueError: several slots, a slot without context, empty context or query.
     """
-    from dllm.evaluation import encode_text
+
 
     n_slots = template.count("{context}")
     if n_slots > 1:

@@ -163,8 +163,8 @@ def score_chunks(model, chunks: ChunkCache, query: torch.Tensor, labels: torch.T
             live = torch.cat([query, torch.where(confirmed, labels, masks)])
             logits = _causal_pass(model, chunks, live, lo, hi)
             nfe += 1
-            causal_sel = torch.ones(mq, dtype=torch.bool, device=dev)
-            s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, causal_sel)
+            # token 0 would be predicted from the last chunk row, which is padding in a short last chunk
+            s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, q_sel)
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
             if token_scores:
                 _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
