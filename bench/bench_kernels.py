@@ -110,9 +110,7 @@ class Method:
     check: str | None = None  # a verdict decided by the caller (exact comparisons)
 
 
-def run_methods(
-    case: dict, methods: list[Method], ref, budget_err: float, dtype, device, anchor: str
-) -> list[dict]:
+def run_methods(case: dict, methods: list[Method], ref, budget_err: float, dtype, device, anchor: str) -> list[dict]:
     """Check then time every method; speedups relative to ``anchor`` (only between passing checks)."""
     rows = []
     floor = FLOORS[dtype]
@@ -194,16 +192,12 @@ def bench_split_s(model, k_segs, seg_len, m, dtype, device, flex_cache) -> list[
         methods.append(
             Method(
                 "split_s_triton",
-                lambda: tk.split_s_attention(
-                    q, k_pool, v_pool, slots, lens, k_live, v_live, backend="triton"
-                ),
+                lambda: tk.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live, backend="triton"),
             )
         )
     else:
         methods.append(
-            Method(
-                "torch_reference", lambda: R.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live)
-            )
+            Method("torch_reference", lambda: R.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live))
         )
 
     # FlexAttention over the padded pool: [slot 0 | slot 1 | ... | live], mask by per-slot length.
@@ -327,9 +321,7 @@ def bench_topb(model, n, t, b, dtype, device) -> list[dict]:
     ref = R.topb_gather(scores, k, v, b)
     methods = []
     if device.type == "cuda":
-        methods.append(
-            Method("topb_triton", lambda: tk.topb_gather(scores, k, v, b, backend="triton"), compare=False)
-        )
+        methods.append(Method("topb_triton", lambda: tk.topb_gather(scores, k, v, b, backend="triton"), compare=False))
     else:
         methods.append(Method("torch_reference", lambda: R.topb_gather(scores, k, v, b), compare=False))
     methods.append(Method("torch_gather", lambda: torch_topb(scores, k, v, b), compare=False))
@@ -389,9 +381,7 @@ def summarise(rows: list[dict], device: torch.device) -> str:
     lines = [f"[{label}] " + " ".join(c.ljust(widths[c]) for c in cols)]
     for r in rows:
         lines.append(f"[{label}] " + " ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
-    lines.append(
-        f"[{label}] time_over_X = time of this method / time of X (> 1: X is faster); blank = check failed"
-    )
+    lines.append(f"[{label}] time_over_X = time of this method / time of X (> 1: X is faster); blank = check failed")
     return "\n".join(lines)
 
 

@@ -62,8 +62,12 @@ def summarize(rows, chunk_sizes, top_ks, lengths) -> str:
             cells = []
             for k in top_ks:
                 sel = [r for r in rows if r["length"] == length and r["chunk_size"] == c and r["top_k"] == k]
-                cells.append(f"{100 * sum(r['correct'] for r in sel) / len(sel):.0f} / "
-                             f"{sum(r['seconds'] for r in sel) / len(sel):.2f}" if sel else "-")
+                cells.append(
+                    f"{100 * sum(r['correct'] for r in sel) / len(sel):.0f} / "
+                    f"{sum(r['seconds'] for r in sel) / len(sel):.2f}"
+                    if sel
+                    else "-"
+                )
             out.append(f"| {c} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
@@ -82,8 +86,9 @@ def plot(rows, chunk_sizes, top_ks, lengths, path):
             for c in chunk_sizes:
                 sel = [r for r in rows if r["length"] == length and r["chunk_size"] == c and r["top_k"] == k]
                 if sel:
-                    pts.append((c, 100 * sum(r["correct"] for r in sel) / len(sel),
-                                sum(r["seconds"] for r in sel) / len(sel)))
+                    pts.append(
+                        (c, 100 * sum(r["correct"] for r in sel) / len(sel), sum(r["seconds"] for r in sel) / len(sel))
+                    )
             if pts:
                 axes[0][li].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"K={k}")
                 axes[1][li].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=f"K={k}")

@@ -54,9 +54,7 @@ class _CompileOnly:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             bound, spec, options = self.binder(*args, **kwargs)
-            options, signature, constexprs, attrs = self.fn._pack_args(
-                self.backend, kwargs, bound, spec, options
-            )
+            options, signature, constexprs, attrs = self.fn._pack_args(self.backend, kwargs, bound, spec, options)
             key = (
                 self.fn.fn.__name__,
                 str(signature),
@@ -67,9 +65,7 @@ class _CompileOnly:
             t0 = time.time()
             src = ASTSource(self.fn, signature, constexprs, attrs)
             compiled = triton.compile(src, target=self.target, options=options.__dict__)
-            shown = {
-                self.fn.arg_names[k[0]]: v for k, v in constexprs.items() if self.fn.arg_names[k[0]].isupper()
-            }
+            shown = {self.fn.arg_names[k[0]]: v for k, v in constexprs.items() if self.fn.arg_names[k[0]].isupper()}
             self.log[key] = (time.time() - t0, compiled.metadata.shared, shown)
             name, smem = self.fn.fn.__name__, compiled.metadata.shared
             print(f"  ok {name:26s} {time.time() - t0:5.1f}s smem={smem:6d} {shown}", flush=True)
@@ -109,9 +105,7 @@ def _drive(dtype: torch.dtype, d: int, g: int, quick: bool) -> None:
     if not quick:
         split_s.split_s_launch(q, kp, kp, slots, lens, kl, kl, scale, split_len=64)
         split_s.split_s_launch(q, kp, kp, slots, lens, kl, kl, scale, segs_per_prog=2)
-        split_s.split_s_launch(
-            q[:, :1], kp, kp, slots[:, :1], lens[:, :1], None, None, scale
-        )  # M=1, 1 partial
+        split_s.split_s_launch(q[:, :1], kp, kp, slots[:, :1], lens[:, :1], None, None, scale)  # M=1, 1 partial
     n, e = 3, 5
     qs = torch.randn(n, m, g * hkv, d, dtype=dtype)
     kc = torch.randn(n, t, hkv, d, dtype=dtype)
@@ -146,9 +140,7 @@ def main(argv=None) -> int:
         for dtype, d, g in combos:
             print(f"[compile_check] sm_{args.arch} dtype={dtype} D={d} G={g}", flush=True)
             _drive(dtype, d, g, args.quick)
-    print(
-        f"[compile_check] {len(log)} kernel variants compiled for sm_{args.arch} in {time.time() - t0:.0f}s"
-    )
+    print(f"[compile_check] {len(log)} kernel variants compiled for sm_{args.arch} in {time.time() - t0:.0f}s")
     return 0
 
 

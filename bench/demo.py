@@ -35,9 +35,17 @@ EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4)
 
 
-def run_demo(out_dir: str = "bench/results/demo", *, quick: bool = False, model_dir: str | None = None,
-             budget_s: float = 540.0, lengths=LENGTHS, depths=DEPTHS, prefilling: PrefillingConfig | None = None,
-             seed: int = 0) -> int:
+def run_demo(
+    out_dir: str = "bench/results/demo",
+    *,
+    quick: bool = False,
+    model_dir: str | None = None,
+    budget_s: float = 540.0,
+    lengths=LENGTHS,
+    depths=DEPTHS,
+    prefilling: PrefillingConfig | None = None,
+    seed: int = 0,
+) -> int:
     """Run the demo grid and print the table; returns a process exit code (0).
 
     Args:
@@ -65,8 +73,11 @@ def run_demo(out_dir: str = "bench/results/demo", *, quick: bool = False, model_
             new = [run_case(model, case, method, gen_length=8, steps=8, **kw) for case in cases]
             rows += new
             budget.record(method, length, (time.perf_counter() - t0) / len(cases))
-            print(f"  {method:>12} @ {length:>6}: {sum(r.correct for r in new)}/{len(new)} correct, "
-                  f"{budget.measured[method][1]:.2f} s/case", flush=True)
+            print(
+                f"  {method:>12} @ {length:>6}: {sum(r.correct for r in new)}/{len(new)} correct, "
+                f"{budget.measured[method][1]:.2f} s/case",
+                flush=True,
+            )
     skipped = budget.skipped
     os.makedirs(out_dir, exist_ok=True)
     write_csv(os.path.join(out_dir, "demo.csv"), [asdict(r) for r in rows], str(model.device))
@@ -88,8 +99,10 @@ def _cell(rows, method, length):
 
 def demo_table(rows, skipped, lengths) -> str:
     """Markdown: per length and method, accuracy, seconds per case and speedup over dense (same run)."""
-    lines = ["| context tokens | method | passkey accuracy % | s / case | speedup vs dense |",
-             "|---:|---|---:|---:|---:|"]
+    lines = [
+        "| context tokens | method | passkey accuracy % | s / case | speedup vs dense |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for length in lengths:
         dense = _cell(rows, "dense", length)
         for method in METHODS:

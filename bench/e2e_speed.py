@@ -43,8 +43,9 @@ def predicted_flops(model, case_parts, method, cfg=TINY_PREFILLING) -> dict:
         return flop_model.dense_flops(arch, p + c + q, GEN, STEPS)
     if method == "prefix_cache":
         return flop_model.prefix_cache_flops(arch, p + c + q, GEN, STEPS)
-    return flop_model.prefilling_flops(arch, p, c, q, GEN, STEPS, cfg.chunk_size, cfg.top_k, cfg.token_budget,
-                                       cfg.draft_tokens)
+    return flop_model.prefilling_flops(
+        arch, p, c, q, GEN, STEPS, cfg.chunk_size, cfg.top_k, cfg.token_budget, cfg.draft_tokens
+    )
 
 
 def dense_step_probe(model, n_tokens: int) -> float:
@@ -63,55 +64,82 @@ def run(lengths, depths, budget_s: float, out_dir: str) -> list[dict]:
     probe_budget = TimeBudget(budget_s * 0.25)
     for length in lengths:
         cases = [make_case("passkey", length, d, i, tokenizer=None) for i, d in enumerate(depths)]
-        parts = PromptParts(encode_text(model, cases[0].prefix, bos=True), encode_text(model, cases[0].context),
-                            encode_text(model, cases[0].query))
+        parts = PromptParts(
+            encode_text(model, cases[0].prefix, bos=True),
+            encode_text(model, cases[0].context),
+            encode_text(model, cases[0].query),
+        )
         for method in METHODS:
             reason = budget.skip_reason(method, length, len(cases), EXPONENT[method])
             flops = predicted_flops(model, (parts.prefix, parts.context, parts.query), method)
             if reason:
-                rows.append({"length": length, "method": method, "status": reason,
-                             "flops_total": flop_model.total(flops)})
+                rows.append(
+                    {"length": length, "method": method, "status": reason, "flops_total": flop_model.total(flops)}
+                )
                 continue
             t0 = time.perf_counter()
             for case in cases:
                 kw = {"prefilling": TINY_PREFILLING} if method == "prefilling" else {}
-                res = generate(model, **case_inputs(model, case, method), method=method, gen_length=GEN,
-                               steps=STEPS, **kw)
+                res = generate(
+                    model, **case_inputs(model, case, method), method=method, gen_length=GEN, steps=STEPS, **kw
+                )
                 sec = res.stats.seconds
-                rows.append({
-                    "length": length, "method": method, "status": "ok", "depth": case.depth,
-                    "correct": int(score("passkey", res.text[0], case)), "total_s": round(sec["total"], 4),
-                    "prefill_s": round(sec.get("prefill", 0.0), 4), "scoring_s": round(sec.get("scoring", 0.0), 4),
-                    "decode_s": round(sec.get("decode", 0.0), 4),
-                    "step_s": round(sec.get("decode", 0.0) / max(1, res.stats.steps), 5),
-                    "nfe": res.stats.nfe, "steps": res.stats.steps,
-                    **{f"flops_{k}": v for k, v in flops.items()}, "flops_total": flop_model.total(flops),
-                })
+                rows.append(
+                    {
+                        "length": length,
+                        "method": method,
+                        "status": "ok",
+                        "depth": case.depth,
+                        "correct": int(score("passkey", res.text[0], case)),
+                        "total_s": round(sec["total"], 4),
+                        "prefill_s": round(sec.get("prefill", 0.0), 4),
+                        "scoring_s": round(sec.get("scoring", 0.0), 4),
+                        "decode_s": round(sec.get("decode", 0.0), 4),
+                        "step_s": round(sec.get("decode", 0.0) / max(1, res.stats.steps), 5),
+                        "nfe": res.stats.nfe,
+                        "steps": res.stats.steps,
+                        **{f"flops_{k}": v for k, v in flops.items()},
+                        "flops_total": flop_model.total(flops),
+                    }
+                )
             budget.record(method, length, (time.perf_counter() - t0) / len(cases))
             print(f"  {method:>12} @ {length:>6}: {budget.measured[method][1]:.2f} s/case", flush=True)
         if not probe_budget.skip_reason("dense_probe", length, 1, 2.0):
             t = dense_step_probe(model, parts.full().numel() + GEN)
             probe_budget.record("dense_probe", length, t)
-            rows.append({"length": length, "method": "dense_step_probe", "status": "ok", "step_s": round(t, 5),
-                         "flops_total": flop_model.Arch.of(model.config).forward(parts.full().numel() + GEN,
-                                                                                parts.full().numel() + GEN, GEN)})
+            rows.append(
+                {
+                    "length": length,
+                    "method": "dense_step_probe",
+                    "status": "ok",
+                    "step_s": round(t, 5),
+                    "flops_total": flop_model.Arch.of(model.config).forward(
+                        parts.full().numel() + GEN, parts.full().numel() + GEN, GEN
+                    ),
+                }
+            )
     write_csv(os.path.join(out_dir, "e2e_speed.csv"), rows, "cpu")
     return rows
 
 
 def summarize(rows) -> str:
     """Markdown: per length and method mean times, accuracy, measured and FLOP-predicted speedups."""
+
     def cell(method, length):
         sel = [r for r in rows if r["method"] == method and r["length"] == length and r["status"] == "ok"]
         if not sel:
             return None
         n = len(sel)
-        return {k: sum(r.get(k, 0) for r in sel) / n for k in ("total_s", "prefill_s", "scoring_s", "decode_s",
-                                                                  "step_s", "nfe", "flops_total", "correct")}
+        return {
+            k: sum(r.get(k, 0) for r in sel) / n
+            for k in ("total_s", "prefill_s", "scoring_s", "decode_s", "step_s", "nfe", "flops_total", "correct")
+        }
 
-    lines = ["| tokens | method | accuracy % | total s | prefill s | scoring s | per-step s | NFE | "
-             "speedup vs dense (measured) | speedup (FLOP model) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| tokens | method | accuracy % | total s | prefill s | scoring s | per-step s | NFE | "
+        "speedup vs dense (measured) | speedup (FLOP model) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for length in sorted({r["length"] for r in rows}):
         dense = cell("dense", length)
         for method in METHODS:
@@ -123,14 +151,17 @@ def summarize(rows) -> str:
             d_flops = next((r["flops_total"] for r in rows if r["method"] == "dense" and r["length"] == length), None)
             meas = f"{dense['total_s'] / c['total_s']:.1f}x" if dense else "dense skipped"
             pred = f"{d_flops / c['flops_total']:.1f}x" if d_flops else "-"
-            lines.append(f"| {length} | {method} | {100 * c['correct']:.0f} | {c['total_s']:.2f} "
-                         f"| {c['prefill_s']:.2f} | {c['scoring_s']:.2f} | {c['step_s']:.4f} | {c['nfe']:.0f} "
-                         f"| {meas} | {pred} |")
+            lines.append(
+                f"| {length} | {method} | {100 * c['correct']:.0f} | {c['total_s']:.2f} "
+                f"| {c['prefill_s']:.2f} | {c['scoring_s']:.2f} | {c['step_s']:.4f} | {c['nfe']:.0f} "
+                f"| {meas} | {pred} |"
+            )
     probes = [r for r in rows if r["method"] == "dense_step_probe"]
     if probes:
         lines.append("")
-        lines.append("Dense per-step probe (one forward): " + ", ".join(f"{r['length']}: {r['step_s']:.3f} s"
-                                                                         for r in probes))
+        lines.append(
+            "Dense per-step probe (one forward): " + ", ".join(f"{r['length']}: {r['step_s']:.3f} s" for r in probes)
+        )
     return "\n".join(lines)
 
 
@@ -153,8 +184,13 @@ def plot(rows, path: str) -> None:
             continue
         if method != "dense_step_probe":
             a.plot(lens, [_mean(sel, "total_s", ln) for ln in lens], marker="o", label=method)
-        b.plot(lens, [_mean(sel, "step_s", ln) for ln in lens], marker="o", ls="--" if "probe" in method else "-",
-               label=method if "probe" not in method else "dense (one-forward probe)")
+        b.plot(
+            lens,
+            [_mean(sel, "step_s", ln) for ln in lens],
+            marker="o",
+            ls="--" if "probe" in method else "-",
+            label=method if "probe" not in method else "dense (one-forward probe)",
+        )
     for ax, title in ((a, "total seconds per generation"), (b, "seconds per denoising step")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -32,8 +32,15 @@ class Arch:
 
     @classmethod
     def of(cls, cfg) -> Arch:
-        return cls(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                   cfg.num_layers, cfg.vocab_size)
+        return cls(
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.num_layers,
+            cfg.vocab_size,
+        )
 
     def lin(self) -> float:
         a = self
@@ -41,8 +48,10 @@ class Arch:
 
     def forward(self, queries: float, keys: float, logits: float = 0.0) -> float:
         """FLOPs of one forward with ``queries`` live tokens attending to ``keys`` keys each."""
-        return self.layers * (queries * self.lin() + 4.0 * self.hq * self.head * queries * keys) \
+        return (
+            self.layers * (queries * self.lin() + 4.0 * self.hq * self.head * queries * keys)
             + 2.0 * self.d * self.vocab * logits
+        )
 
 
 def dense_flops(a: Arch, lp: int, ld: int, steps: int) -> dict:
@@ -56,14 +65,23 @@ def prefix_cache_flops(a: Arch, lp: int, ld: int, steps: int, blocks: int = 1, l
     return {"prefill": blocks * a.forward(n, n), "scoring": 0.0, "decode": steps * a.forward(live, n, ld)}
 
 
-def prefilling_flops(a: Arch, prefix: int, ctx: int, lq: int, ld: int, steps: int, chunk: int, top_k: int,
-                     budget: int | None = None, draft: int = 4) -> dict:
+def prefilling_flops(
+    a: Arch,
+    prefix: int,
+    ctx: int,
+    lq: int,
+    ld: int,
+    steps: int,
+    chunk: int,
+    top_k: int,
+    budget: int | None = None,
+    draft: int = 4,
+) -> dict:
     n_chunks = math.ceil(ctx / chunk)
     t = chunk + 1
     prefill = n_chunks * a.forward(t, t) + a.forward(prefix, prefix)
     m = lq + draft
-    scoring = a.forward(prefix + lq + draft, prefix + lq + draft, draft) \
-        + 2 * n_chunks * a.forward(m, t + m, m)
+    scoring = a.forward(prefix + lq + draft, prefix + lq + draft, draft) + 2 * n_chunks * a.forward(m, t + m, m)
     kept = top_k * ((budget + 1) if budget else t)
     live = lq + ld
     decode = steps * a.forward(live, prefix + kept + live, ld)

@@ -49,8 +49,7 @@ def run(tasks, lengths, depths, budget_s, out_dir, seed=1000):
 
 
 def summarize(rows, tasks, lengths) -> str:
-    lines = ["| task | method | " + " | ".join(str(ln) for ln in lengths) + " |",
-             "|---|---|" + "---:|" * len(lengths)]
+    lines = ["| task | method | " + " | ".join(str(ln) for ln in lengths) + " |", "|---|---|" + "---:|" * len(lengths)]
     for task in tasks:
         for method in METHODS:
             cells = []
@@ -68,8 +67,7 @@ def plot(rows, tasks, lengths, depths, path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(len(tasks), len(METHODS), figsize=(4.2 * len(METHODS), 3.4 * len(tasks)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(tasks), len(METHODS), figsize=(4.2 * len(METHODS), 3.4 * len(tasks)), squeeze=False)
     cmap = plt.get_cmap("RdYlGn").copy()
     cmap.set_bad("lightgrey")
     for ti, task in enumerate(tasks):
@@ -107,8 +105,12 @@ def main(argv=None) -> int:
     table = summarize(rows, args.tasks, args.lengths)
     print(table)
     with open(os.path.join(args.out, "lost_in_middle.md"), "w") as f:
-        f.write(table + "\n\nSkipped: " + ("; ".join(f"{m}@{ln}: {why}" for (m, ln), why in skipped.items())
-                                          or "none") + "\n")
+        f.write(
+            table
+            + "\n\nSkipped: "
+            + ("; ".join(f"{m}@{ln}: {why}" for (m, ln), why in skipped.items()) or "none")
+            + "\n"
+        )
     plot(rows, args.tasks, args.lengths, depths, os.path.join(args.out, "lost_in_middle.png"))
     return 0
 

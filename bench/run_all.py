@@ -38,8 +38,17 @@ def main(argv=None) -> int:
     done = []
     if "kernels" in args.only:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        cmd = [sys.executable, "-m", "bench.bench_kernels", "--out", args.out, "--device", device,
-               "--budget-s", str(b["kernels"])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.bench_kernels",
+            "--out",
+            args.out,
+            "--device",
+            device,
+            "--budget-s",
+            str(b["kernels"]),
+        ]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=False)
         done.append(f"bench_kernels_{'gpu' if device == 'cuda' else 'cpu'}.csv")
@@ -53,10 +62,14 @@ def main(argv=None) -> int:
         chunk_tradeoff.main(["--budget", str(b["chunk_tradeoff"]), "--out", args.out])
         done.append("chunk_tradeoff.md")
     prov = provenance()
-    lines = ["# Benchmark summary", "",
-             f"Command: `make bench` (`python -m bench.run_all {' '.join(argv or sys.argv[1:])}`)".rstrip(),
-             f"Machine: {prov['device_kind']} {prov['device_name']}; torch {prov['torch']}, triton {prov['triton']}; "
-             f"commit {prov['commit']}; {prov['date_utc']}; {time.time() - t0:.0f} s in all.", ""]
+    lines = [
+        "# Benchmark summary",
+        "",
+        f"Command: `make bench` (`python -m bench.run_all {' '.join(argv or sys.argv[1:])}`)".rstrip(),
+        f"Machine: {prov['device_kind']} {prov['device_name']}; torch {prov['torch']}, triton {prov['triton']}; "
+        f"commit {prov['commit']}; {prov['date_utc']}; {time.time() - t0:.0f} s in all.",
+        "",
+    ]
     for name in done:
         path = os.path.join(args.out, name)
         if name.endswith(".md") and os.path.exists(path):

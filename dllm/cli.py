@@ -46,15 +46,27 @@ def _prefilling_config(args):
     from dllm.prefilling import PrefillingConfig
 
     fields = {
-        "chunk_size": args.chunk_size, "top_k": args.top_k, "token_budget": args.token_budget,
-        "position_mode": args.position_mode, "cache_mode": args.cache_mode, "score_mode": args.score_mode,
+        "chunk_size": args.chunk_size,
+        "top_k": args.top_k,
+        "token_budget": args.token_budget,
+        "position_mode": args.position_mode,
+        "cache_mode": args.cache_mode,
+        "score_mode": args.score_mode,
     }
     return PrefillingConfig(**{k: v for k, v in fields.items() if v is not None})
 
 
 def _decode_kwargs(args):
-    kw = dict(method=args.method, gen_length=args.gen_length, steps=args.steps, block_length=args.block_length,
-              alg=args.alg, temperature=args.temperature, threshold=args.threshold, seed=args.seed)
+    kw = dict(
+        method=args.method,
+        gen_length=args.gen_length,
+        steps=args.steps,
+        block_length=args.block_length,
+        alg=args.alg,
+        temperature=args.temperature,
+        threshold=args.threshold,
+        seed=args.seed,
+    )
     if args.method == "prefilling":
         kw["prefilling"] = _prefilling_config(args)
     return kw
@@ -81,10 +93,13 @@ def cmd_generate(args) -> int:
         text = template.replace("{context}", open(args.context_file).read()) if args.context_file else template
         res = dllm.generate(model, encode_text(model, text, bos=True)[None], progress=True, **kw)
     print(res.text[0] if res.text is not None else res.tokens[0].tolist())
-    stats = {"nfe": res.stats.nfe, "steps": res.stats.steps,
-             "seconds": {k: round(v, 4) for k, v in res.stats.seconds.items()},
-             "tokens_per_second": round(res.stats.tokens_per_second, 2),
-             **{k: v for k, v in res.stats.extra.items() if k != "gen_tokens"}}
+    stats = {
+        "nfe": res.stats.nfe,
+        "steps": res.stats.steps,
+        "seconds": {k: round(v, 4) for k, v in res.stats.seconds.items()},
+        "tokens_per_second": round(res.stats.tokens_per_second, 2),
+        **{k: v for k, v in res.stats.extra.items() if k != "gen_tokens"},
+    }
     print(json.dumps(stats), file=sys.stderr)
     return 0
 
@@ -97,19 +112,33 @@ def cmd_eval(args) -> int:
     kw = _decode_kwargs(args)
     gen_length = kw.pop("gen_length")
     method = kw.pop("method")
-    rows = evaluate(model, args.task, args.lengths, args.depths, method, args.samples, args.seed_base,
-                    gen_length=gen_length, progress=True, **kw)
+    rows = evaluate(
+        model,
+        args.task,
+        args.lengths,
+        args.depths,
+        method,
+        args.samples,
+        args.seed_base,
+        gen_length=gen_length,
+        progress=True,
+        **kw,
+    )
     out = args.out or os.path.join("bench", "results", f"eval_{args.task}_{method}.csv")
     write_csv(rows, out)
-    print(accuracy_table(rows, by=("task", "method", "length", "depth") if args.by_depth else ("task", "method",
-                                                                                                  "length")))
+    print(
+        accuracy_table(
+            rows, by=("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
+        )
+    )
     print(f"wrote {out}")
     return 0
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dllm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="answer one prompt")

@@ -80,9 +80,7 @@ class ModelConfig:
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads} (GQA)"
-            )
+            raise ConfigError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads} (GQA)")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
 

@@ -16,8 +16,20 @@ from dllm.generate import generate
 from dllm.tasks import make_case, score
 from dllm.tokenization import encode_text
 
-CSV_FIELDS = ("task", "length", "depth", "method", "seed", "correct", "answer", "gold", "seconds", "nfe",
-              "context_tokens", "selected_chunks")
+CSV_FIELDS = (
+    "task",
+    "length",
+    "depth",
+    "method",
+    "seed",
+    "correct",
+    "answer",
+    "gold",
+    "seconds",
+    "nfe",
+    "context_tokens",
+    "selected_chunks",
+)
 
 
 @dataclass
@@ -43,8 +55,13 @@ def case_inputs(model, case, method: str):
     if method == "prefilling":
         from dllm.prefilling import PromptParts
 
-        return {"prompt": PromptParts(encode_text(model, case.prefix, bos=True), encode_text(model, case.context),
-                                      encode_text(model, case.query))}
+        return {
+            "prompt": PromptParts(
+                encode_text(model, case.prefix, bos=True),
+                encode_text(model, case.context),
+                encode_text(model, case.query),
+            )
+        }
     return {"input_ids": encode_text(model, case.prompt, bos=True)[None]}
 
 
@@ -63,15 +80,34 @@ def run_case(model, case, method: str = "dense", *, gen_length: int | None = Non
     text = res.text[0]
     chunks = res.stats.extra.get("selected_chunks")
     return EvalRow(
-        task=case.task, length=case.length, depth=case.depth, method=method, seed=case.seed,
-        correct=bool(score(case.task, text, case)), answer=text, gold=case.answer,
-        seconds=round(res.stats.seconds["total"], 4), nfe=res.stats.nfe, context_tokens=case.context_tokens,
+        task=case.task,
+        length=case.length,
+        depth=case.depth,
+        method=method,
+        seed=case.seed,
+        correct=bool(score(case.task, text, case)),
+        answer=text,
+        gold=case.answer,
+        seconds=round(res.stats.seconds["total"], 4),
+        nfe=res.stats.nfe,
+        context_tokens=case.context_tokens,
         selected_chunks="" if chunks is None else " ".join(map(str, chunks)),
     )
 
 
-def evaluate(model, task: str, lengths, depths, method: str = "dense", samples: int = 1, seed: int = 0,
-             *, tokenizer="model", progress: bool = False, **gen_kwargs) -> list[EvalRow]:
+def evaluate(
+    model,
+    task: str,
+    lengths,
+    depths,
+    method: str = "dense",
+    samples: int = 1,
+    seed: int = 0,
+    *,
+    tokenizer="model",
+    progress: bool = False,
+    **gen_kwargs,
+) -> list[EvalRow]:
     """Run ``samples`` seeded cases per (length, depth).
 
     Seeds are ``seed + i`` for sample i, so the same call always sees the same cases

@@ -233,8 +233,13 @@ def generate(
         raise ValueError(f"steps must be >= 1, got {steps}")
     n_blocks = gen_length // block_length
     cfg = UnmaskingConfig(
-        alg=alg or default_alg(model), temperature=temperature, top_p=top_p, top_k=top_k,
-        alg_temp=alg_temp, eps=eps, threshold=threshold,
+        alg=alg or default_alg(model),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        alg_temp=alg_temp,
+        eps=eps,
+        threshold=threshold,
     )
     if cfg.fixed_steps and steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
@@ -264,9 +269,14 @@ def generate(
                 )
         resp = torch.full((batch, gen_length), model.mask_token_id, dtype=torch.long, device=model.device)
         n_steps = denoise(
-            policy, resp, mask_id=model.mask_token_id, block_length=block_length,
-            steps_per_block=steps // n_blocks if cfg.fixed_steps else block_length, cfg=cfg,
-            generator=generator, progress=progress,
+            policy,
+            resp,
+            mask_id=model.mask_token_id,
+            block_length=block_length,
+            steps_per_block=steps // n_blocks if cfg.fixed_steps else block_length,
+            cfg=cfg,
+            generator=generator,
+            progress=progress,
         )
     stats = GenerationStats(nfe=policy.nfe, steps=n_steps, seconds=dict(timer.seconds), extra=extra)
     stats.extra["gen_tokens"] = batch * gen_length

@@ -139,8 +139,7 @@ def load_weights_into(model: torch.nn.Module, model_dir: str, family: str) -> No
                 p = params[name]
                 if tuple(t.shape) != tuple(p.shape):
                     raise WeightError(
-                        f"shape mismatch for {ck_name!r}: checkpoint {tuple(t.shape)}, "
-                        f"config expects {tuple(p.shape)}"
+                        f"shape mismatch for {ck_name!r}: checkpoint {tuple(t.shape)}, config expects {tuple(p.shape)}"
                     )
                 p.copy_(t.to(dtype=p.dtype, device=p.device))
                 loaded.add(name)

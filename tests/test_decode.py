@@ -47,9 +47,10 @@ def test_cached_logits_equal_dense_logits(dream, live_window):
     x = torch.cat([p, resp], 1)
     with torch.no_grad():
         full = dream(x, torch.arange(25), logits_start=17, return_kv=True)
-        cache = dllm.StaticKVCache.single_segment([k[:, : 17 - live_window] for k in full.k],
-                                                  [v[:, : 17 - live_window] for v in full.v])
-        live = dream(x[:, 17 - live_window:], torch.arange(17 - live_window, 25), cache, logits_start=live_window)
+        cache = dllm.StaticKVCache.single_segment(
+            [k[:, : 17 - live_window] for k in full.k], [v[:, : 17 - live_window] for v in full.v]
+        )
+        live = dream(x[:, 17 - live_window :], torch.arange(17 - live_window, 25), cache, logits_start=live_window)
     assert (live.logits - full.logits).abs().max().item() < 1e-5
 
 

@@ -75,17 +75,25 @@ def test_checkpoint_names_match_reference(tmp_path):
     """The tiny checkpoints use exactly the reference weight-name patterns (layer 0 + top level)."""
     from safetensors import safe_open
 
-    for family, writer, ref in [("dream", write_dream_checkpoint, "dream-v0-7b"),
-                                ("llada", write_llada_checkpoint, "llada-8b")]:
+    for family, writer, ref in [
+        ("dream", write_dream_checkpoint, "dream-v0-7b"),
+        ("llada", write_llada_checkpoint, "llada-8b"),
+    ]:
         d = tmp_path / family
         writer(str(d))
         with safe_open(str(d / "model.safetensors"), "pt") as f:
-            ours = {n for n in f.keys() if ".layers.0." in n or ".blocks.0." in n or
-                    not any(s in n for s in (".layers.", ".blocks."))}
+            ours = {
+                n
+                for n in f.keys()
+                if ".layers.0." in n or ".blocks.0." in n or not any(s in n for s in (".layers.", ".blocks."))
+            }
         with open(os.path.join(REFERENCE, ref, "weight_names.txt")) as f:
             names = {n.strip() for n in f if n.strip()}
-        expect = {n for n in names if ".layers.0." in n or ".blocks.0." in n or
-                  not any(s in n for s in (".layers.", ".blocks."))}
+        expect = {
+            n
+            for n in names
+            if ".layers.0." in n or ".blocks.0." in n or not any(s in n for s in (".layers.", ".blocks."))
+        }
         assert ours == expect, family
 
 
@@ -103,6 +111,7 @@ def test_bf16_forward_close_to_fp32(tmp_path):
 
 
 # --- bad input -------------------------------------------------------------------
+
 
 def test_missing_config(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):

@@ -126,16 +126,33 @@ def test_selection_and_token_budget(dream):
 @pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy", "origin", "confidence_threshold"])
 def test_all_unmasking_rules_run_with_prefilling(dream, alg):
     parts = _parts(n_ctx=30)
-    res = dllm.generate(dream, method="prefilling", prompt=parts, alg=alg, seed=0, gen_length=4, steps=4,
-                        prefilling=PrefillingConfig(chunk_size=8, top_k=2))
+    res = dllm.generate(
+        dream,
+        method="prefilling",
+        prompt=parts,
+        alg=alg,
+        seed=0,
+        gen_length=4,
+        steps=4,
+        prefilling=PrefillingConfig(chunk_size=8, top_k=2),
+    )
     assert (res.tokens != dream.mask_token_id).all()
 
 
 def test_llada_rules_and_blocks_with_prefilling(llada):
     parts = _parts(bos=LLADA_BOS, vocab=90, n_ctx=30)
     for alg in ("low_confidence", "random"):
-        res = dllm.generate(llada, method="prefilling", prompt=parts, alg=alg, seed=1, gen_length=8, steps=4,
-                            block_length=4, prefilling=PrefillingConfig(chunk_size=8, top_k=2, token_budget=3))
+        res = dllm.generate(
+            llada,
+            method="prefilling",
+            prompt=parts,
+            alg=alg,
+            seed=1,
+            gen_length=8,
+            steps=4,
+            block_length=4,
+            prefilling=PrefillingConfig(chunk_size=8, top_k=2, token_budget=3),
+        )
         assert (res.tokens != llada.mask_token_id).all()
 
 
@@ -152,28 +169,34 @@ def test_causal_score_mode(dream, llada):
     res = dllm.generate(dream, method="prefilling", prompt=parts, prefilling=cfg, gen_length=4, steps=2)
     assert len(res.stats.extra["selected_chunks"]) == 2
     with pytest.raises(ValueError, match="shifted"):
-        dllm.generate(llada, method="prefilling", prompt=_parts(bos=LLADA_BOS, vocab=90), prefilling=cfg,
-                      gen_length=4)
+        dllm.generate(llada, method="prefilling", prompt=_parts(bos=LLADA_BOS, vocab=90), prefilling=cfg, gen_length=4)
 
 
 def test_context_shorter_than_one_chunk_is_one_chunk(dream):
     parts = _parts(n_ctx=5)
-    res = dllm.generate(dream, method="prefilling", prompt=parts, gen_length=4,
-                        prefilling=PrefillingConfig(chunk_size=1024, top_k=1))
+    res = dllm.generate(
+        dream, method="prefilling", prompt=parts, gen_length=4, prefilling=PrefillingConfig(chunk_size=1024, top_k=1)
+    )
     assert res.stats.extra["num_chunks"] == 1 and res.stats.extra["selected_chunks"] == [0]
 
 
 def test_whole_prompt_fallback_split(dream):
     ids = torch.cat([torch.tensor([BOS]), torch.randint(0, 120, (100,))])
-    res = dllm.generate(dream, ids[None], method="prefilling", gen_length=4,
-                        prefilling=PrefillingConfig(chunk_size=16, top_k=1, query_window=10))
+    res = dllm.generate(
+        dream,
+        ids[None],
+        method="prefilling",
+        gen_length=4,
+        prefilling=PrefillingConfig(chunk_size=16, top_k=1, query_window=10),
+    )
     assert res.stats.extra["num_chunks"] == 6  # 100 - 10 query tokens = 90 context tokens / 16
 
 
 def test_bad_prefilling_input(dream):
     ok = _parts()
-    gen = lambda parts, **c: dllm.generate(dream, method="prefilling", prompt=parts, gen_length=4,
-                                           prefilling=PrefillingConfig(**c))
+    gen = lambda parts, **c: dllm.generate(
+        dream, method="prefilling", prompt=parts, gen_length=4, prefilling=PrefillingConfig(**c)
+    )
     with pytest.raises(ValueError, match="context is empty"):
         gen(PromptParts(ok.prefix, torch.zeros(0, dtype=torch.long), ok.query), chunk_size=8)
     with pytest.raises(ValueError, match="query is empty"):

@@ -58,8 +58,9 @@ def reveal_order(history):
 
 def run(alg, steps=4, block_length=None, family="dream", **kw):
     m = StubModel(family)
-    res = dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=steps, block_length=block_length,
-                        alg=alg, **kw)
+    res = dllm.generate(
+        m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=steps, block_length=block_length, alg=alg, **kw
+    )
     final = res.tokens[0].tolist()
     m.history.append(final)
     return reveal_order(m.history), final, res
@@ -129,9 +130,15 @@ def test_origin_last_step_reveals_all_and_seed_reproducible():
     assert set().union(*a) == {0, 1, 2, 3}
 
 
-@pytest.mark.parametrize("alg,kw", [("random", {}), ("maskgit_plus", {"alg_temp": 0.5}),
-                                    ("maskgit_plus", {"temperature": 1.0}),
-                                    ("low_confidence", {"temperature": 0.7})])
+@pytest.mark.parametrize(
+    "alg,kw",
+    [
+        ("random", {}),
+        ("maskgit_plus", {"alg_temp": 0.5}),
+        ("maskgit_plus", {"temperature": 1.0}),
+        ("low_confidence", {"temperature": 0.7}),
+    ],
+)
 def test_same_seed_same_output(alg, kw):
     fam = "llada" if alg in ("random", "low_confidence") else "dream"
     outs = [run(alg, family=fam, seed=7, **kw)[:2] for _ in range(2)]

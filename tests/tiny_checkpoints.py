@@ -18,12 +18,32 @@ SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "sh
 REFERENCE = os.path.join(SHARED, "reference")
 
 # Odd sizes on purpose; GQA ratio 7 for Dream (14 query heads over 2 KV heads).
-DREAM_TINY = dict(hidden_size=112, intermediate_size=75, num_hidden_layers=2, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=131, mask_token_id=129, bos_token_id=128,
-                  eos_token_id=127, pad_token_id=127, rope_theta=10000.0)
-LLADA_TINY = dict(d_model=96, mlp_hidden_size=67, n_layers=3, n_heads=6, n_kv_heads=6,
-                  vocab_size=97, embedding_size=97, mask_token_id=95, eos_token_id=94, pad_token_id=94,
-                  rope_theta=500000.0)
+DREAM_TINY = dict(
+    hidden_size=112,
+    intermediate_size=75,
+    num_hidden_layers=2,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=131,
+    mask_token_id=129,
+    bos_token_id=128,
+    eos_token_id=127,
+    pad_token_id=127,
+    rope_theta=10000.0,
+)
+LLADA_TINY = dict(
+    d_model=96,
+    mlp_hidden_size=67,
+    n_layers=3,
+    n_heads=6,
+    n_kv_heads=6,
+    vocab_size=97,
+    embedding_size=97,
+    mask_token_id=95,
+    eos_token_id=94,
+    pad_token_id=94,
+    rope_theta=500000.0,
+)
 LLADA_BOS = 93
 
 
@@ -38,10 +58,15 @@ def hf_dream(seed: int = 0, **over):
 
     sizes = {**DREAM_TINY, **over}
     cfg = Qwen2Config(
-        hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
-        num_hidden_layers=sizes["num_hidden_layers"], num_attention_heads=sizes["num_attention_heads"],
-        num_key_value_heads=sizes["num_key_value_heads"], vocab_size=sizes["vocab_size"],
-        rope_theta=sizes["rope_theta"], rms_norm_eps=1e-6, tie_word_embeddings=False,
+        hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=sizes["num_hidden_layers"],
+        num_attention_heads=sizes["num_attention_heads"],
+        num_key_value_heads=sizes["num_key_value_heads"],
+        vocab_size=sizes["vocab_size"],
+        rope_theta=sizes["rope_theta"],
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
         attn_implementation="eager",
     )
     cfg.is_causal = False
@@ -60,11 +85,18 @@ def hf_llada(seed: int = 0, **over):
 
     sizes = {**LLADA_TINY, **over}
     cfg = LlamaConfig(
-        hidden_size=sizes["d_model"], intermediate_size=sizes["mlp_hidden_size"],
-        num_hidden_layers=sizes["n_layers"], num_attention_heads=sizes["n_heads"],
-        num_key_value_heads=sizes["n_kv_heads"], vocab_size=sizes["vocab_size"],
-        rope_theta=sizes["rope_theta"], rms_norm_eps=1e-5, tie_word_embeddings=False,
-        attention_bias=False, mlp_bias=False, attn_implementation="eager",
+        hidden_size=sizes["d_model"],
+        intermediate_size=sizes["mlp_hidden_size"],
+        num_hidden_layers=sizes["n_layers"],
+        num_attention_heads=sizes["n_heads"],
+        num_key_value_heads=sizes["n_kv_heads"],
+        vocab_size=sizes["vocab_size"],
+        rope_theta=sizes["rope_theta"],
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        attn_implementation="eager",
     )
     cfg.is_causal = False
     torch.manual_seed(seed)
@@ -91,9 +123,15 @@ def write_dream_checkpoint(out_dir: str, seed: int = 0, shards: int = 1, **over)
 
 
 _LLADA_NAMES = {
-    "self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
-    "self_attn.o_proj": "attn_out", "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj",
-    "mlp.down_proj": "ff_out", "input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm",
+    "self_attn.q_proj": "q_proj",
+    "self_attn.k_proj": "k_proj",
+    "self_attn.v_proj": "v_proj",
+    "self_attn.o_proj": "attn_out",
+    "mlp.gate_proj": "ff_proj",
+    "mlp.up_proj": "up_proj",
+    "mlp.down_proj": "ff_out",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ff_norm",
 }
 
 

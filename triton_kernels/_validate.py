@@ -109,9 +109,7 @@ def _flags(*conds: torch.Tensor) -> list[bool]:
     return [bool(x) for x in torch.stack([c.reshape(()) for c in conds]).tolist()]
 
 
-def check_segment_table_values(
-    op: str, seg_slots: torch.Tensor, seg_lens: torch.Tensor, p: int, t: int
-) -> None:
+def check_segment_table_values(op: str, seg_slots: torch.Tensor, seg_lens: torch.Tensor, p: int, t: int) -> None:
     """seg_slots in [-1, P) and seg_lens in [0, T]."""
     if seg_slots.numel() == 0:
         return

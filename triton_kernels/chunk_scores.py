@@ -179,15 +179,9 @@ def _column_mass_kernel(
             row_ok = rows < M * GROUP
             m_idx = rows // GROUP
             hq = h * GROUP + rows % GROUP
-            q_ptrs = (
-                q_ptr + n * stride_qn + m_idx[:, None] * stride_qm + hq[:, None] * stride_qh + offs_d[None, :]
-            )
-            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(
-                COMPUTE
-            )  # [BLOCK_M, BLOCK_D]
-            lse2 = tl.load(
-                lse_ptr + n * stride_ln + m_idx * stride_lm + hq * stride_lh, mask=row_ok, other=0.0
-            )
+            q_ptrs = q_ptr + n * stride_qn + m_idx[:, None] * stride_qm + hq[:, None] * stride_qh + offs_d[None, :]
+            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)  # [BLOCK_M, BLOCK_D]
+            lse2 = tl.load(lse_ptr + n * stride_ln + m_idx * stride_lm + hq * stride_lh, mask=row_ok, other=0.0)
             lse2 = lse2 * LOG2E_K  # [BLOCK_M] base-2; finite for every row that has a key
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
             p = tl.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N] softmax probabilities
@@ -389,9 +383,7 @@ def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> No
     if k_extra is not None:
         ne, _, he, de = k_extra.shape
         if (ne, he, de) != (n, hkv, d):
-            raise ValueError(
-                f"{op}: k_extra must be [N={n}, E, Hkv={hkv}, D={d}], got shape {tuple(k_extra.shape)}"
-            )
+            raise ValueError(f"{op}: k_extra must be [N={n}, E, Hkv={hkv}, D={d}], got shape {tuple(k_extra.shape)}")
     if lens is not None:
         V.check_index_tensor(op, "lens", lens, (n,), "[N]")
     V.check_device(op, q=q, k=k, k_extra=k_extra, lens=lens)

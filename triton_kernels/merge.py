@@ -136,9 +136,7 @@ def _validate(o, lse) -> None:
     if o.dtype not in V.FLOAT_DTYPES:
         raise TypeError(f"{op}: o has dtype {o.dtype}; supported: float32, float16, bfloat16")
     if lse.dtype not in V.FLOAT_DTYPES:
-        raise TypeError(
-            f"{op}: lse has dtype {lse.dtype}; supported: float32 (recommended), float16, bfloat16"
-        )
+        raise TypeError(f"{op}: lse has dtype {lse.dtype}; supported: float32 (recommended), float16, bfloat16")
     V.check_device(op, o=o, lse=lse)
     V.check_last_dim_contiguous(op, o=o)
 

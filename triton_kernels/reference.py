@@ -185,9 +185,7 @@ def pool_scores(scores: torch.Tensor, lens=None, *, pool_kernel: int = 7, keep_f
         if invalid is None:
             s[:, :, 0] = float("inf")
         else:
-            s[:, :, 0] = torch.where(
-                invalid[:, None, 0], s[:, :, 0], torch.full_like(s[:, :, 0], float("inf"))
-            )
+            s[:, :, 0] = torch.where(invalid[:, None, 0], s[:, :, 0], torch.full_like(s[:, :, 0], float("inf")))
     return s
 
 
@@ -201,9 +199,7 @@ def topb_gather(scores, k, v, b, *, lens=None, pool_kernel=7, keep_first=True):
     """
     n, h, t = scores.shape
     pooled = pool_scores(scores, lens, pool_kernel=pool_kernel, keep_first=keep_first)
-    lens_t = (
-        torch.full((n,), t, dtype=torch.long, device=k.device) if lens is None else lens.long().to(k.device)
-    )
+    lens_t = torch.full((n,), t, dtype=torch.long, device=k.device) if lens is None else lens.long().to(k.device)
     kept = torch.clamp(lens_t, max=b).to(torch.int32)
     order = torch.sort(pooled, dim=-1, descending=True, stable=True).indices  # [N, H, T]
     idx = torch.full((n, h, b), -1, dtype=torch.long, device=k.device)

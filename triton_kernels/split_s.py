@@ -315,9 +315,7 @@ def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale) 
     V.check_index_tensor(op, "seg_slots", seg_slots, (bsz, seg_slots.shape[1]), "[B, S] with B = q.shape[0]")
     V.check_index_tensor(op, "seg_lens", seg_lens, tuple(seg_slots.shape), "seg_slots.shape [B, S]")
     if seg_lens.dtype != seg_slots.dtype:
-        raise TypeError(
-            f"{op}: seg_slots ({seg_slots.dtype}) and seg_lens ({seg_lens.dtype}) must share a dtype"
-        )
+        raise TypeError(f"{op}: seg_slots ({seg_slots.dtype}) and seg_lens ({seg_lens.dtype}) must share a dtype")
     if k_live is not None:
         V.check_ndim(op, "k_live", k_live, 4, "[B, M, Hkv, D]")
         V.check_shape(op, "k_live", k_live, (bsz, m, hkv, d), "[B, M, Hkv, D]")
@@ -355,13 +353,9 @@ def _split_s_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if check_values_enabled():
-        V.check_segment_table_values(
-            "split_s_attention", seg_slots, seg_lens, k_pool.shape[0], k_pool.shape[1]
-        )
+        V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, k_pool.shape[0], k_pool.shape[1])
     if backend == "torch":
-        return _ref.split_s_attention(
-            q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale=sm_scale
-        )
+        return _ref.split_s_attention(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale=sm_scale)
     return split_s_launch(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale)
 
 

@@ -55,9 +55,7 @@ def _gather_rows_kernel(
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)  # [BLOCK_B] output rows
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     b_ok = offs_b < n_out
-    tok = tl.load(
-        idx_ptr + n * stride_in + h * stride_ih + offs_b * stride_ib, mask=b_ok, other=-1
-    )  # [BLOCK_B]
+    tok = tl.load(idx_ptr + n * stride_in + h * stride_ih + offs_b * stride_ib, mask=b_ok, other=-1)  # [BLOCK_B]
     sel = tok >= 0
     tok = tl.where(sel, tok, 0)
     d_ok = offs_d[None, :] < HEAD_DIM

@@ -42,9 +42,9 @@ def encode(text: str) -> list[int]:
 
 @dataclass
 class Sample:
-    ids: list          # token ids
-    segment: list      # 0 = live row (sees all keys); k > 0 = static segment k (sees only itself)
-    role: list         # per token: "b" bos, "p" prompt/context, "q" query, "a" answer/eos
+    ids: list  # token ids
+    segment: list  # 0 = live row (sees all keys); k > 0 = static segment k (sees only itself)
+    role: list  # per token: "b" bos, "p" prompt/context, "q" query, "a" answer/eos
     kind: str
 
 

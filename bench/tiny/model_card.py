@@ -42,8 +42,10 @@ def plot_loss(loss_csv: str, png: str) -> dict:
             masked_ce.append(float(row[6]))
             secs.append(float(row[7]))
     k = 50
-    smooth = [sum(masked_ce[max(0, i - k + 1) : i + 1]) / len(masked_ce[max(0, i - k + 1) : i + 1])
-              for i in range(len(masked_ce))]
+    smooth = [
+        sum(masked_ce[max(0, i - k + 1) : i + 1]) / len(masked_ce[max(0, i - k + 1) : i + 1])
+        for i in range(len(masked_ce))
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, masked_ce, alpha=0.25, lw=0.8, label="masked-token cross-entropy (per step)")
     ax.plot(steps, smooth, lw=2, label=f"moving mean ({k} steps)")
@@ -84,8 +86,16 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
-    card = CARD.format(params=n_params / 1e6, table=table, by_len=by_len, n=len(rows), per_task=len(rows) // 4,
-                       eval_minutes=eval_minutes, window=cfg["max_position_embeddings"], **summary)
+    card = CARD.format(
+        params=n_params / 1e6,
+        table=table,
+        by_len=by_len,
+        n=len(rows),
+        per_task=len(rows) // 4,
+        eval_minutes=eval_minutes,
+        window=cfg["max_position_embeddings"],
+        **summary,
+    )
     with open(os.path.join(args.model, "README.md"), "w") as f:
         f.write(card)
     print(f"wrote {args.model}/README.md")

@@ -35,30 +35,62 @@ from dllm.config import ModelConfig
 from dllm.modeling import DiffusionLM
 from dllm.weights import save_checkpoint
 
-ARCH = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
-            num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6)
+ARCH = dict(
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+)
 
 
 def dream_config_json(vocab_size: int, window: int) -> dict:
     """config.json in Dream-v0's own format (same fields as shared/reference/dream-v0-7b)."""
     return {
-        "architectures": ["DreamModel"], "model_type": "Dream", "attention_dropout": 0.0,
-        "bos_token_id": data.BOS, "eos_token_id": data.EOS, "pad_token_id": data.PAD, "mask_token_id": data.MASK,
-        "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": window,
-        "max_window_layers": ARCH["num_hidden_layers"], "rope_scaling": None, "sliding_window": None,
-        "tie_word_embeddings": False, "torch_dtype": "float32", "use_cache": True, "use_mrope": False,
-        "use_sliding_window": False, "vocab_size": vocab_size, **ARCH,
+        "architectures": ["DreamModel"],
+        "model_type": "Dream",
+        "attention_dropout": 0.0,
+        "bos_token_id": data.BOS,
+        "eos_token_id": data.EOS,
+        "pad_token_id": data.PAD,
+        "mask_token_id": data.MASK,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "max_position_embeddings": window,
+        "max_window_layers": ARCH["num_hidden_layers"],
+        "rope_scaling": None,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "use_mrope": False,
+        "use_sliding_window": False,
+        "vocab_size": vocab_size,
+        **ARCH,
     }
 
 
 def model_config(vocab_size: int) -> ModelConfig:
     return ModelConfig(
-        family="dream", vocab_size=vocab_size, hidden_size=ARCH["hidden_size"],
-        intermediate_size=ARCH["intermediate_size"], num_layers=ARCH["num_hidden_layers"],
-        num_heads=ARCH["num_attention_heads"], num_kv_heads=ARCH["num_key_value_heads"],
-        head_dim=ARCH["hidden_size"] // ARCH["num_attention_heads"], rope_theta=ARCH["rope_theta"],
-        rms_norm_eps=ARCH["rms_norm_eps"], qkv_bias=True, tie_word_embeddings=False, shift_logits=True,
-        mask_token_id=data.MASK, bos_token_id=data.BOS, eos_token_id=data.EOS, pad_token_id=data.PAD,
+        family="dream",
+        vocab_size=vocab_size,
+        hidden_size=ARCH["hidden_size"],
+        intermediate_size=ARCH["intermediate_size"],
+        num_layers=ARCH["num_hidden_layers"],
+        num_heads=ARCH["num_attention_heads"],
+        num_kv_heads=ARCH["num_key_value_heads"],
+        head_dim=ARCH["hidden_size"] // ARCH["num_attention_heads"],
+        rope_theta=ARCH["rope_theta"],
+        rms_norm_eps=ARCH["rms_norm_eps"],
+        qkv_bias=True,
+        tie_word_embeddings=False,
+        shift_logits=True,
+        mask_token_id=data.MASK,
+        bos_token_id=data.BOS,
+        eos_token_id=data.EOS,
+        pad_token_id=data.PAD,
     )
 
 
@@ -141,6 +173,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
 
 # ---- training -----------------------------------------------------------------------------------------
 
+
 def train(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -201,14 +234,36 @@ def train(args):
         opt.step()
         ans = weights > 0
         with open(log_path, "a", newline="") as f:
-            csv.writer(f).writerow([step, phase, length, bsz, f"{loss.item():.4f}", f"{gnorm.item():.3f}",
-                                    f"{(ce[ans].mean().item() if ans.any() else 0):.4f}", f"{time.time() - t0:.1f}"])
+            csv.writer(f).writerow(
+                [
+                    step,
+                    phase,
+                    length,
+                    bsz,
+                    f"{loss.item():.4f}",
+                    f"{gnorm.item():.3f}",
+                    f"{(ce[ans].mean().item() if ans.any() else 0):.4f}",
+                    f"{time.time() - t0:.1f}",
+                ]
+            )
         if step % 25 == 0:
-            print(f"step {step:5d} ph{phase} L={length:4d} B={bsz:2d} loss {loss.item():.3f} "
-                  f"masked-CE {ce[ans].mean().item():.3f} |g| {gnorm.item():.2f} {time.time() - t0:.0f}s", flush=True)
+            print(
+                f"step {step:5d} ph{phase} L={length:4d} B={bsz:2d} loss {loss.item():.3f} "
+                f"masked-CE {ce[ans].mean().item():.3f} |g| {gnorm.item():.2f} {time.time() - t0:.0f}s",
+                flush=True,
+            )
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate(),
-                        "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "step": step + 1}, ckpt)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "rng": rng.getstate(),
+                    "gen": gen.get_state(),
+                    "torch_rng": torch.get_rng_state(),
+                    "step": step + 1,
+                },
+                ckpt,
+            )
             export(model, args, vocab)
     return model
 
@@ -218,8 +273,20 @@ def export(model, args, vocab):
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(dream_config_json(vocab, args.window), f, indent=2)
     with open(os.path.join(args.out, "generation_config.json"), "w") as f:
-        json.dump({"alg": "maskgit_plus", "temperature": 0.0, "eps": 0.001, "steps": 16, "mask_token_id": data.MASK,
-                   "bos_token_id": data.BOS, "eos_token_id": data.EOS, "pad_token_id": data.PAD}, f, indent=2)
+        json.dump(
+            {
+                "alg": "maskgit_plus",
+                "temperature": 0.0,
+                "eps": 0.001,
+                "steps": 16,
+                "mask_token_id": data.MASK,
+                "bos_token_id": data.BOS,
+                "eos_token_id": data.EOS,
+                "pad_token_id": data.PAD,
+            },
+            f,
+            indent=2,
+        )
     save_checkpoint(model, args.out, "dream")
 
 

@@ -62,8 +62,16 @@ def encode_segment(model, ids: torch.Tensor, positions: torch.Tensor):
     return [k[0] for k in out.k], [v[0] for v in out.v]
 
 
-def encode_chunks(model, context: torch.Tensor, chunk_size: int, *, bos_id: int, pad_id: int,
-                  batch: int | None = None, progress: bool = False) -> tuple[ChunkCache, int]:
+def encode_chunks(
+    model,
+    context: torch.Tensor,
+    chunk_size: int,
+    *,
+    bos_id: int,
+    pad_id: int,
+    batch: int | None = None,
+    progress: bool = False,
+) -> tuple[ChunkCache, int]:
     """Chunked prefill of ``context [L_ctx]``.
 
     Args:

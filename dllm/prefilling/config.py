@@ -64,9 +64,11 @@ class PrefillingConfig:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
         if not 0 < self.draft_threshold <= 1:
             raise ValueError(f"draft_threshold must be in (0, 1], got {self.draft_threshold}")
-        for name, val, allowed in (("position_mode", self.position_mode, POSITION_MODES),
-                                   ("cache_mode", self.cache_mode, CACHE_MODES),
-                                   ("score_mode", self.score_mode, SCORE_MODES)):
+        for name, val, allowed in (
+            ("position_mode", self.position_mode, POSITION_MODES),
+            ("cache_mode", self.cache_mode, CACHE_MODES),
+            ("score_mode", self.score_mode, SCORE_MODES),
+        ):
             if val not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {val!r}")
         terms = tuple(self.score_terms)

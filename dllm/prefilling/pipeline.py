@@ -106,8 +106,13 @@ def _gather_chunks(k_layers, v_layers, lens, token_scores, budget, cfg, keep_fir
     kept = None
     for layer in range(len(k_layers)):
         k_out, v_out, _idx, kept = triton_kernels.topb_gather(
-            token_scores[layer], k_layers[layer], v_layers[layer], budget, lens=lens,
-            pool_kernel=cfg.pool_kernel, keep_first=keep_first,
+            token_scores[layer],
+            k_layers[layer],
+            v_layers[layer],
+            budget,
+            lens=lens,
+            pool_kernel=cfg.pool_kernel,
+            keep_first=keep_first,
         )
         ks.append(k_out)
         vs.append(v_out)
@@ -142,9 +147,11 @@ def _joint_cache(model, parts, chunks: ChunkCache, kept, cfg, gen_length):
     masks = torch.full((gen_length,), model.mask_token_id, dtype=torch.long, device=dev)
     ids = torch.cat([parts.prefix, *ctx, parts.query, masks])
     live_len = parts.query.numel() + gen_length
-    pos = torch.cat([torch.arange(p, device=dev)]
-                    + [torch.arange(s, s + sizes[j], device=dev) for s, j in zip(starts, kept)]
-                    + [torch.arange(q_start, q_start + live_len, device=dev)])
+    pos = torch.cat(
+        [torch.arange(p, device=dev)]
+        + [torch.arange(s, s + sizes[j], device=dev) for s, j in zip(starts, kept)]
+        + [torch.arange(q_start, q_start + live_len, device=dev)]
+    )
     n_static = ids.numel() - live_len
     token_scores = None
     hook = None
@@ -177,8 +184,9 @@ def _joint_cache(model, parts, chunks: ChunkCache, kept, cfg, gen_length):
 
 
 @torch.no_grad()
-def build_prefilling_policy(model, input_ids, prompt, cfg: PrefillingConfig | None, timer, *, gen_length: int,
-                            progress: bool = False):
+def build_prefilling_policy(
+    model, input_ids, prompt, cfg: PrefillingConfig | None, timer, *, gen_length: int, progress: bool = False
+):
     """Run prefill + scoring + selection and return the decode policy.
 
     Args:
@@ -212,8 +220,9 @@ def build_prefilling_policy(model, input_ids, prompt, cfg: PrefillingConfig | No
     pad = c.pad_token_id if c.pad_token_id is not None else bos
     nfe = 0
     with timer.phase("prefill"):
-        chunks, n = encode_chunks(model, parts.context, cfg.chunk_size, bos_id=bos, pad_id=pad,
-                                  batch=cfg.prefill_batch, progress=progress)
+        chunks, n = encode_chunks(
+            model, parts.context, cfg.chunk_size, bos_id=bos, pad_id=pad, batch=cfg.prefill_batch, progress=progress
+        )
         nfe += n
         prefix_kv = None
         if parts.prefix.numel() and cfg.cache_mode == "independent":
@@ -233,11 +242,21 @@ def build_prefilling_policy(model, input_ids, prompt, cfg: PrefillingConfig | No
         scores = None
         if need_select or need_tokens:
             qw = parts.query if cfg.query_window is None else parts.query[-cfg.query_window :]
-            labels, confirmed = draft_pseudo_labels(model, parts.prefix, parts.query, cfg.draft_tokens,
-                                                    cfg.draft_threshold)
+            labels, confirmed = draft_pseudo_labels(
+                model, parts.prefix, parts.query, cfg.draft_tokens, cfg.draft_threshold
+            )
             nfe += 1
-            scores, n = score_chunks(model, chunks, qw, labels, confirmed, mode=cfg.score_mode,
-                                     terms=cfg.score_terms, token_scores=need_tokens, batch=cfg.prefill_batch)
+            scores, n = score_chunks(
+                model,
+                chunks,
+                qw,
+                labels,
+                confirmed,
+                mode=cfg.score_mode,
+                terms=cfg.score_terms,
+                token_scores=need_tokens,
+                batch=cfg.prefill_batch,
+            )
             nfe += n
             extra["pseudo_labels"] = labels[confirmed].tolist()
         if need_select:

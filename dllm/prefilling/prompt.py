@@ -42,8 +42,6 @@ def split_prompt(model, template: str, *, context: str | None = None, query_wind
     Raises:
         ValueError: several slots, a slot without context, empty context or query.
     """
-
-
     n_slots = template.count("{context}")
     if n_slots > 1:
         raise ValueError("the prompt template holds more than one {context} slot")
@@ -51,8 +49,9 @@ def split_prompt(model, template: str, *, context: str | None = None, query_wind
         if n_slots != 1:
             raise ValueError("a context was given but the prompt template has no {context} slot")
         before, after = template.split("{context}")
-        parts = PromptParts(encode_text(model, before, bos=True), encode_text(model, context),
-                            encode_text(model, after))
+        parts = PromptParts(
+            encode_text(model, before, bos=True), encode_text(model, context), encode_text(model, after)
+        )
     elif n_slots == 1:
         raise ValueError("the prompt template has a {context} slot but no context was given")
     else:

@@ -78,8 +78,12 @@ def _mean_logprob(logits: torch.Tensor, targets: torch.Tensor, select: torch.Ten
 def _chunk_rows_cache(chunks: ChunkCache, lo: int, hi: int) -> StaticKVCache:
     n = hi - lo
     dev = chunks.lens.device
-    return StaticKVCache([k[lo:hi] for k in chunks.k], [v[lo:hi] for v in chunks.v],
-                         torch.arange(n, dtype=torch.int32, device=dev)[:, None], chunks.lens[lo:hi, None].clone())
+    return StaticKVCache(
+        [k[lo:hi] for k in chunks.k],
+        [v[lo:hi] for v in chunks.v],
+        torch.arange(n, dtype=torch.int32, device=dev)[:, None],
+        chunks.lens[lo:hi, None].clone(),
+    )
 
 
 def _cached_pass(model, chunks, live: torch.Tensor, lo: int, hi: int, token_acc=None):
@@ -88,10 +92,13 @@ def _cached_pass(model, chunks, live: torch.Tensor, lo: int, hi: int, token_acc=
     pos = chunks.lens[lo:hi, None].long() + torch.arange(m, device=live.device)[None]
     hook = None
     if token_acc is not None:
+
         def hook(layer, q, k, v):
-            mass, _extra, _lse = triton_kernels.chunk_attention_scores(q, chunks.k[layer][lo:hi],
-                                                                       chunks.lens[lo:hi], k_extra=k)
+            mass, _extra, _lse = triton_kernels.chunk_attention_scores(
+                q, chunks.k[layer][lo:hi], chunks.lens[lo:hi], k_extra=k
+            )
             token_acc[layer][lo:hi] += mass
+
     out = model(live[None].expand(hi - lo, m), pos, _chunk_rows_cache(chunks, lo, hi), attn_hook=hook)
     return out.logits
 
@@ -121,9 +128,18 @@ def raise_if_unshifted(model):
         raise ValueError("score_mode='causal' needs a model with shifted (next-token) logits, e.g. the Dream family")
 
 
-def score_chunks(model, chunks: ChunkCache, query: torch.Tensor, labels: torch.Tensor, confirmed: torch.Tensor,
-                 *, mode: str = "dllm", terms=("self_info", "pseudo_label"), token_scores: bool = False,
-                 batch: int | None = None):
+def score_chunks(
+    model,
+    chunks: ChunkCache,
+    query: torch.Tensor,
+    labels: torch.Tensor,
+    confirmed: torch.Tensor,
+    *,
+    mode: str = "dllm",
+    terms=("self_info", "pseudo_label"),
+    token_scores: bool = False,
+    batch: int | None = None,
+):
     """Score every chunk; optionally accumulate per-layer token scores.
 
     Args:
@@ -149,8 +165,10 @@ def score_chunks(model, chunks: ChunkCache, query: torch.Tensor, labels: torch.T
     cfg = model.config
     acc = None
     if token_scores:
-        acc = [torch.zeros(n, cfg.num_kv_heads, chunks.k[0].shape[1], dtype=torch.float32, device=dev)
-               for _ in range(cfg.num_layers)]
+        acc = [
+            torch.zeros(n, cfg.num_kv_heads, chunks.k[0].shape[1], dtype=torch.float32, device=dev)
+            for _ in range(cfg.num_layers)
+        ]
     masks = torch.full((m,), mask_id, dtype=torch.long, device=dev)
     q_sel = torch.ones(mq, dtype=torch.bool, device=dev)
     if model.shift_logits:  # the first live token has no live predecessor to predict it from

@@ -234,9 +234,7 @@ def rouge_l(prediction: str, ground_truth: str, **_: object) -> float:
     return 2 * p * r / (p + r)
 
 
-def classification(
-    prediction: str, ground_truth: str, all_classes: Sequence[str] | None = None, **_: object
-) -> float:
+def classification(prediction: str, ground_truth: str, all_classes: Sequence[str] | None = None, **_: object) -> float:
     """LongBench ``classification_score`` (trec, lsht).
 
     The labels of ``all_classes`` that occur in ``prediction`` (substring) are
@@ -338,9 +336,7 @@ def metric_for(dataset: str) -> Callable[..., float]:
     """
     base = _base_name(dataset)
     if base in _UNSUPPORTED:
-        raise ValueError(
-            f"LongBench dataset {dataset!r} uses {_UNSUPPORTED[base]}, which needs jieba; unsupported"
-        )
+        raise ValueError(f"LongBench dataset {dataset!r} uses {_UNSUPPORTED[base]}, which needs jieba; unsupported")
     try:
         return DATASET_METRICS[base]
     except KeyError:

@@ -74,6 +74,4 @@ def make_number_string(
 
     Source: InfiniteBench ``number_string`` (Zhang et al., 2024).
     """
-    return make_digit_case(
-        NUMBER_STRING, length, depth, seed, tokenizer=tokenizer, phrasing=phrasing, split=split
-    )
+    return make_digit_case(NUMBER_STRING, length, depth, seed, tokenizer=tokenizer, phrasing=phrasing, split=split)

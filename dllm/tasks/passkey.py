@@ -31,8 +31,7 @@ PASSKEY = DigitTaskSpec(
         "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
         "I will quiz you about the important information there.\n\n",
         "A pass key is hidden somewhere in the text below. Find it and remember it.\n\n",
-        "Read the following text carefully. Somewhere in it there is a pass key that you will be asked "
-        "about.\n\n",
+        "Read the following text carefully. Somewhere in it there is a pass key that you will be asked about.\n\n",
         "Below is a long, mostly irrelevant text with one important piece of information in it.\n\n",
         "",
     ),

@@ -218,9 +218,7 @@ def check_depth(depth: float) -> float:
     except (TypeError, ValueError):
         raise ValueError(f"depth must be a number in [0, 1], got {depth!r}") from None
     if not (0.0 <= d <= 1.0):  # also rejects NaN
-        raise ValueError(
-            f"depth must be in [0, 1] (fraction of the context before the needle), got {depth!r}"
-        )
+        raise ValueError(f"depth must be in [0, 1] (fraction of the context before the needle), got {depth!r}")
     return d
 
 
@@ -361,9 +359,7 @@ def fill_context(
         counter, ratio = _cover_budget(src, budget, tokenizer, counter, ratio)
         built = _assemble(src, counter, needle, budget, depth, sep, _slack(length))
         if built is None:
-            raise ValueError(
-                f"{task}: length {length} is too short: the context needs at least {minimum} tokens"
-            )
+            raise ValueError(f"{task}: length {length} is too short: the context needs at least {minimum} tokens")
         context, ns = built
         n = len(context) if tokenizer is None else count_tokens(context, tokenizer)
         if n <= length:
@@ -382,11 +378,7 @@ def _cover_budget(
         if counter is None or counter.text is not src.text:
             counter = _PrefixCounter(src.text, None)
         return counter, 1.0
-    if (
-        counter is not None
-        and len(counter.text) == src.n_chars
-        and (counter.total() > budget or src.exhausted)
-    ):
+    if counter is not None and len(counter.text) == src.n_chars and (counter.total() > budget or src.exhausted):
         return counter, ratio
     if ratio <= 0.0:
         src.extend_to(2000)

@@ -81,9 +81,7 @@ def test_scores_match_references(m, g, d, e, use_lens, dtype):
     ref = R.chunk_attention_scores(f32[0], f32[1], lens, f32[2], sm_scale=scale)
     dense = _dense_probs(f32[0], f32[1], lens, f32[2], scale, torch.float32)
     low = _dense_probs(q, k, lens, k_extra, scale, dtype)
-    for name, got, r, dn, lo in zip(
-        ("mass", "extra", "lse"), (mass, extra, lse), ref, dense, low, strict=False
-    ):
+    for name, got, r, dn, lo in zip(("mass", "extra", "lse"), (mass, extra, lse), ref, dense, low, strict=False):
         assert max_err(r, dn) <= 1e-4, name  # the two references agree
         assert_rule(got, r, lo, dtype, name)
     if use_lens:

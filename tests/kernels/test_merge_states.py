@@ -23,9 +23,7 @@ def _partials(n, shape, h, d, dtype, gen, dead_frac=0.3):
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize(
-    "n,shape,h,d", [(1, (3,), 2, 64), (5, (2, 7), 3, 128), (9, (), 4, 80), (3, (33,), 7, 16)]
-)
+@pytest.mark.parametrize("n,shape,h,d", [(1, (3,), 2, 64), (5, (2, 7), 3, 128), (9, (), 4, 80), (3, (33,), 7, 16)])
 def test_matches_reference(n, shape, h, d, dtype):
     gen = torch.Generator().manual_seed(n * 100 + d)
     o, lse = _partials(n, shape, h, d, dtype, gen)
@@ -47,9 +45,7 @@ def test_associative_and_order_independent():
     whole, whole_lse = merge_states(o, lse, backend="triton")
     left, left_lse = merge_states(o[:2], lse[:2], backend="triton")
     right, right_lse = merge_states(o[2:], lse[2:], backend="triton")
-    nested, nested_lse = merge_states(
-        torch.stack([left, right]), torch.stack([left_lse, right_lse]), backend="triton"
-    )
+    nested, nested_lse = merge_states(torch.stack([left, right]), torch.stack([left_lse, right_lse]), backend="triton")
     perm = torch.randperm(6, generator=gen).to(DEVICE)
     shuffled, shuffled_lse = merge_states(o[perm], lse[perm], backend="triton")
     for a, la in ((nested, nested_lse), (shuffled, shuffled_lse)):

@@ -32,12 +32,8 @@ def _dense(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, dtype, scale)
     """Dense attention per row over torch.cat of the row's valid keys, computed in ``dtype``."""
     outs, lses = [], []
     for b in range(q.shape[0]):
-        ks = [
-            k_pool[s, :n] for s, n in zip(seg_slots[b].tolist(), seg_lens[b].tolist(), strict=True) if s >= 0
-        ]
-        vs = [
-            v_pool[s, :n] for s, n in zip(seg_slots[b].tolist(), seg_lens[b].tolist(), strict=True) if s >= 0
-        ]
+        ks = [k_pool[s, :n] for s, n in zip(seg_slots[b].tolist(), seg_lens[b].tolist(), strict=True) if s >= 0]
+        vs = [v_pool[s, :n] for s, n in zip(seg_slots[b].tolist(), seg_lens[b].tolist(), strict=True) if s >= 0]
         if k_live is not None:
             ks.append(k_live[b])
             vs.append(v_live[b])
@@ -107,9 +103,7 @@ def test_partial_plans_agree(plan, dtype):
 
 def test_rows_without_keys():
     """A row with no valid key: out = 0, lse = -inf, no NaN (with and without other rows)."""
-    args = _case(
-        3, 5, 4, 64, T, [[-1, 2], [0, 1], [3, -1]], [[9, 0], [0, 0], [0, 4]], torch.float32, live=False
-    )
+    args = _case(3, 5, 4, 64, T, [[-1, 2], [0, 1], [3, -1]], [[9, 0], [0, 0], [0, 4]], torch.float32, live=False)
     out, lse = split_s_attention(*args, backend="triton")
     assert not torch.isnan(out).any()
     assert torch.all(out[:2] == 0) and torch.all(lse[:2] == float("-inf"))

@@ -47,9 +47,7 @@ def test_invariants(pool_kernel, keep_first):
     pooled = R.pool_scores(scores, lens, pool_kernel=pool_kernel, keep_first=keep_first)
     for n in range(4):
         c = int(kept[n])
-        assert (
-            torch.all(idx[n, :, c:] == -1) and torch.all(k_out[n, c:] == 0) and torch.all(v_out[n, c:] == 0)
-        )
+        assert torch.all(idx[n, :, c:] == -1) and torch.all(k_out[n, c:] == 0) and torch.all(v_out[n, c:] == 0)
         if c == 0:
             continue
         sel = idx[n, :, :c]  # [H, c]
@@ -61,9 +59,7 @@ def test_invariants(pool_kernel, keep_first):
         got_vals = torch.gather(pooled[n], 1, sel).sort(dim=-1, descending=True).values
         assert torch.equal(got_vals, top_vals), "selected pooled values are the top-b values"
         for h in range(HKV):
-            assert torch.equal(k_out[n, :c, h], k[n, sel[h], h]) and torch.equal(
-                v_out[n, :c, h], v[n, sel[h], h]
-            )
+            assert torch.equal(k_out[n, :c, h], k[n, sel[h], h]) and torch.equal(v_out[n, :c, h], v[n, sel[h], h])
 
 
 def test_ties_go_to_lower_index():

