@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dllm.denoise import PhaseTimer, denoise
+from dllm.devices import same_device
 from dllm.kv_cache import StaticKVCache
 from dllm.tokenization import decode_text
 from dllm.unmasking import UnmaskingConfig
@@ -159,7 +160,7 @@ def check_prompt(model, input_ids: torch.Tensor) -> torch.Tensor:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be a non-empty [B, L] tensor, got shape {tuple(input_ids.shape)}")
-    if input_ids.device != model.device:
+    if not same_device(input_ids.device, model.device):
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}")
     if (input_ids == model.mask_token_id).any():
         raise ValueError(f"the prompt contains the mask token id {model.mask_token_id}")

@@ -54,20 +54,20 @@ def _append(s: Sample, ids, seg, role):
     s.role.extend([role] * len(ids))
 
 
-def _case(rng: random.Random, task: str, ctx_len: int):
-    return make_case(task, ctx_len, rng.random(), rng.randrange(1 << 30), phrasing="random", split="train")
+def _case(rng: random.Random, task: str, ctx_len: int, phrasing: str = "random"):
+    return make_case(task, ctx_len, rng.random(), rng.randrange(1 << 30), phrasing=phrasing, split="train")
 
 
 def _min_len(task: str) -> int:
     return {"kv_retrieval": 250, "needle": 300}.get(task, 160)
 
 
-def dense_sample(rng: random.Random, total: int, task: str) -> Sample:
+def dense_sample(rng: random.Random, total: int, task: str, phrasing: str = "random") -> Sample:
     """BOS + prompt + answer + EOS*r, about ``total`` tokens long."""
     r = rng.randint(1, 12)
-    case = _case(rng, task, 512)  # probe the fixed parts' size
+    case = _case(rng, task, 512, phrasing)  # probe the fixed parts' size
     fixed = 1 + len(case.prefix) + len(case.query) + len(case.answer) + r
-    case = _case(rng, task, max(_min_len(task), total - fixed))
+    case = _case(rng, task, max(_min_len(task), total - fixed), phrasing)
     s = Sample([], [], [], "dense")
     _append(s, [BOS], 0, "b")
     _append(s, encode(case.prefix + case.context), 0, "p")

@@ -113,7 +113,7 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
 ## Training
 
 `python -m bench.tiny.train` (reproducible from `--seed 0`; {steps} steps, {train_minutes:.0f} minutes on
-2 CPU cores, bf16 autocast, AdamW lr 1e-3, cosine decay, ~8K tokens per batch, window {window} tokens).
+2 CPU cores, bf16 autocast, AdamW lr 1.5e-3, cosine decay, ~8K tokens per batch, window {window} tokens).
 
 - **Objective**: masked diffusion (LLaDA / Dream): t ~ U(0.02, 1), each eligible token masked with
   probability t, loss = sum of masked cross-entropies / (t x eligible tokens) per sequence, averaged
@@ -126,8 +126,11 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
   Prefilling-dLLM at continuous positions) and *needle-free chunk + query* (only the query is
   learned, so the query's likelihood tells relevant chunks from irrelevant ones) - plus packed essay
   crops with a BOS between documents. Masking: answer-only (the SFT form) or whole-sequence.
-- **Curriculum**: phase 1 short dense cases (192-640 tokens); phase 2 lengths up to the window, all
-  layouts. DESIGN.md section 6 explains why (a robust mix from step 0 did not learn in a probe).
+- **Curriculum**: phase 1 (steps 0-700) passkey and number_string only, 384-512 tokens, answer-only
+  masking: the model learns to copy; phase 2 (700-1300) all four tasks up to 768 tokens with some
+  chunked layout and whole-sequence masking; phase 3 (1300-2600) everything up to the window.
+  DESIGN.md section 6 explains why: a robust mix from step 0 did not learn in a probe, and a first
+  run of this script with the full mix from step 0 still retrieved nothing after 750 steps.
 
 ![loss curve](loss_curve.png)
 

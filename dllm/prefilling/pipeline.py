@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 import triton_kernels
+from dllm.devices import same_device
 from dllm.kv_cache import StaticKVCache
 from dllm.prefilling.chunks import ChunkCache, encode_chunks, encode_segment
 from dllm.prefilling.config import PrefillingConfig
@@ -51,7 +52,7 @@ def _check_parts(model, parts: PromptParts) -> PromptParts:
             raise ValueError(f"prompt.{name} must be a 1-D tensor of token ids")
         if t.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"prompt.{name} must hold int64 token ids, got {t.dtype}")
-        if t.numel() and t.device != model.device:
+        if t.numel() and not same_device(t.device, model.device):
             raise ValueError(f"prompt.{name} is on {t.device} but the model is on {model.device}")
         if (t == model.mask_token_id).any():
             raise ValueError(f"prompt.{name} contains the mask token id {model.mask_token_id}")
