@@ -40,6 +40,12 @@ def _add_decode_args(p, gen_length_default):
     g.add_argument("--position-mode", default=None, choices=["reuse", "continuous", "absolute"])
     g.add_argument("--cache-mode", default=None, choices=["independent", "joint"])
     g.add_argument("--score-mode", default=None, help="dllm (default) or causal")
+    g.add_argument(
+        "--score-terms",
+        nargs="+",
+        default=None,
+        help="chunk score terms: self_info pseudo_label answer_confidence (default: the first two)",
+    )
 
 
 def _prefilling_config(args):
@@ -52,6 +58,7 @@ def _prefilling_config(args):
         "position_mode": args.position_mode,
         "cache_mode": args.cache_mode,
         "score_mode": args.score_mode,
+        "score_terms": tuple(args.score_terms) if args.score_terms else None,
     }
     return PrefillingConfig(**{k: v for k, v in fields.items() if v is not None})
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 POSITION_MODES = ("reuse", "continuous", "absolute")
 CACHE_MODES = ("independent", "joint")
 SCORE_MODES = ("dllm", "causal")
-SCORE_TERMS = ("self_info", "pseudo_label")
+SCORE_TERMS = ("self_info", "pseudo_label", "answer_confidence")
+DEFAULT_TERMS = ("self_info", "pseudo_label")
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,9 @@ class PrefillingConfig:
         score_mode: ``dllm`` (mask the scored tokens and predict them, bidirectionally) or
             ``causal`` (next-token log-probs under a causal mask over the scoring tokens, the
             reference code's variant for AR-initialised models with shifted logits).
-        score_terms: which of ``self_info`` (s_I) and ``pseudo_label`` (s_P) make up the chunk
-            score ``s`` (default both: ``s = s_I + s_P``).
+        score_terms: which of ``self_info`` (s_I), ``pseudo_label`` (s_P) and ``answer_confidence``
+            (s_C, our variant: the top-1 log-probability of the draft slots given chunk + query) make up
+            the chunk score ``s`` (default the paper's ``s = s_I + s_P``).
         pool_kernel: odd max-pool width applied to token scores before the top-B choice.
         query_window: trailing query tokens used as scoring tokens (None = the whole query).
         prefill_batch: chunks encoded per forward during prefill (None = all at once).
@@ -46,7 +48,7 @@ class PrefillingConfig:
     position_mode: str = "continuous"
     cache_mode: str = "independent"
     score_mode: str = "dllm"
-    score_terms: tuple = SCORE_TERMS
+    score_terms: tuple = DEFAULT_TERMS
     pool_kernel: int = 7
     query_window: int | None = None
     prefill_batch: int | None = None

@@ -274,6 +274,7 @@ def build_prefilling_policy(
         extra["chunk_scores"] = [round(float(scores.total[j]), 4) for j in kept]
         extra["s_I"] = [round(float(scores.self_info[j]), 4) for j in kept]
         extra["s_P"] = [round(float(scores.pseudo_label[j]), 4) for j in kept]
+        extra["s_C"] = [round(float(scores.answer_confidence[j]), 4) for j in kept]
         extra["all_chunk_scores"] = [round(float(s), 4) for s in scores.total.tolist()]
     extra["cached_tokens"] = int(cache.tokens_per_row()[0])
     return PrefillingPolicy(model, parts.query, q_start, cache, timer, nfe), 1, extra

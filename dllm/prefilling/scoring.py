@@ -39,12 +39,16 @@ class ChunkScores:
     Attributes:
         self_info: ``[N]`` fp32, s_I (mean log-prob, <= 0).
         pseudo_label: ``[N]`` fp32, s_P.
+        answer_confidence: ``[N]`` fp32, s_C: mean over the m draft slots of the log of the top-1
+            probability given chunk + query (how sure the model is of *some* answer; our variant,
+            from the probe of DESIGN section 6: it needs no draft to be right).
         total: ``[N]`` fp32, the sum of the configured terms (higher = more relevant).
         token_scores: per layer ``[N, Hkv, T]`` fp32 attention mass per chunk token, or None.
     """
 
     self_info: torch.Tensor
     pseudo_label: torch.Tensor
+    answer_confidence: torch.Tensor
     total: torch.Tensor
     token_scores: list | None = None
 
@@ -73,6 +77,11 @@ def _mean_logprob(logits: torch.Tensor, targets: torch.Tensor, select: torch.Ten
     lp = torch.log_softmax(logits[:, select].float(), dim=-1)  # [N, S, V]
     tgt = targets[select][None, :, None].expand(lp.shape[0], -1, 1)
     return lp.gather(-1, tgt).squeeze(-1).mean(dim=1)
+
+
+def _top1_logprob(logits: torch.Tensor) -> torch.Tensor:
+    """Mean over slots of log max_v p(v): logits [N, m, V] -> [N]."""
+    return torch.log_softmax(logits.float(), dim=-1).max(dim=-1).values.mean(dim=1)
 
 
 def _chunk_rows_cache(chunks: ChunkCache, lo: int, hi: int) -> StaticKVCache:
@@ -162,6 +171,7 @@ def score_chunks(
     dev = query.device
     s_i = torch.zeros(n, dtype=torch.float32, device=dev)
     s_p = torch.zeros(n, dtype=torch.float32, device=dev)
+    s_c = torch.zeros(n, dtype=torch.float32, device=dev)
     cfg = model.config
     acc = None
     if token_scores:
@@ -184,6 +194,7 @@ def score_chunks(
             # token 0 would be predicted from the last chunk row, which is padding in a short last chunk
             s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, q_sel)
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
+            s_c[lo:hi] = _top1_logprob(logits[:, mq:])
             if token_scores:
                 _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
                 nfe += 1
@@ -193,13 +204,11 @@ def score_chunks(
             logits = _cached_pass(model, chunks, live_i, lo, hi)
             nfe += 1
             s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, q_sel)
-        if "pseudo_label" in terms or token_scores:
+        if "pseudo_label" in terms or "answer_confidence" in terms or token_scores:
             logits = _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
             nfe += 1
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
-    total = torch.zeros(n, dtype=torch.float32, device=dev)
-    if "self_info" in terms:
-        total += s_i
-    if "pseudo_label" in terms:
-        total += s_p
-    return ChunkScores(s_i, s_p, total, acc), nfe
+            s_c[lo:hi] = _top1_logprob(logits[:, mq:])
+    parts = {"self_info": s_i, "pseudo_label": s_p, "answer_confidence": s_c}
+    total = sum(parts[t] for t in terms)
+    return ChunkScores(s_i, s_p, s_c, total, acc), nfe
