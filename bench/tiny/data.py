@@ -62,15 +62,27 @@ def _min_len(task: str) -> int:
     return {"kv_retrieval": 250, "needle": 300}.get(task, 160)
 
 
-def dense_sample(rng: random.Random, total: int, task: str, phrasing: str = "random") -> Sample:
-    """BOS + prompt + answer + EOS*r, about ``total`` tokens long."""
+def _case_at_least(rng: random.Random, task: str, ctx_len: int, phrasing: str):
+    """A case whose context is ``ctx_len`` tokens, or the shortest length the needle allows."""
+    for n in (ctx_len, 100, 160, 250, 320):
+        if n < ctx_len:
+            continue
+        try:
+            return _case(rng, task, n, phrasing)
+        except ValueError:  # too short for this needle template
+            continue
+    return _case(rng, task, max(ctx_len, 400), phrasing)
+
+
+def dense_sample(rng: random.Random, total: int, task: str, phrasing: str = "random", prefix: bool = True) -> Sample:
+    """BOS + prompt + answer + EOS*r, about ``total`` tokens long (``prefix=False`` drops the instructions)."""
     r = rng.randint(1, 12)
     case = _case(rng, task, 512, phrasing)  # probe the fixed parts' size
-    fixed = 1 + len(case.prefix) + len(case.query) + len(case.answer) + r
-    case = _case(rng, task, max(_min_len(task), total - fixed), phrasing)
+    fixed = 1 + (len(case.prefix) if prefix else 0) + len(case.query) + len(case.answer) + r
+    case = _case_at_least(rng, task, max(64, total - fixed), phrasing)
     s = Sample([], [], [], "dense")
     _append(s, [BOS], 0, "b")
-    _append(s, encode(case.prefix + case.context), 0, "p")
+    _append(s, encode((case.prefix if prefix else "") + case.context), 0, "p")
     _append(s, encode(case.query), 0, "q")
     _append(s, encode(case.answer) + [EOS] * r, 0, "a")
     return s

@@ -115,9 +115,12 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
 `python -m bench.tiny.train` (reproducible from `--seed 0`; {steps} steps, {train_minutes:.0f} minutes on
 2 CPU cores, bf16 autocast, AdamW lr 1.5e-3, cosine decay, ~8K tokens per batch, window {window} tokens).
 
-- **Objective**: masked diffusion (LLaDA / Dream): t ~ U(0.02, 1), each eligible token masked with
-  probability t, loss = sum of masked cross-entropies / (t x eligible tokens) per sequence, averaged
-  over the batch (the 1/t ELBO weight kept; per-sequence normalisation so short answers count).
+- **Objective**: masked diffusion (LLaDA / Dream): t ~ U(0.02, 1) (stratified over the batch), each
+  eligible token masked with probability t; per sequence the mean cross-entropy of its masked
+  tokens, averaged over the batch. The realised mask count k has mean t x n, so this is the ELBO's
+  1/(t n) weight with k in its place (self-normalised); the literal 1/(t n) weights learned the copy
+  task far slower in a controlled probe (see `bench/tiny/train.py`). Per-sequence normalisation
+  makes five answer tokens count as much as a thousand.
 - **Data** (all generated on the fly from `dllm.tasks` with `phrasing="random"`, `split="train"`):
   retrieval cases of the four tasks (passkey, number_string, kv_retrieval, needle QA in the 40
   training essays of Paul Graham; the 9 evaluation essays are never seen) in three layouts -
@@ -126,9 +129,10 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
   Prefilling-dLLM at continuous positions) and *needle-free chunk + query* (only the query is
   learned, so the query's likelihood tells relevant chunks from irrelevant ones) - plus packed essay
   crops with a BOS between documents. Masking: answer-only (the SFT form) or whole-sequence.
-- **Curriculum**: phase 1 (steps 0-700) passkey and number_string only, 384-512 tokens, answer-only
-  masking: the model learns to copy; phase 2 (700-1300) all four tasks up to 768 tokens with some
-  chunked layout and whole-sequence masking; phase 3 (1300-2600) everything up to the window.
+- **Curriculum**: phase 1 (steps 0-600) passkey and number_string only, short (96-384 tokens,
+  mostly without the instruction prefix), answer-only masking: the model learns to copy; phase 2
+  (600-1200) all four tasks up to 768 tokens with some chunked layout and whole-sequence masking;
+  phase 3 (1200-2400) everything up to the window.
   DESIGN.md section 6 explains why: a robust mix from step 0 did not learn in a probe, and a first
   run of this script with the full mix from step 0 still retrieved nothing after 750 steps.
 
