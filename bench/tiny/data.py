@@ -74,9 +74,12 @@ def _case_at_least(rng: random.Random, task: str, ctx_len: int, phrasing: str):
     return _case(rng, task, max(ctx_len, 400), phrasing)
 
 
-def dense_sample(rng: random.Random, total: int, task: str, phrasing: str = "random", prefix: bool = True) -> Sample:
-    """BOS + prompt + answer + EOS*r, about ``total`` tokens long (``prefix=False`` drops the instructions)."""
-    r = rng.randint(1, 12)
+def dense_sample(
+    rng: random.Random, total: int, task: str, phrasing: str = "random", prefix: bool = True, max_eos: int = 12
+) -> Sample:
+    """BOS + prompt + answer + EOS*r (r <= max_eos), about ``total`` tokens long (``prefix=False`` drops
+    the instructions)."""
+    r = rng.randint(1, max_eos)
     case = _case(rng, task, 512, phrasing)  # probe the fixed parts' size
     fixed = 1 + (len(case.prefix) if prefix else 0) + len(case.query) + len(case.answer) + r
     case = _case_at_least(rng, task, max(64, total - fixed), phrasing)

@@ -129,10 +129,11 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
   Prefilling-dLLM at continuous positions) and *needle-free chunk + query* (only the query is
   learned, so the query's likelihood tells relevant chunks from irrelevant ones) - plus packed essay
   crops with a BOS between documents. Masking: answer-only (the SFT form) or whole-sequence.
-- **Curriculum**: phase 1 (steps 0-600) passkey and number_string only, short (96-384 tokens,
-  mostly without the instruction prefix), answer-only masking: the model learns to copy; phase 2
-  (600-1200) all four tasks up to 768 tokens with some chunked layout and whole-sequence masking;
-  phase 3 (1200-2400) everything up to the window.
+- **Curriculum**: phase 1 (steps 0-1000) passkey and number_string only, short (96-184 tokens, no
+  instruction prefix, mostly canonical wording), answer-only masking: the model learns to copy;
+  phase 2 (1000-1600) all four tasks up to 768 tokens with some chunked layout and whole-sequence
+  masking; phase 3 (1600-2600) everything up to the window. Task mix after phase 1: passkey 30%,
+  number_string 25%, needle 30%, kv_retrieval 15%.
   DESIGN.md section 6 explains why: a robust mix from step 0 did not learn in a probe, and a first
   run of this script with the full mix from step 0 still retrieved nothing after 750 steps.
 
