@@ -24,7 +24,7 @@ from dllm.evaluation import run_case
 from dllm.loader import load_model
 from dllm.tasks import make_case
 
-METHODS = ("dense", "prefix_cache", "prefilling")
+METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent budget skips the costly ones
 
 
 def run(tasks, lengths, depths, budget_s, out_dir, seed=1000):
