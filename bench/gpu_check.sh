@@ -89,5 +89,11 @@ stage tests "$TEST_TIMEOUT_S" "$OUT_DIR/tests.log" \
 stage bench "$BENCH_TIMEOUT_S" "$OUT_DIR/bench.log" \
     "$PYTHON" -m bench.bench_kernels --out "$OUT_DIR" --budget-s "$BENCH_BUDGET_S"
 
+# Stage 3: the model layer on the kernels: prefilling decode of the bundled model on CUDA (bf16),
+# split-S attention, chunk scores and top-B gather all dispatched to Triton.
+stage e2e "${E2E_TIMEOUT_S:-90}" "$OUT_DIR/e2e.log" \
+    "$PYTHON" -m dllm eval passkey --lengths 8192 --depths 0 0.5 1 --samples 2 --method prefilling \
+    --chunk-size 256 --top-k 4 --token-budget 128 --gen-length 8 --out "$OUT_DIR/e2e_prefilling_gpu.csv"
+
 log "done: total ${SECONDS}s, failed=$FAILED; outputs in $OUT_DIR"
 exit "$FAILED"
