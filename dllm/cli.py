@@ -119,6 +119,7 @@ def cmd_eval(args) -> int:
     kw = _decode_kwargs(args)
     gen_length = kw.pop("gen_length")
     method = kw.pop("method")
+    sampling_seed = kw.pop("seed")
     rows = evaluate(
         model,
         args.task,
@@ -129,6 +130,7 @@ def cmd_eval(args) -> int:
         args.seed_base,
         gen_length=gen_length,
         progress=True,
+        sampling_seed=sampling_seed,
         **kw,
     )
     out = args.out or os.path.join("bench", "results", f"eval_{args.task}_{method}.csv")

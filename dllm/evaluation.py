@@ -106,6 +106,7 @@ def evaluate(
     *,
     tokenizer="model",
     progress: bool = False,
+    sampling_seed: int | None = None,
     **gen_kwargs,
 ) -> list[EvalRow]:
     """Run ``samples`` seeded cases per (length, depth).
@@ -116,6 +117,8 @@ def evaluate(
     Args:
         tokenizer: how context lengths are counted: ``"model"`` (the model's tokenizer),
             or None (characters; identical for the bundled character-level model, faster).
+        sampling_seed: seeds the decoder's sampling RNG (``generate(seed=...)``) of every case;
+            ``seed`` only picks the task cases.
     """
     from tqdm.auto import tqdm
 
@@ -124,7 +127,7 @@ def evaluate(
     rows = []
     for ln, d, s in tqdm(grid, desc=f"{task}/{method}", disable=not progress):
         case = make_case(task, int(ln), float(d), s, tokenizer=tok)
-        rows.append(run_case(model, case, method, **gen_kwargs))
+        rows.append(run_case(model, case, method, seed=sampling_seed, **gen_kwargs))
     return rows
 
 
