@@ -12,6 +12,7 @@ tiny model cannot extrapolate to. Writes ``bench/results/chunk_tradeoff.csv`` / 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import time
@@ -20,10 +21,10 @@ from dataclasses import asdict
 import torch
 
 from bench.budget import TimeBudget
+from bench.demo import TINY_PREFILLING
 from bench.provenance import write_csv
 from dllm.evaluation import run_case
 from dllm.loader import load_model
-from dllm.prefilling import PrefillingConfig
 from dllm.tasks import make_case
 
 
@@ -38,7 +39,7 @@ def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=200
         n = len(depths) * len(tasks)
         if budget.skip_reason(key, length, n, 1.0):
             continue
-        cfg = PrefillingConfig(chunk_size=c, top_k=k)
+        cfg = dataclasses.replace(TINY_PREFILLING, chunk_size=c, top_k=k)  # same scoring as the demo
         t0 = time.perf_counter()
         for task in tasks:
             for i, d in enumerate(depths):
