@@ -58,7 +58,9 @@ def plot_loss(loss_csv: str, png: str) -> dict:
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)
-    return {"steps": len(steps), "train_minutes": secs[-1] / 60 if secs else 0.0, "final_ce": smooth[-1]}
+    # a --resume run appends to the log and restarts its clock: add up the segments, count each step once
+    seg_ends = [a for a, b in zip(secs, secs[1:]) if b < a] + secs[-1:]
+    return {"steps": len(set(steps)), "train_minutes": sum(seg_ends) / 60, "final_ce": smooth[-1]}
 
 
 def main(argv=None):
