@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 from bench.budget import TimeBudget
 from bench.provenance import write_csv
+from bench.selection_recall import write_recall
 from dllm.evaluation import EvalRow, run_case
 from dllm.loader import load_model
 from dllm.prefilling import PrefillingConfig
@@ -89,9 +90,7 @@ def run_demo(
     with open(os.path.join(out_dir, "demo.md"), "w") as f:
         f.write(table + "\n")
     plot_demo(rows, os.path.join(out_dir, "demo.png"))
-    from bench.selection_recall import main as recall_main  # lazy: it imports TINY_PREFILLING from here
-
-    recall_main([os.path.join(out_dir, "demo.csv"), "--chunk-size", str(cfg.chunk_size)])
+    write_recall(os.path.join(out_dir, "demo.csv"), cfg.chunk_size)
     print(f"total {budget.seconds - budget.left():.0f} s; wrote {out_dir}/demo.csv, demo.md, demo.png")
     return 0
 

@@ -18,7 +18,6 @@ import csv
 import os
 from collections import defaultdict
 
-from bench.demo import TINY_PREFILLING
 from dllm.tasks import make_case
 
 
@@ -51,22 +50,32 @@ def recall_table(rows: list[dict], chunk_size: int) -> str:
     return "\n".join(lines)
 
 
+def write_recall(csv_path: str, chunk_size: int) -> str:
+    """Read a results CSV, write its recall table to ``<name>_recall.md`` beside it; returns the table.
+
+    Raises:
+        FileNotFoundError: no such CSV. KeyError: a row lacks the columns of :data:`dllm.evaluation.CSV_FIELDS`.
+    """
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    table = recall_table(rows, chunk_size)
+    out = os.path.splitext(csv_path)[0] + "_recall.md"
+    with open(out, "w") as f:
+        name = os.path.basename(csv_path)
+        f.write(f"# Needle-chunk recall of the prefilling rows of `{name}` (C={chunk_size})\n\n{table}\n")
+    print(table)
+    print(f"wrote {out}")
+    return table
+
+
 def main(argv=None) -> int:
+    from bench.demo import TINY_PREFILLING  # the demo's chunk size is the default (demo imports this module)
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", nargs="?", default=os.path.join("bench", "results", "demo", "demo.csv"))
     p.add_argument("--chunk-size", type=int, default=TINY_PREFILLING.chunk_size)
     args = p.parse_args(argv)
-    with open(args.csv) as f:
-        rows = list(csv.DictReader(f))
-    table = recall_table(rows, args.chunk_size)
-    print(table)
-    out = os.path.splitext(args.csv)[0] + "_recall.md"
-    with open(out, "w") as f:
-        f.write(
-            f"# Needle-chunk recall of the prefilling rows of `{os.path.basename(args.csv)}` (C={args.chunk_size})\n\n"
-        )
-        f.write(table + "\n")
-    print(f"wrote {out}")
+    write_recall(args.csv, args.chunk_size)
     return 0
 
 
