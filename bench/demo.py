@@ -32,11 +32,11 @@ METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent bud
 # (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
 EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # The bundled tiny model copies its answer reliably only over a few hundred tokens, so 2 kept chunks of
-# 256 (+ BOS) after the prefix keep the needle close to the query. It is scored with s_C
-# (answer_confidence) instead of the paper's s_I + s_P: on this model s_I + s_P ranks the needle chunk
-# last (0 of 10 passkey cases at 8K in the top 4) because training fitted the query's likelihood on
-# needle-free chunks only, while s_C ranks it first in 8 of 10 (bench/results/score_terms.md).
-TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=2, score_terms=("answer_confidence",))
+# 256 (+ BOS) after the prefix keep the needle close to the query. It is scored with s_I alone
+# (self_info): on this model s_P ranks the needle chunk last, since the context-free draft is a guessed
+# key that the needle chunk contradicts, so s_I + s_P fails too (bench/results/score_terms.md: in the
+# top 4 at 8K, s_I 5/10, s_C 2/10, s_I + s_P 0/10).
+TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=2, score_terms=("self_info",))
 
 
 def run_demo(

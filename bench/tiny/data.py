@@ -91,8 +91,15 @@ def dense_sample(
     return s
 
 
-def chunked_sample(rng: random.Random, total: int, task: str, drop_needle: bool = False) -> Sample:
-    """[BOS prefix] [BOS chunk]... query answer: segment-local attention for the static parts."""
+def chunked_sample(
+    rng: random.Random, total: int, task: str, drop_needle: bool = False, answer: bool | None = None
+) -> Sample:
+    """[BOS prefix] [BOS chunk]... query answer: segment-local attention for the static parts.
+
+    ``answer`` (default: not ``drop_needle``) appends the answer; without it the sample ends at the
+    query, which is what the scoring pass of s_I sees (chunk + query, no answer)."""
+    if answer is None:
+        answer = not drop_needle
     chunk = rng.choice([64, 96, 128, 192, 256, 384])
     r = rng.randint(1, 12)
     probe = _case(rng, task, 512)
@@ -121,8 +128,23 @@ def chunked_sample(rng: random.Random, total: int, task: str, drop_needle: bool 
         _append(s, ctx[cuts[i] : cuts[i] + chunk], seg, "p")
         seg += 1
     _append(s, encode(case.query), 0, "q")
-    if not drop_needle:
+    if answer:
         _append(s, encode(case.answer) + [EOS] * r, 0, "a")
+    return s
+
+
+def copy_sample(rng: random.Random, total: int) -> Sample:
+    """``BOS x <two newlines> x EOS`` for a random string x of letters, digits and spaces; the second copy is
+    the answer. Every answer token is a lookup of its twin in the first copy, so this gives the
+    copy (induction) circuit of the retrieval tasks a dense training signal."""
+    n = max(8, (total - 4) // 2)
+    pool = "abcdefghijklmnopqrstuvwxyz0123456789     "
+    x = encode("".join(rng.choice(pool) for _ in range(n)))
+    s = Sample([], [], [], "copy")
+    _append(s, [BOS], 0, "b")
+    _append(s, x, 0, "p")
+    _append(s, encode("\n\n"), 0, "q")
+    _append(s, x + [EOS], 0, "a")
     return s
 
 

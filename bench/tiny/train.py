@@ -27,7 +27,14 @@ number_string only, 96-504 tokens, dense and chunked layouts, answer-only maskin
 chunks with query-only masking). Why phase 4: in the run that made the bundled model, the copy skill
 of phase 1 (digit cross-entropy with every answer digit masked: 0.89 nats on 150-token passkey
 cases at step 600, flat to step 900; chance is 2.30) was gone by step 1400 (1.54) and the model
-retrieved 0 of 40 short cases at step 1900. Fully reproducible from ``--seed`` (CPU, 2 threads).
+retrieved 0 of 40 short cases at step 1900.
+phase 5 = a second fine-tune (own warm-up and cosine, lr 7e-4, 192-1024 tokens) that fixes what
+phase 4 left: 10% copy strings (``data.copy_sample``: every answer token is a lookup, a dense signal
+for the copy circuit), 40% dense and 25% chunked retrieval answers (passkey, number_string, some
+needle), and 25% query-only masking split evenly between chunk sets with and without the needle.
+Phases 3-4 masked the query beside needle-free chunks only, which taught the model that a query is
+likely whatever the context, so the paper's s_I + s_P ranked the needle chunk last
+(bench/results/score_terms.md). Fully reproducible from ``--seed`` (CPU, 2 threads).
 """
 
 from __future__ import annotations
@@ -119,6 +126,20 @@ def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase:
         task = "passkey" if rng.random() < 0.6 else "number_string"
         phrasing = "canonical" if rng.random() < 0.7 else "random"
         return data.dense_sample(rng, total, task, phrasing, prefix=False, max_eos=3), "answer"
+    if phase == 5:
+        u = rng.random()
+        if u < 0.1:
+            return data.copy_sample(rng, total), "answer"
+        if u < 0.75:
+            task = rng.choices(["passkey", "number_string", "needle"], weights=[0.45, 0.4, 0.15])[0]
+            if u < 0.5:
+                phrasing = "canonical" if rng.random() < 0.5 else "random"
+                return data.dense_sample(rng, total, task, phrasing, prefix=rng.random() < 0.6, max_eos=6), "answer"
+            return data.chunked_sample(rng, total, task), "answer"
+        # s_I's training signal: the query masked beside the needle chunk (it can be read off the
+        # needle) as often as beside needle-free chunks (it cannot)
+        task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
+        return data.chunked_sample(rng, total, task, drop_needle=u >= 0.875, answer=False), "query"
     if phase == 4:
         task = "passkey" if rng.random() < 0.5 else "number_string"
         u = rng.random()
@@ -196,7 +217,13 @@ def make_batch(samples, modes, gen: torch.Generator, length: int, t_min: float =
 
 # Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new
 # shape every step cost 2-4 s of a ~1.5 s step in a probe.
-BUCKETS = {1: (192,), 2: (256, 384, 512, 640, 768), 3: (256, 384, 512, 768, 1024, 1280, 1536), 4: (192, 256, 384, 512)}
+BUCKETS = {
+    1: (192,),
+    2: (256, 384, 512, 640, 768),
+    3: (256, 384, 512, 768, 1024, 1280, 1536),
+    4: (192, 256, 384, 512),
+    5: (192, 256, 384, 512, 768, 1024),
+}
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
@@ -245,7 +272,7 @@ def train(args):
     model.train()
     t0 = time.time()
     for step in range(start, args.steps):
-        phase = 1 if step < args.phase1 else 2 if step < args.phase2 else 3 if step < args.phase3 else 4
+        phase = 1 + sum(step >= end for end in (args.phase1, args.phase2, args.phase3, args.phase4))
         length = rng.choice([b for b in BUCKETS[phase] if b <= args.window])
         bsz = max(2, args.token_budget // length)
         pairs = []
@@ -260,8 +287,10 @@ def train(args):
         for g in opt.param_groups:
             if phase < 4:
                 g["lr"] = lr_at(step, args.phase3, args.lr)
-            else:  # phase 4 restarts its own warm-up + cosine
-                g["lr"] = lr_at(step - args.phase3, args.steps - args.phase3, args.lr4, warmup=50)
+            elif phase == 4:  # phases 4 and 5 restart their own warm-up + cosine
+                g["lr"] = lr_at(step - args.phase3, args.phase4 - args.phase3, args.lr4, warmup=50)
+            else:
+                g["lr"] = lr_at(step - args.phase4, args.steps - args.phase4, args.lr5, warmup=50)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(inputs, pos, attention_mask=attn).logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none").view_as(weights)
@@ -332,10 +361,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="dllm/assets/tiny-dream", help="HF-format output directory")
     p.add_argument("--work", default="bench/results/tiny-train", help="training state + loss log")
-    p.add_argument("--steps", type=int, default=3300, help="total steps (the end of phase 4)")
+    p.add_argument("--steps", type=int, default=6000, help="total steps (the end of phase 5)")
     p.add_argument("--phase1", type=int, default=900, help="end of phase 1 (copying: passkey, number_string)")
     p.add_argument("--phase2", type=int, default=1350, help="end of phase 2 (all tasks, up to 768 tokens)")
     p.add_argument("--phase3", type=int, default=1900, help="end of phase 3 (everything up to the window)")
+    p.add_argument("--phase4", type=int, default=3300, help="end of phase 4 (retrieval fine-tune)")
     p.add_argument(
         "--weighting",
         default="mean",
@@ -346,6 +376,7 @@ def main(argv=None):
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per batch (batch = budget // length)")
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate of phases 1-3")
     p.add_argument("--lr4", type=float, default=1e-3, help="peak learning rate of phase 4")
+    p.add_argument("--lr5", type=float, default=7e-4, help="peak learning rate of phase 5")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=100)
