@@ -33,9 +33,9 @@ METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent bud
 EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # The bundled tiny model copies its answer reliably only over a few hundred tokens, so 2 kept chunks of
 # 256 (+ BOS) after the prefix keep the needle close to the query. It is scored with s_I alone
-# (self_info): on this model s_P ranks the needle chunk last, since the context-free draft is a guessed
-# key that the needle chunk contradicts, so s_I + s_P fails too (bench/results/score_terms.md: in the
-# top 4 at 8K, s_I 5/10, s_C 2/10, s_I + s_P 0/10).
+# (self_info): on this model s_P ranks the needle chunk at or near the bottom (24-31 of 32 at 8K),
+# since the context-free draft is a guessed key that the needle chunk contradicts, so s_I + s_P fails
+# too (bench/results/score_terms.md: in the top 4 at 8K, s_I 5/10, s_C 2/10, s_I + s_P 0/10).
 TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=2, score_terms=("self_info",))
 
 
@@ -59,7 +59,7 @@ def run_demo(
         budget_s: wall-clock budget; methods predicted to overrun it are skipped.
         lengths, depths: the grid (tokens; 0..1).
         prefilling: prefilling configuration (default: :data:`TINY_PREFILLING`).
-        seed: first task seed (case i of a cell uses ``seed + i``; one case per cell).
+        seed: first task seed (the case at depth index i uses ``seed + i``; one case per depth).
     """
     if quick:
         lengths, depths = lengths[:2], (depths[0], depths[-1])

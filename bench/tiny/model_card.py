@@ -131,14 +131,15 @@ restarts for phases 4 and 5, ~8K tokens per batch, window {window} tokens).
   1/(t n) weight with k in its place (self-normalised); the literal 1/(t n) weights learned the copy
   task far slower in a controlled probe (see `bench/tiny/train.py`). Per-sequence normalisation
   makes five answer tokens count as much as a thousand.
-- **Data** (all generated on the fly from `dllm.tasks` with `phrasing="random"`, `split="train"`):
+- **Data** (generated on the fly from `dllm.tasks`, `split="train"`, mostly `phrasing="random"`):
   retrieval cases of the four tasks (passkey, number_string, kv_retrieval, needle QA in the 40
   training essays of Paul Graham; the 9 evaluation essays are never seen) in three layouts -
   *dense* (`BOS prefix context query answer EOS*`), *chunked* (`[BOS prefix] [BOS chunk]... query
   answer`, each bracketed segment attending only to itself, exactly the independent chunk caches of
   Prefilling-dLLM at continuous positions) and *needle-free chunk + query* (only the query is
   learned, so the query's likelihood tells relevant chunks from irrelevant ones) - plus packed essay
-  crops with a BOS between documents. Masking: answer-only (the SFT form) or whole-sequence.
+  crops with a BOS between documents. Masking: answer-only (the SFT form), query-only or
+  whole-sequence. Phase 5 adds random-string copies (`x`, two newlines, `x` again as the answer).
 - **Curriculum**: phase 1 (steps 0-900) passkey and number_string only, short (96-184 tokens, no
   instruction prefix, mostly canonical wording), answer-only masking: the model learns to copy;
   phase 2 (900-1350) all four tasks up to 768 tokens with some chunked layout and whole-sequence
@@ -163,7 +164,7 @@ Final moving-mean masked-token cross-entropy: {final_ce:.3f} nats.
 
 {n} cases that training never saw ({per_task} per task; seeds from 2**31), **dense** greedy decoding
 (`maskgit_plus`, one token per step), context lengths 512 and 1024 tokens (inside the window),
-needle depths 0..1 in 10 steps; InfiniteBench scoring. `python -m bench.tiny.model_card` reproduces
+10 needle depths from 0 to 1; InfiniteBench scoring. `python -m bench.tiny.model_card` reproduces
 it ({eval_minutes:.0f} minutes).
 
 {table}
@@ -177,7 +178,7 @@ kv_retrieval >= 80%, needle >= 90% dense inside the window). It copies a 5-digit
 512 tokens, 38% at 1024) but not yet a 10-digit number reliably, and it has not learned
 kv_retrieval's 36-character UUID values or needle's word answers (0%). Training took 160 minutes,
 over the package's 90-minute goal, in five phases, because one mix from step 0 did not learn to copy
-(Curriculum above). Its chunk scores are skewed too: s_P ranks the needle chunk last (the
+(Curriculum above). Its chunk scores are skewed too: s_P ranks the needle chunk at or near the bottom (the
 context-free draft is a guessed key, which the needle chunk contradicts), and s_C finds it in only 2
 of 10 cases at 8K (training never showed an answer beside needle-free chunks, so the model answers
 confidently whatever the chunk); s_I finds it in 5 of 10 and is what the demo and benchmarks use
