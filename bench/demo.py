@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
-from bench.provenance import provenance, write_csv
+from bench.provenance import machine_line, write_csv
 from bench.selection_recall import write_recall
 from dllm.evaluation import EvalRow, run_case
 from dllm.loader import load_model
@@ -87,13 +87,8 @@ def run_demo(
     write_csv(os.path.join(out_dir, "demo.csv"), [asdict(r) for r in rows], str(model.device))
     table = demo_table(rows, skipped, lengths)
     print(table)
-    prov = provenance(str(model.device))
     with open(os.path.join(out_dir, "demo.md"), "w") as f:
-        f.write(
-            f"Command: `make demo` (`python -m bench.demo`)  \nMachine: {prov['device_kind']} {prov['device_name']}; "
-            f"torch {prov['torch']}, triton {prov['triton']}; commit {prov['commit']}; {prov['date_utc']}\n\n"
-        )
-        f.write(table + "\n")
+        f.write(f"Command: `make demo` (`python -m bench.demo`)  \n{machine_line(str(model.device))}\n\n{table}\n")
     plot_demo(rows, os.path.join(out_dir, "demo.png"))
     write_recall(os.path.join(out_dir, "demo.csv"), cfg.chunk_size)
     print(f"total {budget.seconds - budget.left():.0f} s; wrote {out_dir}/demo.csv, demo.md, demo.png")

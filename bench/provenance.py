@@ -69,6 +69,15 @@ def provenance(device: str | None = None) -> dict[str, str]:
     }
 
 
+def machine_line(device: str | None = None) -> str:
+    """The "Machine: ..." line every recorded Markdown result carries (device, versions, commit, UTC date)."""
+    p = provenance(device)
+    return (
+        f"Machine: {p['device_kind']} {p['device_name']}; torch {p['torch']}, triton {p['triton']}; "
+        f"commit {p['commit']}; {p['date_utc']}"
+    )
+
+
 def write_csv(path, rows: list[dict], device: str | None = None) -> Path:
     """Write ``rows`` (dicts) to ``path`` with the provenance columns prepended to every row.
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 from bench import chunk_tradeoff, e2e_speed, lost_in_middle
-from bench.provenance import provenance
+from bench.provenance import machine_line
 
 STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff")
 
@@ -61,13 +61,11 @@ def main(argv=None) -> int:
     if "chunk_tradeoff" in args.only:
         chunk_tradeoff.main(["--budget", str(b["chunk_tradeoff"]), "--out", args.out])
         done.append("chunk_tradeoff.md")
-    prov = provenance()
     lines = [
         "# Benchmark summary",
         "",
         f"Command: `make bench` (`python -m bench.run_all {' '.join(argv or sys.argv[1:])}`)".rstrip(),
-        f"Machine: {prov['device_kind']} {prov['device_name']}; torch {prov['torch']}, triton {prov['triton']}; "
-        f"commit {prov['commit']}; {prov['date_utc']}; {time.time() - t0:.0f} s in all.",
+        f"{machine_line()}; {time.time() - t0:.0f} s in all.",
         "",
     ]
     for name in done:

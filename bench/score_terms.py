@@ -5,7 +5,8 @@
 Prefilling-dLLM scores every chunk with s = s_I + s_P (paper); this package also offers s_C
 (``answer_confidence``). For seeded passkey cases (seeds 10**9+100.., depths 0, .25, .5, .75, 1
 repeated) on the bundled tiny model, the context is chunk-encoded once, all three terms are
-computed for every chunk, and the rank (0 = best) of the chunk holding the pass key is reported
+computed for every chunk, and the rank (0 = best) of the chunk where the needle sentence starts
+(it holds "The pass key is" and, unless the cut falls inside it, the key) is reported
 for each combination, with how often it lands in the top 4. Writes ``bench/results/score_terms.md``
 with the command and machine line; this is what chose ``TINY_PREFILLING.score_terms``.
 """
@@ -18,7 +19,7 @@ import os
 import torch
 
 from bench.demo import TINY_PREFILLING
-from bench.provenance import provenance
+from bench.provenance import machine_line
 from dllm.evaluation import case_inputs
 from dllm.loader import load_model
 from dllm.prefilling.chunks import encode_chunks
@@ -42,7 +43,7 @@ def needle_ranks(model, length: int, chunk_size: int, cases: int) -> dict[tuple,
     ranks = {c: [] for c in COMBOS}
     for i in range(cases):
         case = make_case("passkey", length, (i % 5) / 4, 10**9 + 100 + i, tokenizer=None)
-        needle = case.needle_start // chunk_size  # character-level tokenizer: offsets are tokens
+        needle = case.needle_start // chunk_size  # the needle's first chunk; character offsets are tokens
         parts = case_inputs(model, case, "prefilling")["prompt"]
         with torch.no_grad():
             chunks, _ = encode_chunks(
@@ -52,8 +53,7 @@ def needle_ranks(model, length: int, chunk_size: int, cases: int) -> dict[tuple,
                 model, parts.prefix, parts.query, cfg.draft_tokens, cfg.draft_threshold
             )
             scores, _ = score_chunks(model, chunks, parts.query, labels, confirmed, terms=tuple(SHORT))
-        terms = {"self_info": scores.self_info, "pseudo_label": scores.pseudo_label}
-        terms["answer_confidence"] = scores.answer_confidence
+        terms = {t: getattr(scores, t) for t in SHORT}
         for combo in COMBOS:
             total = sum(terms[t] for t in combo)
             ranks[combo].append(int((total > total[needle]).sum()))
@@ -69,14 +69,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     model = load_model(device="cpu")
     ranks = needle_ranks(model, args.length, args.chunk_size, args.cases)
-    prov = provenance("cpu")
     lines = [
         f"# Chunk-score terms on the bundled tiny model (passkey, {args.length} tokens, C={args.chunk_size})",
         "",
         f"Command: `python -m bench.score_terms --length {args.length} --chunk-size {args.chunk_size} "
         f"--cases {args.cases}`  ",
-        f"Machine: {prov['device_kind']} {prov['device_name']}; torch {prov['torch']}, triton {prov['triton']}; "
-        f"commit {prov['commit']}; {prov['date_utc']}",
+        machine_line("cpu"),
         "",
         "| terms | needle-chunk rank per case (0 = best) | in top 4 |",
         "|---|---|---:|",

@@ -21,10 +21,15 @@ from collections import defaultdict
 from dllm.tasks import make_case
 
 
-def needle_chunks(row: dict, chunk_size: int) -> set[int]:
-    """Chunk indices the row's needle overlaps (character-level tokenizer)."""
-    case = make_case(row["task"], int(row["length"]), float(row["depth"]), int(row["seed"]), tokenizer=None)
+def needle_chunk_ids(case, chunk_size: int) -> set[int]:
+    """Indices of the C-token chunks a character-level case's needle overlaps (offsets are tokens)."""
     return set(range(case.needle_start // chunk_size, (case.needle_end - 1) // chunk_size + 1))
+
+
+def needle_chunks(row: dict, chunk_size: int) -> set[int]:
+    """Chunk indices the results row's needle overlaps (the case is regenerated from the row)."""
+    case = make_case(row["task"], int(row["length"]), float(row["depth"]), int(row["seed"]), tokenizer=None)
+    return needle_chunk_ids(case, chunk_size)
 
 
 def recall_table(rows: list[dict], chunk_size: int) -> str:

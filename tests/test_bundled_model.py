@@ -5,6 +5,7 @@ import torch
 
 import dllm
 from bench.demo import TINY_PREFILLING
+from bench.selection_recall import needle_chunk_ids
 from dllm.evaluation import run_case
 from dllm.tasks import make_case
 
@@ -49,8 +50,7 @@ def test_prefilling_answers_beyond_the_training_window(tiny, i):
     case = make_case("passkey", 6000, i / 7, 10**9 + i)
     cfg = TINY_PREFILLING
     row = run_case(tiny, case, "prefilling", gen_length=8, steps=8, prefilling=cfg)
-    # character-level tokenizer: character offsets in the context are token offsets
-    needle_chunks = set(range(case.needle_start // cfg.chunk_size, (case.needle_end - 1) // cfg.chunk_size + 1))
+    needle_chunks = needle_chunk_ids(case, cfg.chunk_size)
     kept = {int(c) for c in row.selected_chunks.split()}
     assert needle_chunks & kept, (needle_chunks, kept)
     assert row.correct, (row.answer, case.answer)

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from bench.provenance import provenance
+from bench.provenance import machine_line
 from dllm.evaluation import accuracy_table, evaluate, write_csv
 from dllm.loader import load_model
 
@@ -84,12 +84,10 @@ def main(argv=None):
     print(table)
     print(by_len)
     with open("bench/results/tiny_eval.md", "w") as f:
-        prov = provenance("cpu")
         f.write(
             f"# tiny-dream accuracy (dense, greedy, {len(rows)} unseen cases)\n\n"
             f"Command: `python -m bench.tiny.model_card --samples {args.samples}`  \n"
-            f"Machine: {prov['device_kind']} {prov['device_name']}; torch {prov['torch']}; commit {prov['commit']}; "
-            f"{prov['date_utc']}\n\n{table}\n\n{by_len}\n"
+            f"{machine_line('cpu')}\n\n{table}\n\n{by_len}\n"
         )
     summary = plot_loss(os.path.join(args.work, "loss.csv"), os.path.join(args.model, "loss_curve.png"))
     n_params = sum(p.numel() for p in model.parameters())
