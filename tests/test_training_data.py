@@ -31,6 +31,13 @@ def test_copy_sample_answer_is_the_context():
         assert set(s.segment) == {0}
 
 
+def test_copy_sample_digit_pool_holds_digits_only():
+    s = data.copy_sample(random.Random(3), 200, pool="0123456789")
+    ctx, ans = text(part(s, "p")), part(s, "a")
+    assert len(ctx) == 98 and set(ctx) == set("0123456789")  # (200 - 4) // 2 characters, all ten digits
+    assert text(ans[:-1]) == ctx and ans[-1] == data.EOS
+
+
 def test_chunked_sample_without_answer_ends_at_the_query_and_keeps_the_needle():
     rng = random.Random(3)
     for _ in range(10):

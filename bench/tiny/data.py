@@ -133,12 +133,17 @@ def chunked_sample(
     return s
 
 
-def copy_sample(rng: random.Random, total: int) -> Sample:
-    """``BOS x <two newlines> x EOS`` for a random string x of letters, digits and spaces; the second copy is
-    the answer. Every answer token is a lookup of its twin in the first copy, so this gives the
-    copy (induction) circuit of the retrieval tasks a dense training signal."""
+COPY_POOL = "abcdefghijklmnopqrstuvwxyz0123456789     "
+
+
+def copy_sample(rng: random.Random, total: int, pool: str = COPY_POOL) -> Sample:
+    """``BOS x <two newlines> x EOS`` for a random string x drawn from ``pool`` (default letters, digits and
+    spaces); the second copy is the answer. Every answer token is a lookup of its twin in the first copy,
+    so this gives the copy (induction) circuit of the retrieval tasks a dense training signal. A
+    digits-only pool makes every character ambiguous on its own, so only the order (position in the
+    string, or the preceding characters) tells which digit comes next: the skill the passkey and
+    number_string answers lack (they hold the right digits in the wrong order)."""
     n = max(8, (total - 4) // 2)
-    pool = "abcdefghijklmnopqrstuvwxyz0123456789     "
     x = encode("".join(rng.choice(pool) for _ in range(n)))
     s = Sample([], [], [], "copy")
     _append(s, [BOS], 0, "b")

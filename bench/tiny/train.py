@@ -34,7 +34,13 @@ for the copy circuit), 40% dense and 25% chunked retrieval answers (passkey, num
 needle), and 25% query-only masking split evenly between chunk sets with and without the needle.
 Phases 3-4 masked the query beside needle-free chunks only, which taught the model that a query is
 likely whatever the context: on the phase-4 model s_I + s_P ranked the needle chunk last in 10 of 10
-passkey cases at 8K (s_I alone now finds it in 5 of 10: bench/results/score_terms.md). Reproducible from
+passkey cases at 8K (s_I alone now finds it in 5 of 10: bench/results/score_terms.md).
+phase 6 = a third fine-tune (steps 6000-9500, own warm-up and cosine, lr 5e-4, buckets of 256-1280 tokens)
+for the ordering errors phase 5 left: its passkey/number_string misses at 1024 tokens hold the key's
+digits in the wrong order (2883242612 -> 2883423262). 15% copy strings, half of them digits only (only
+the order tells the digits apart), 45% dense and 20% chunked answers (passkey .4, number_string .45,
+needle .15), 20% query-only masking (half beside the needle chunk), and 1280-token batches so the
+1024-token cases are no longer at the edge of what the model has seen. Reproducible from
 ``--seed`` (CPU, 2 threads) up to bf16 round-off: a resumed segment repeats the same data with loss
 values equal to about 1e-3.
 """
@@ -48,6 +54,7 @@ import math
 import os
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -122,26 +129,56 @@ def model_config(vocab_size: int) -> ModelConfig:
 TASK_WEIGHTS = {"passkey": 0.3, "number_string": 0.25, "kv_retrieval": 0.15, "needle": 0.3}
 
 
+@dataclass(frozen=True)
+class FineTuneMix:
+    """Sample mix of the late fine-tunes: cumulative thresholds on one uniform draw u.
+
+    u < copy: copy string (digits only with probability ``digit_copy``); u < dense: dense answer;
+    u < chunked: chunked answer; else query-only masking, beside needle-free chunks when u >= no_needle.
+    """
+
+    copy: float
+    dense: float
+    chunked: float
+    no_needle: float
+    answer_tasks: dict  # task -> weight of the answer samples
+    digit_copy: float = 0.0
+
+
+FINE_TUNE_MIX = {
+    5: FineTuneMix(0.1, 0.5, 0.75, 0.875, {"passkey": 0.45, "number_string": 0.4, "needle": 0.15}),
+    6: FineTuneMix(0.15, 0.6, 0.8, 0.9, {"passkey": 0.4, "number_string": 0.45, "needle": 0.15}, digit_copy=0.5),
+}
+
+
+def fine_tune_sample(rng: random.Random, total: int, mix: FineTuneMix) -> tuple[data.Sample, str]:
+    """One sample of phase 5 or 6 (the draws happen in a fixed order: a resumed run repeats its data)."""
+    u = rng.random()
+    if u < mix.copy:
+        pool = data.COPY_POOL
+        if mix.digit_copy:
+            pool = "0123456789" if rng.random() < mix.digit_copy else data.COPY_POOL
+        return data.copy_sample(rng, total, pool), "answer"
+    if u < mix.chunked:
+        task = rng.choices(list(mix.answer_tasks), weights=list(mix.answer_tasks.values()))[0]
+        if u < mix.dense:
+            phrasing = "canonical" if rng.random() < 0.5 else "random"
+            return data.dense_sample(rng, total, task, phrasing, prefix=rng.random() < 0.6, max_eos=6), "answer"
+        return data.chunked_sample(rng, total, task), "answer"
+    # s_I's training signal: the query masked beside the needle chunk (it can be read off the
+    # needle) as often as beside needle-free chunks (it cannot)
+    task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
+    return data.chunked_sample(rng, total, task, drop_needle=u >= mix.no_needle, answer=False), "query"
+
+
 def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase: int) -> tuple[data.Sample, str]:
     """One sample and its masking mode for the curriculum phase."""
     if phase == 1:
         task = "passkey" if rng.random() < 0.6 else "number_string"
         phrasing = "canonical" if rng.random() < 0.7 else "random"
         return data.dense_sample(rng, total, task, phrasing, prefix=False, max_eos=3), "answer"
-    if phase == 5:
-        u = rng.random()
-        if u < 0.1:
-            return data.copy_sample(rng, total), "answer"
-        if u < 0.75:
-            task = rng.choices(["passkey", "number_string", "needle"], weights=[0.45, 0.4, 0.15])[0]
-            if u < 0.5:
-                phrasing = "canonical" if rng.random() < 0.5 else "random"
-                return data.dense_sample(rng, total, task, phrasing, prefix=rng.random() < 0.6, max_eos=6), "answer"
-            return data.chunked_sample(rng, total, task), "answer"
-        # s_I's training signal: the query masked beside the needle chunk (it can be read off the
-        # needle) as often as beside needle-free chunks (it cannot)
-        task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
-        return data.chunked_sample(rng, total, task, drop_needle=u >= 0.875, answer=False), "query"
+    if phase in FINE_TUNE_MIX:
+        return fine_tune_sample(rng, total, FINE_TUNE_MIX[phase])
     if phase == 4:
         task = "passkey" if rng.random() < 0.5 else "number_string"
         u = rng.random()
@@ -225,6 +262,7 @@ BUCKETS = {
     3: (256, 384, 512, 768, 1024, 1280, 1536),
     4: (192, 256, 384, 512),
     5: (192, 256, 384, 512, 768, 1024),
+    6: (256, 512, 768, 1024, 1280),
 }
 
 
@@ -274,7 +312,8 @@ def train(args):
     model.train()
     t0 = time.time()
     for step in range(start, args.steps):
-        phase = 1 + sum(step >= end for end in (args.phase1, args.phase2, args.phase3, args.phase4))
+        ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5)
+        phase = 1 + sum(step >= end for end in ends)
         length = rng.choice([b for b in BUCKETS[phase] if b <= args.window])
         bsz = max(2, args.token_budget // length)
         pairs = []
@@ -289,10 +328,12 @@ def train(args):
         for g in opt.param_groups:
             if phase < 4:
                 g["lr"] = lr_at(step, args.phase3, args.lr)
-            elif phase == 4:  # phases 4 and 5 restart their own warm-up + cosine
+            elif phase == 4:  # phases 4, 5 and 6 restart their own warm-up + cosine
                 g["lr"] = lr_at(step - args.phase3, args.phase4 - args.phase3, args.lr4, warmup=50)
+            elif phase == 5:
+                g["lr"] = lr_at(step - args.phase4, args.phase5 - args.phase4, args.lr5, warmup=50)
             else:
-                g["lr"] = lr_at(step - args.phase4, args.steps - args.phase4, args.lr5, warmup=50)
+                g["lr"] = lr_at(step - args.phase5, args.steps - args.phase5, args.lr6, warmup=50)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(inputs, pos, attention_mask=attn).logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none").view_as(weights)
@@ -363,11 +404,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="dllm/assets/tiny-dream", help="HF-format output directory")
     p.add_argument("--work", default="bench/results/tiny-train", help="training state + loss log")
-    p.add_argument("--steps", type=int, default=6000, help="total steps (the end of phase 5)")
+    p.add_argument("--steps", type=int, default=9500, help="total steps (the end of phase 6)")
     p.add_argument("--phase1", type=int, default=900, help="end of phase 1 (copying: passkey, number_string)")
     p.add_argument("--phase2", type=int, default=1350, help="end of phase 2 (all tasks, up to 768 tokens)")
     p.add_argument("--phase3", type=int, default=1900, help="end of phase 3 (everything up to the window)")
     p.add_argument("--phase4", type=int, default=3300, help="end of phase 4 (retrieval fine-tune)")
+    p.add_argument("--phase5", type=int, default=6000, help="end of phase 5 (copy + retrieval + query masking)")
     p.add_argument(
         "--weighting",
         default="mean",
@@ -379,6 +421,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate of phases 1-3")
     p.add_argument("--lr4", type=float, default=1e-3, help="peak learning rate of phase 4")
     p.add_argument("--lr5", type=float, default=7e-4, help="peak learning rate of phase 5")
+    p.add_argument("--lr6", type=float, default=5e-4, help="peak learning rate of phase 6")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=100)
