@@ -31,12 +31,13 @@ METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent bud
 # Cost growth with the context length L (DESIGN section 1): dense and prefix_cache pay O(L^2) attention
 # (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
 EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
-# The bundled tiny model copies its answer reliably only over a few hundred tokens, so 2 kept chunks of
-# 256 (+ BOS) after the prefix keep the needle close to the query. It is scored with s_I alone
-# (self_info): on this model s_P ranks the needle chunk at or near the bottom (24-31 of 32 at 8K),
-# since the context-free draft is a guessed key that the needle chunk contradicts, so s_I + s_P fails
-# too (bench/results/score_terms.md: in the top 4 at 8K, s_I 5/10, s_C 2/10, s_I + s_P 0/10).
-TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=2, score_terms=("self_info",))
+# The bundled tiny model copies a key reliably over about a thousand tokens (passkey 94% dense at 1024),
+# so the library's default K = 4 chunks of C = 256 (+ BOS) after the prefix. It is scored with s_C alone
+# (answer_confidence): on this model s_P ranks the needle chunk at or near the bottom, since the
+# context-free draft is a guessed key that the needle chunk contradicts, so s_I + s_P fails
+# (bench/results/score_terms.md and score_terms_4k.md, in the top 4 at 8K / 4K: s_C 5/10 / 16/20,
+# s_I + s_C 6/10 / 15/20, s_I 4/10 / 1/20, s_I + s_P 0/10 / 2/20).
+TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("answer_confidence",))
 
 
 def run_demo(
