@@ -49,7 +49,7 @@ def _prefilling_case(tiny, i):
 def test_prefilling_keeps_the_needle_chunk_beyond_the_training_window(tiny, i):
     """At 6000 tokens (4x the 1536-token window), 8 seeded cases at depths i/7: the demo's configuration
     (s_C, K=4 of 24 chunks) keeps a chunk holding the pass key in each (measured once, 8 of 8; 4 random
-    chunks of 24 would hold it with probability 1/6)."""
+    chunks of 24 would hold a one-chunk needle with probability 1/6, a two-chunk one with about 0.31)."""
     _case, row, needle_chunks, kept = _prefilling_case(tiny, i)
     assert needle_chunks & kept, (needle_chunks, kept)
 

@@ -34,7 +34,7 @@ for the copy circuit), 40% dense and 25% chunked retrieval answers (passkey, num
 needle), and 25% query-only masking split evenly between chunk sets with and without the needle.
 Phases 3-4 masked the query beside needle-free chunks only, which taught the model that a query is
 likely whatever the context: on the phase-4 model s_I + s_P ranked the needle chunk last in 10 of 10
-passkey cases at 8K (s_I alone now finds it in 5 of 10: bench/results/score_terms.md).
+passkey cases at 8K (s_I alone found it in 5 of 10 on the phase-5 model).
 phase 6 = a third fine-tune (steps 6000-9500, own warm-up and cosine, lr 5e-4, buckets of 256-1280 tokens)
 for the ordering errors phase 5 left: its passkey/number_string misses at 1024 tokens hold the key's
 digits in the wrong order (2883242612 -> 2883423262). 15% copy strings, half of them digits only (only
