@@ -33,8 +33,8 @@ METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent bud
 EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # The bundled tiny model copies a key reliably over about a thousand tokens (passkey 94% dense at 1024),
 # so the library's default K = 4 chunks of C = 256 (+ BOS) after the prefix. It is scored with s_C alone
-# (answer_confidence): on this model s_P ranks the needle chunk at or near the bottom at 8K (10/10; 12/20 at 4K), since the
-# context-free draft is a guessed key that the needle chunk contradicts, so s_I + s_P fails
+# (answer_confidence): on this model s_P ranks the needle chunk at or near the bottom at 8K (10/10;
+# 12/20 at 4K), since the context-free draft is a guessed key that the needle chunk contradicts, so s_I + s_P fails
 # (bench/results/score_terms.md and score_terms_4k.md, in the top 4 at 8K / 4K: s_C 5/10 / 16/20,
 # s_I + s_C 6/10 / 15/20, s_I 4/10 / 1/20, s_I + s_P 0/10 / 2/20).
 TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("answer_confidence",))

@@ -183,7 +183,8 @@ it copies a 5-digit key (passkey 97%: 100% at 512 tokens, 94% at 1024) and a 10-
 UUID values or needle's word answers (0%). Training took {train_minutes:.0f} minutes, over the package's 90-minute
 goal, in six phases, because one mix from step 0 did not learn to copy (Curriculum above); phase 6
 (digits-only copy strings among other changes) fixed the digit order (passkey 59% -> 97%, number_string 17% ->
-84% over phase 6). Its chunk scores are skewed too: s_P ranks the needle chunk at or near the bottom at 8K (10 of 10 cases; 12 of 20 at 4K)
+84% over phase 6). Its chunk scores are skewed too: s_P ranks the needle chunk at or near the
+bottom at 8K (10 of 10 cases; 12 of 20 at 4K)
 (the context-free draft is a guessed key, which the needle chunk contradicts); s_C (the confidence of
 the answer given chunk + query) finds it in the top 4 in 5 of 10 cases at 8K and 16 of 20 at 4K,
 s_I in 4 of 10 and 1 of 20 (`bench/results/score_terms.md`, `score_terms_4k.md`), so the demo and
