@@ -44,7 +44,7 @@ def _add_decode_args(p, gen_length_default):
         "--score-terms",
         nargs="+",
         default=None,
-        help="chunk score terms: self_info pseudo_label answer_confidence (default: the first two)",
+        help="chunk score terms: self_info pseudo_label answer_confidence draft_contrast (default: the first two)",
     )
 
 

@@ -123,14 +123,22 @@ def test_selection_and_token_budget(dream):
         assert res.stats.seconds[phase] > 0
 
 
-@pytest.mark.parametrize("terms", [("self_info", "answer_confidence"), ("pseudo_label",), ("answer_confidence",)])
+@pytest.mark.parametrize(
+    "terms",
+    [("self_info", "answer_confidence"), ("pseudo_label",), ("answer_confidence",), ("self_info", "draft_contrast")],
+)
 def test_score_terms_sum_into_the_chunk_score(dream, terms):
     parts = _parts(n_ctx=50)
     cfg = PrefillingConfig(chunk_size=8, top_k=3, score_terms=terms)
     ex = dllm.generate(dream, method="prefilling", prompt=parts, prefilling=cfg, gen_length=4, steps=2).stats.extra
-    names = {"self_info": "s_I", "pseudo_label": "s_P", "answer_confidence": "s_C"}
+    term = {
+        "self_info": lambda i: ex["s_I"][i],
+        "pseudo_label": lambda i: ex["s_P"][i],
+        "answer_confidence": lambda i: ex["s_C"][i],
+        "draft_contrast": lambda i: ex["s_C"][i] - ex["s_P"][i],
+    }
     for i in range(3):
-        want = sum(ex[names[t]][i] for t in terms)
+        want = sum(term[t](i) for t in terms)
         assert abs(ex["chunk_scores"][i] - want) < 1e-3
     assert all(s <= 0 for s in ex["s_C"])  # log-probabilities
 

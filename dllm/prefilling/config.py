@@ -7,7 +7,7 @@ from dataclasses import dataclass
 POSITION_MODES = ("reuse", "continuous", "absolute")
 CACHE_MODES = ("independent", "joint")
 SCORE_MODES = ("dllm", "causal")
-SCORE_TERMS = ("self_info", "pseudo_label", "answer_confidence")
+SCORE_TERMS = ("self_info", "pseudo_label", "answer_confidence", "draft_contrast")
 DEFAULT_TERMS = ("self_info", "pseudo_label")
 
 
@@ -33,8 +33,9 @@ class PrefillingConfig:
             ``causal`` (next-token log-probs under a causal mask over the scoring tokens, the
             reference code's variant for AR-initialised models with shifted logits).
         score_terms: which of ``self_info`` (s_I), ``pseudo_label`` (s_P) and ``answer_confidence``
-            (s_C, our variant: the top-1 log-probability of the draft slots given chunk + query) make up
-            the chunk score ``s`` (default the paper's ``s = s_I + s_P``).
+            (s_C, our variant: the top-1 log-probability of the draft slots given chunk + query) and
+            ``draft_contrast`` (s_C - s_P, our variant) make up the chunk score ``s`` (default the
+            paper's ``s = s_I + s_P``).
         pool_kernel: odd max-pool width applied to token scores before the top-B choice.
         query_window: trailing query tokens used as scoring tokens (None = the whole query).
         prefill_batch: chunks encoded per forward during prefill (None = all at once).

@@ -42,6 +42,9 @@ class ChunkScores:
         answer_confidence: ``[N]`` fp32, s_C: mean over the m draft slots of the log of the top-1
             probability given chunk + query (how sure the model is of *some* answer; our variant,
             from the probe of DESIGN section 6: it needs no draft to be right).
+        draft_contrast: ``[N]`` fp32 (property), s_C - s_P: sure of *some* answer and unlike the
+            context-free draft (our variant: a chunk that holds the answer overrides the guessed draft,
+            while an irrelevant chunk leaves the model answering the draft).
         total: ``[N]`` fp32, the sum of the configured terms (higher = more relevant).
         token_scores: per layer ``[N, Hkv, T]`` fp32 attention mass per chunk token, or None.
     """
@@ -51,6 +54,10 @@ class ChunkScores:
     answer_confidence: torch.Tensor
     total: torch.Tensor
     token_scores: list | None = None
+
+    @property
+    def draft_contrast(self) -> torch.Tensor:
+        return self.answer_confidence - self.pseudo_label
 
 
 def draft_pseudo_labels(model, prefix: torch.Tensor, query: torch.Tensor, m: int, threshold: float):
@@ -204,11 +211,11 @@ def score_chunks(
             logits = _cached_pass(model, chunks, live_i, lo, hi)
             nfe += 1
             s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, q_sel)
-        if "pseudo_label" in terms or "answer_confidence" in terms or token_scores:
+        if {"pseudo_label", "answer_confidence", "draft_contrast"} & set(terms) or token_scores:
             logits = _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
             nfe += 1
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
             s_c[lo:hi] = _top1_logprob(logits[:, mq:])
-    parts = {"self_info": s_i, "pseudo_label": s_p, "answer_confidence": s_c}
+    parts = {"self_info": s_i, "pseudo_label": s_p, "answer_confidence": s_c, "draft_contrast": s_c - s_p}
     total = sum(parts[t] for t in terms)
     return ChunkScores(s_i, s_p, s_c, total, acc), nfe
