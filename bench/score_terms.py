@@ -5,10 +5,10 @@
 Prefilling-dLLM scores every chunk with s = s_I + s_P (paper); this package also offers s_C
 (``answer_confidence``) and s_C - s_P (``draft_contrast``). For seeded passkey cases (seeds
 10**9+100.., depths 0, .25, .5, .75, 1 repeated) on the bundled tiny model, the context is
-chunk-encoded once, all three terms are
-computed for every chunk, and the rank (0 = best) of the chunk where the needle sentence starts
-(it holds "The pass key is" and, unless the cut falls inside it, the key) is reported
-for each combination, with how often it lands in the top 4 and the top 2. Writes ``bench/results/score_terms.md``
+chunk-encoded once, every term is computed for every chunk, and the rank (0 = best) of the chunk
+where the needle sentence starts (it holds "The pass key is" and, unless the cut falls inside it,
+the key) is reported for each combination, with how often it lands in the top 4 and the top 2.
+Writes ``bench/results/score_terms.md``
 with the command and machine line; this is what chose ``TINY_PREFILLING.score_terms``.
 """
 

@@ -1,5 +1,7 @@
 """The bundled tiny model: loads through dllm.load_model and answers passkey cases (dense and prefilling)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -38,6 +40,7 @@ def test_short_passkey_is_answered_exactly(tiny):
     assert all(ok for _, _, ok in answers), answers
 
 
+@functools.cache  # each case runs once for both tests below
 def _prefilling_case(tiny, i):
     case = make_case("passkey", 6000, i / 7, 10**9 + i)
     row = run_case(tiny, case, "prefilling", gen_length=8, steps=8, prefilling=TINY_PREFILLING)

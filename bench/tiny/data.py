@@ -134,6 +134,7 @@ def chunked_sample(
 
 
 COPY_POOL = "abcdefghijklmnopqrstuvwxyz0123456789     "
+DIGIT_POOL = "0123456789"
 
 
 def copy_sample(rng: random.Random, total: int, pool: str = COPY_POOL) -> Sample:

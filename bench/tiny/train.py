@@ -157,7 +157,7 @@ def fine_tune_sample(rng: random.Random, total: int, mix: FineTuneMix) -> tuple[
     if u < mix.copy:
         pool = data.COPY_POOL
         if mix.digit_copy:
-            pool = "0123456789" if rng.random() < mix.digit_copy else data.COPY_POOL
+            pool = data.DIGIT_POOL if rng.random() < mix.digit_copy else data.COPY_POOL
         return data.copy_sample(rng, total, pool), "answer"
     if u < mix.chunked:
         task = rng.choices(list(mix.answer_tasks), weights=list(mix.answer_tasks.values()))[0]
@@ -310,6 +310,11 @@ def train(args):
     elif os.path.exists(log_path):
         os.remove(log_path)
     model.train()
+    restarts = {  # phase -> (first step, end, peak lr)
+        4: (args.phase3, args.phase4, args.lr4),
+        5: (args.phase4, args.phase5, args.lr5),
+        6: (args.phase5, args.steps, args.lr6),
+    }
     t0 = time.time()
     for step in range(start, args.steps):
         ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5)
@@ -328,12 +333,9 @@ def train(args):
         for g in opt.param_groups:
             if phase < 4:
                 g["lr"] = lr_at(step, args.phase3, args.lr)
-            elif phase == 4:  # phases 4, 5 and 6 restart their own warm-up + cosine
-                g["lr"] = lr_at(step - args.phase3, args.phase4 - args.phase3, args.lr4, warmup=50)
-            elif phase == 5:
-                g["lr"] = lr_at(step - args.phase4, args.phase5 - args.phase4, args.lr5, warmup=50)
-            else:
-                g["lr"] = lr_at(step - args.phase5, args.steps - args.phase5, args.lr6, warmup=50)
+            else:  # phases 4, 5 and 6 restart their own warm-up + cosine
+                start, end, peak = restarts[phase]
+                g["lr"] = lr_at(step - start, end - start, peak, warmup=50)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(inputs, pos, attention_mask=attn).logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none").view_as(weights)

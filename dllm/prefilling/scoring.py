@@ -216,6 +216,6 @@ def score_chunks(
             nfe += 1
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
             s_c[lo:hi] = _top1_logprob(logits[:, mq:])
-    parts = {"self_info": s_i, "pseudo_label": s_p, "answer_confidence": s_c, "draft_contrast": s_c - s_p}
-    total = sum(parts[t] for t in terms)
-    return ChunkScores(s_i, s_p, s_c, total, acc), nfe
+    scores = ChunkScores(s_i, s_p, s_c, total=torch.zeros_like(s_i), token_scores=acc)
+    scores.total = sum(getattr(scores, t) for t in terms)  # term names are the attribute names
+    return scores, nfe
