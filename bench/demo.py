@@ -31,13 +31,13 @@ METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent bud
 # Cost growth with the context length L (DESIGN section 1): dense and prefix_cache pay O(L^2) attention
 # (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
 EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
-# The bundled tiny model copies a key reliably over about a thousand tokens (passkey 94% dense at 1024),
-# so the library's default K = 4 chunks of C = 256 (+ BOS) after the prefix. It is scored with s_C alone
-# (answer_confidence): on this model s_P ranks the needle chunk at or near the bottom at 8K (10/10;
-# 12/20 at 4K), since the context-free draft is a guessed key that the needle chunk contradicts, so s_I + s_P fails
-# (bench/results/score_terms.md and score_terms_4k.md, in the top 4 at 8K / 4K: s_C 5/10 / 16/20,
-# s_I + s_C 6/10 / 15/20, s_I 4/10 / 1/20, s_I + s_P 0/10 / 2/20).
-TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("answer_confidence",))
+# The bundled tiny model copies a key reliably over about a thousand tokens (passkey 100% dense at 1024),
+# so the library's default K = 4 chunks of C = 256 (+ BOS) after the prefix. It scores chunks with
+# s_C - s_P (draft_contrast, our variant): confident in an answer that the context-free draft did not
+# guess. The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
+# bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to filler
+# chunks it is confident about whatever the needle (bench/results/score_terms*.md; the README's Results).
+TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",))
 
 
 def run_demo(

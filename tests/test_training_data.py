@@ -4,13 +4,15 @@ Expected values come from the sample definitions in bench/tiny/data.py's docstri
 decoding the character ids back to text, not from the code paths that build them.
 """
 
+import dataclasses
 import random
+from collections import Counter
 
 import torch
 
 from bench.tiny import data
 from bench.tiny.tokenizer import CHARS
-from bench.tiny.train import make_batch
+from bench.tiny.train import FINE_TUNE_MIX, fine_tune_sample, make_batch
 
 
 def text(ids):
@@ -36,6 +38,21 @@ def test_copy_sample_digit_pool_holds_digits_only():
     ctx, ans = text(part(s, "p")), part(s, "a")
     assert len(ctx) == 98 and set(ctx) == set("0123456789")  # (200 - 4) // 2 characters, all ten digits
     assert text(ans[:-1]) == ctx and ans[-1] == data.EOS
+
+
+def test_phase7_copy_strings_come_from_the_weighted_pools():
+    mix = dataclasses.replace(FINE_TUNE_MIX[7], copy=1.0)  # every draw a copy string
+    rng = random.Random(0)
+    kinds = Counter()
+    for _ in range(600):
+        s, mode = fine_tune_sample(rng, 200, mix)
+        ctx = set(text(part(s, "p")))
+        assert mode == "answer" and text(part(s, "a")[:-1]) == text(part(s, "p"))
+        # 98 characters: a hex string always holds a letter a-f or a dash, a COPY_POOL one a g-z or space
+        kinds["digits" if ctx <= set("0123456789") else "hex" if ctx <= set("0123456789abcdef-") else "mixed"] += 1
+    # weights 0.5 / 0.25 / 0.25; 600 draws: 3 standard deviations are ~0.06 and ~0.05
+    assert abs(kinds["hex"] / 600 - 0.5) < 0.07
+    assert abs(kinds["digits"] / 600 - 0.25) < 0.06 and abs(kinds["mixed"] / 600 - 0.25) < 0.06
 
 
 def test_chunked_sample_without_answer_ends_at_the_query_and_keeps_the_needle():

@@ -135,6 +135,7 @@ def chunked_sample(
 
 COPY_POOL = "abcdefghijklmnopqrstuvwxyz0123456789     "
 DIGIT_POOL = "0123456789"
+HEX_POOL = "0123456789abcdef-"  # the characters of kv_retrieval's UUID keys and values
 
 
 def copy_sample(rng: random.Random, total: int, pool: str = COPY_POOL) -> Sample:

@@ -40,7 +40,12 @@ for the ordering errors phase 5 left: its passkey/number_string misses at 1024 t
 digits in the wrong order (2883242612 -> 2883423262). 15% copy strings, half of them digits only (only
 the order tells the digits apart), 45% dense and 20% chunked answers (passkey .4, number_string .45,
 needle .15), 20% query-only masking (half beside the needle chunk), and 1280-token batches so the
-1024-token cases are no longer at the edge of what the model has seen. Reproducible from
+1024-token cases are no longer at the edge of what the model has seen.
+phase 7 = a fourth fine-tune (steps 9500-12000, own warm-up and cosine, lr 5e-4, buckets of 256-1536 tokens)
+for the tasks phase 6 left at 0% (kv_retrieval's 36-character UUID values, needle's word answers) and
+number_string at 1024 tokens: 15% copy strings (half from kv_retrieval's hex-and-dash alphabet, a quarter
+digits only, a quarter letters, digits and spaces), 45% dense and 20% chunked answers (passkey .15,
+number_string .3, kv_retrieval .3, needle .25), 20% query-only masking. Reproducible from
 ``--seed`` (CPU, 2 threads) up to bf16 round-off: a resumed segment repeats the same data with loss
 values equal to about 1e-3.
 """
@@ -133,7 +138,8 @@ TASK_WEIGHTS = {"passkey": 0.3, "number_string": 0.25, "kv_retrieval": 0.15, "ne
 class FineTuneMix:
     """Sample mix of the late fine-tunes: cumulative thresholds on one uniform draw u.
 
-    u < copy: copy string (digits only with probability ``digit_copy``); u < dense: dense answer;
+    u < copy: copy string (digits only with probability ``digit_copy``, or drawn from the weighted
+    ``copy_pools`` when given); u < dense: dense answer;
     u < chunked: chunked answer; else query-only masking, beside needle-free chunks when u >= no_needle.
     """
 
@@ -143,11 +149,20 @@ class FineTuneMix:
     no_needle: float
     answer_tasks: dict  # task -> weight of the answer samples
     digit_copy: float = 0.0
+    copy_pools: tuple = ()  # ((pool, weight), ...); overrides digit_copy
 
 
 FINE_TUNE_MIX = {
     5: FineTuneMix(0.1, 0.5, 0.75, 0.875, {"passkey": 0.45, "number_string": 0.4, "needle": 0.15}),
     6: FineTuneMix(0.15, 0.6, 0.8, 0.9, {"passkey": 0.4, "number_string": 0.45, "needle": 0.15}, digit_copy=0.5),
+    7: FineTuneMix(
+        0.15,
+        0.6,
+        0.8,
+        0.9,
+        {"passkey": 0.15, "number_string": 0.3, "kv_retrieval": 0.3, "needle": 0.25},
+        copy_pools=((data.HEX_POOL, 0.5), (data.DIGIT_POOL, 0.25), (data.COPY_POOL, 0.25)),
+    ),
 }
 
 
@@ -156,7 +171,10 @@ def fine_tune_sample(rng: random.Random, total: int, mix: FineTuneMix) -> tuple[
     u = rng.random()
     if u < mix.copy:
         pool = data.COPY_POOL
-        if mix.digit_copy:
+        if mix.copy_pools:
+            pools, weights = zip(*mix.copy_pools)
+            pool = rng.choices(pools, weights=weights)[0]
+        elif mix.digit_copy:
             pool = data.DIGIT_POOL if rng.random() < mix.digit_copy else data.COPY_POOL
         return data.copy_sample(rng, total, pool), "answer"
     if u < mix.chunked:
@@ -263,6 +281,7 @@ BUCKETS = {
     4: (192, 256, 384, 512),
     5: (192, 256, 384, 512, 768, 1024),
     6: (256, 512, 768, 1024, 1280),
+    7: (256, 512, 768, 1024, 1280, 1536),
 }
 
 
@@ -313,11 +332,12 @@ def train(args):
     restarts = {  # phase -> (first step, end, peak lr)
         4: (args.phase3, args.phase4, args.lr4),
         5: (args.phase4, args.phase5, args.lr5),
-        6: (args.phase5, args.steps, args.lr6),
+        6: (args.phase5, args.phase6, args.lr6),
+        7: (args.phase6, args.steps, args.lr7),
     }
     t0 = time.time()
     for step in range(start, args.steps):
-        ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5)
+        ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5, args.phase6)
         phase = 1 + sum(step >= end for end in ends)
         length = rng.choice([b for b in BUCKETS[phase] if b <= args.window])
         bsz = max(2, args.token_budget // length)
@@ -333,7 +353,7 @@ def train(args):
         for g in opt.param_groups:
             if phase < 4:
                 g["lr"] = lr_at(step, args.phase3, args.lr)
-            else:  # phases 4, 5 and 6 restart their own warm-up + cosine
+            else:  # phases 4-7 restart their own warm-up + cosine
                 start, end, peak = restarts[phase]
                 g["lr"] = lr_at(step - start, end - start, peak, warmup=50)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
@@ -406,12 +426,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="dllm/assets/tiny-dream", help="HF-format output directory")
     p.add_argument("--work", default="bench/results/tiny-train", help="training state + loss log")
-    p.add_argument("--steps", type=int, default=9500, help="total steps (the end of phase 6)")
+    p.add_argument("--steps", type=int, default=12000, help="total steps (the end of phase 7)")
     p.add_argument("--phase1", type=int, default=900, help="end of phase 1 (copying: passkey, number_string)")
     p.add_argument("--phase2", type=int, default=1350, help="end of phase 2 (all tasks, up to 768 tokens)")
     p.add_argument("--phase3", type=int, default=1900, help="end of phase 3 (everything up to the window)")
     p.add_argument("--phase4", type=int, default=3300, help="end of phase 4 (retrieval fine-tune)")
     p.add_argument("--phase5", type=int, default=6000, help="end of phase 5 (copy + retrieval + query masking)")
+    p.add_argument("--phase6", type=int, default=9500, help="end of phase 6 (digit order, up to 1280 tokens)")
     p.add_argument(
         "--weighting",
         default="mean",
@@ -424,6 +445,7 @@ def main(argv=None):
     p.add_argument("--lr4", type=float, default=1e-3, help="peak learning rate of phase 4")
     p.add_argument("--lr5", type=float, default=7e-4, help="peak learning rate of phase 5")
     p.add_argument("--lr6", type=float, default=5e-4, help="peak learning rate of phase 6")
+    p.add_argument("--lr7", type=float, default=5e-4, help="peak learning rate of phase 7")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=100)
