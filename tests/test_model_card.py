@@ -1,0 +1,16 @@
+"""bench.tiny.model_card: the card can be rewritten from a recorded evaluation CSV."""
+
+from bench.tiny.model_card import read_rows
+from dllm.evaluation import EvalRow, write_csv
+
+
+def test_read_rows_returns_what_write_csv_wrote(tmp_path):
+    rows = [
+        EvalRow("passkey", 512, 0.25, "dense", 2**31, True, "12345", "12345", 0.5, 9, 508),
+        EvalRow("kv_retrieval", 1024, 1 / 9, "prefilling", 7, False, '"ab, "c', "x-y", 2.25, 40, 1000, "3 7"),
+    ]
+    path = tmp_path / "eval.csv"
+    write_csv(rows, str(path), provenance={"device": "cpu"})  # extra columns are ignored on the way back
+    back = read_rows(str(path))
+    assert back == rows
+    assert back[0].correct is True and back[1].correct is False and isinstance(back[1].depth, float)
