@@ -32,11 +32,12 @@ METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent bud
 # (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
 EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # The bundled tiny model copies a key reliably over about a thousand tokens (passkey 100% dense at 1024),
-# so the library's default K = 4 chunks of C = 256 (+ BOS) after the prefix. It scores chunks with
-# s_C - s_P (draft_contrast, our variant): confident in an answer that the context-free draft did not
-# guess. The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
-# bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to filler
-# chunks it is confident about whatever the needle (bench/results/score_terms*.md; the README's Results).
+# so K = 4 chunks (the library's default) of C = 256 (+ BOS; the default is 1024) after the prefix,
+# which keeps every position inside its 1536-token window. It scores chunks with s_C - s_P
+# (draft_contrast, our variant): confident in an answer that the context-free draft did not guess.
+# The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
+# bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to
+# filler chunks it is confident about whatever the needle (bench/results/score_terms*.md; README Results).
 TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",))
 
 

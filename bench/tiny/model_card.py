@@ -140,9 +140,9 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
 
 ## Training
 
-`python -m bench.tiny.train` (reproducible from `--seed 0`; {steps} steps, {train_minutes:.0f} minutes on
-2 CPU cores, bf16 autocast, AdamW lr 1.5e-3 with cosine decay over phases 1-3, then 1e-3, 7e-4, 5e-4 and
-5e-4 restarts for phases 4, 5, 6 and 7, ~8K tokens per batch, window {window} tokens).
+`python -m bench.tiny.train` (reproducible from `--seed 0` up to bf16 round-off; {steps} steps,
+{train_minutes:.0f} minutes on 2 CPU cores, bf16 autocast, AdamW lr 1.5e-3 with cosine decay over phases
+1-3, then 1e-3, 7e-4, 5e-4 and 5e-4 restarts for phases 4, 5, 6 and 7, ~8K tokens per batch, window {window} tokens).
 
 - **Objective**: masked diffusion (LLaDA / Dream): t ~ U(0.02, 1) (stratified over the batch), each
   eligible token masked with probability t; per sequence the mean cross-entropy of its masked
@@ -217,8 +217,8 @@ different data (the random-string copies cannot be predicted at high mask rates)
 not comparable across phases. Treat the accuracy figures made with this model as a property of the
 model, and the speed figures as the package's.
 
-Beyond the training window dense decoding must extrapolate RoPE; Prefilling-dLLM keeps
-every position inside the window (see the README's demo and `bench/results/`).
+Beyond the training window dense decoding must extrapolate RoPE; Prefilling-dLLM with the demo's
+C=256, K=4 keeps every position inside the window (see the README's demo and `bench/results/`).
 """
 
 if __name__ == "__main__":
