@@ -68,7 +68,9 @@ def plot_loss(loss_csv: str, png: str) -> dict:
 
 
 def read_rows(path: str) -> list[EvalRow]:
-    """The rows of a CSV written by :func:`dllm.evaluation.write_csv`, with their column types back."""
+    """The rows of a CSV written by :func:`dllm.evaluation.write_csv`, with their column types back
+    (extra provenance columns are dropped). Raises ``TypeError`` when a row lacks a required column and
+    ``ValueError`` when a number does not parse."""
     types = {f.name: f.type for f in dataclasses.fields(EvalRow)}
     cast = {"int": int, "float": float, "bool": lambda v: v == "True", "str": str}
     with open(path) as f:

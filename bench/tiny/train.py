@@ -138,8 +138,8 @@ TASK_WEIGHTS = {"passkey": 0.3, "number_string": 0.25, "kv_retrieval": 0.15, "ne
 class FineTuneMix:
     """Sample mix of the late fine-tunes: cumulative thresholds on one uniform draw u.
 
-    u < copy: copy string (digits only with probability ``digit_copy``, or drawn from the weighted
-    ``copy_pools`` when given); u < dense: dense answer;
+    u < copy: copy string over an alphabet drawn from the weighted ``copy_pools`` (letters, digits
+    and spaces when empty); u < dense: dense answer;
     u < chunked: chunked answer; else query-only masking, beside needle-free chunks when u >= no_needle.
     """
 
@@ -148,13 +148,19 @@ class FineTuneMix:
     chunked: float
     no_needle: float
     answer_tasks: dict  # task -> weight of the answer samples
-    digit_copy: float = 0.0
-    copy_pools: tuple = ()  # ((pool, weight), ...); overrides digit_copy
+    copy_pools: tuple = ()  # ((alphabet, weight), ...)
 
 
 FINE_TUNE_MIX = {
     5: FineTuneMix(0.1, 0.5, 0.75, 0.875, {"passkey": 0.45, "number_string": 0.4, "needle": 0.15}),
-    6: FineTuneMix(0.15, 0.6, 0.8, 0.9, {"passkey": 0.4, "number_string": 0.45, "needle": 0.15}, digit_copy=0.5),
+    6: FineTuneMix(
+        0.15,
+        0.6,
+        0.8,
+        0.9,
+        {"passkey": 0.4, "number_string": 0.45, "needle": 0.15},
+        copy_pools=((data.DIGIT_POOL, 0.5), (data.COPY_POOL, 0.5)),
+    ),
     7: FineTuneMix(
         0.15,
         0.6,
@@ -171,11 +177,9 @@ def fine_tune_sample(rng: random.Random, total: int, mix: FineTuneMix) -> tuple[
     u = rng.random()
     if u < mix.copy:
         pool = data.COPY_POOL
-        if mix.copy_pools:
+        if mix.copy_pools:  # one rng.random() draw, as the phase-6 run made it
             pools, weights = zip(*mix.copy_pools)
             pool = rng.choices(pools, weights=weights)[0]
-        elif mix.digit_copy:
-            pool = data.DIGIT_POOL if rng.random() < mix.digit_copy else data.COPY_POOL
         return data.copy_sample(rng, total, pool), "answer"
     if u < mix.chunked:
         task = rng.choices(list(mix.answer_tasks), weights=list(mix.answer_tasks.values()))[0]
@@ -329,16 +333,12 @@ def train(args):
     elif os.path.exists(log_path):
         os.remove(log_path)
     model.train()
-    restarts = {  # phase -> (first step, end, peak lr)
-        4: (args.phase3, args.phase4, args.lr4),
-        5: (args.phase4, args.phase5, args.lr5),
-        6: (args.phase5, args.phase6, args.lr6),
-        7: (args.phase6, args.steps, args.lr7),
-    }
+    ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5, args.phase6, args.steps)
+    peaks = {4: args.lr4, 5: args.lr5, 6: args.lr6, 7: args.lr7}
+    restarts = {ph: (ends[ph - 2], ends[ph - 1], lr) for ph, lr in peaks.items()}  # phase -> (first, end, peak)
     t0 = time.time()
     for step in range(start, args.steps):
-        ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5, args.phase6)
-        phase = 1 + sum(step >= end for end in ends)
+        phase = 1 + sum(step >= end for end in ends[:-1])
         length = rng.choice([b for b in BUCKETS[phase] if b <= args.window])
         bsz = max(2, args.token_budget // length)
         pairs = []
