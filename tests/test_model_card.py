@@ -14,3 +14,13 @@ def test_read_rows_returns_what_write_csv_wrote(tmp_path):
     back = read_rows(str(path))
     assert back == rows
     assert back[0].correct is True and back[1].correct is False and isinstance(back[1].depth, float)
+
+
+def test_skill_table_embeds_the_recorded_probe_table(tmp_path, monkeypatch):
+    import bench.tiny.model_card as card
+
+    md = tmp_path / "probe.md"
+    monkeypatch.setattr(card, "SKILL_MD", str(md))
+    assert "not recorded" in card._skill_table()
+    md.write_text("# title\n\nintro line\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    assert card._skill_table() == "| a | b |\n|---|---|\n| 1 | 2 |"

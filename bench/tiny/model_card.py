@@ -29,6 +29,7 @@ LENGTHS = (512, 1024)
 DEPTHS = tuple(i / 9 for i in range(10))
 EVAL_SEED = 2**31
 EVAL_CSV = "bench/results/tiny_eval.csv"
+SKILL_MD = "bench/results/tiny_skill_probe.md"  # written by bench.tiny.skill_probe
 
 
 def plot_loss(loss_csv: str, png: str) -> dict:
@@ -65,6 +66,14 @@ def plot_loss(loss_csv: str, png: str) -> dict:
     # a --resume run appends to the log and restarts its clock: add up the segments, count each step once
     seg_ends = [a for a, b in zip(secs, secs[1:]) if b < a] + secs[-1:]
     return {"steps": len(set(steps)), "train_minutes": sum(seg_ends) / 60, "final_ce": smooth[-1]}
+
+
+def _skill_table() -> str:
+    """The table of the recorded skill probe (``bench.tiny.skill_probe``), or a note when it is missing."""
+    if not os.path.exists(SKILL_MD):
+        return f"(not recorded: run `python -m bench.tiny.skill_probe` to write {SKILL_MD})"
+    with open(SKILL_MD) as f:
+        return "".join(line for line in f if line.startswith("|")).rstrip("\n")
 
 
 def read_rows(path: str) -> list[EvalRow]:
@@ -118,6 +127,7 @@ def main(argv=None):
         cfg = json.load(f)
     card = CARD.format(
         params=n_params / 1e6,
+        skills=_skill_table(),
         table=table,
         by_len=by_len,
         n=len(rows),
@@ -162,6 +172,7 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
   crops with a BOS between documents. Masking: answer-only (the SFT form), query-only or
   whole-sequence. Phases 5-7 add random-string copies (`x`, two newlines, `x` again as the
   answer; in phase 6 half of them digits only, in phase 7 half from kv_retrieval's hex-and-dash alphabet).
+  The model never learned these copies (Skills below: at chance).
 - **Curriculum**: phase 1 (steps 0-900) passkey and number_string only, short (96-184 tokens, no
   instruction prefix, mostly canonical wording), answer-only masking: the model learns to copy;
   phase 2 (900-1350) all four tasks up to 768 tokens with some chunked layout and whole-sequence
@@ -201,6 +212,20 @@ it ({eval_minutes:.0f} minutes).
 
 {by_len}
 
+## Skills
+
+`python -m bench.tiny.skill_probe` (`bench/results/tiny_skill_probe.md`): 16 cases per probe, one
+parallel pass with every answer token masked (the first denoising step of dense decoding),
+cross-entropy in nats per answer token.
+
+{skills}
+
+The model reads digits that follow a fixed phrase ("pass key is", "number is"), but it cannot copy a
+36-character value even when the object holds a single pair, nor a random string placed right before
+the answer, although phases 5-7 trained on such copies: it behaves as if it had no head that matches
+the query's content to the context's (an induction head). kv_retrieval (find the asked key) and needle (find the
+sentence about the asked subject) need exactly that, which is why both are at 0%.
+
 ## Known limitations
 
 This model meets **one** of the package's four accuracy targets (passkey >= 99%, number_string >=
@@ -217,7 +242,9 @@ contradicts), so the demo and benchmarks score chunks with s_C - s_P
 (`bench/results/score_terms*.md`). The phases train on different data (the random-string copies
 cannot be predicted at high mask rates), so loss levels are not comparable across phases. Treat the
 accuracy figures made with this model as a property of the model, and the speed figures as the
-package's.
+package's. A fifth, digit-focused fine-tune (phase 8 of `train.py`, not in these weights) took dense
+number_string to 100% but kept the needle chunk less often, so Prefilling-dLLM answered fewer
+long-context cases (`bench/results/tiny_phase8_trial.md`); these weights stop at phase 7.
 
 Beyond the training window dense decoding must extrapolate RoPE; Prefilling-dLLM with the demo's
 C=256, K=4 keeps every position inside the window (see the README's demo and `bench/results/`).
