@@ -48,10 +48,11 @@ digits only, a quarter letters, digits and spaces), 45% dense and 20% chunked an
 number_string .3, kv_retrieval .3, needle .25), 20% query-only masking.
 phase 8 (only with ``--steps`` beyond ``--phase7``; NOT in the bundled model) = a trial fifth fine-tune
 (steps 12000-14000, own warm-up and cosine, lr 3e-4, buckets of 512-1536 tokens) for the digit tasks'
-one-digit copy errors: no copy strings (``bench.tiny.skill_probe`` finds the phase 5-7 copy strings at
-chance: the model never learned them), 55% dense and 30% chunked answers (passkey .3, number_string .5,
-kv_retrieval .1, needle .1), 15% query-only masking. It took dense number_string to 100% but made chunk
-selection worse (``bench/results/tiny_phase8_trial.md``), so the default ``--steps`` stops at 12000.
+one-digit copy errors: no copy strings (``bench.tiny.skill_probe`` finds copies of the phase 5-7 copy
+strings' lengths at chance: the model never learned them), 55% dense and 30% chunked answers (passkey .3,
+number_string .5, kv_retrieval .1, needle .1), 15% query-only masking. It took dense number_string to
+100% but made chunk selection worse (``bench/results/tiny_phase8_trial.md``), so the default ``--steps``
+stops at 12000.
 Reproducible from ``--seed`` (CPU, 2 threads) up to bf16 round-off: a resumed segment repeats the same
 data with loss values equal to about 1e-3.
 """
