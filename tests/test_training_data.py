@@ -55,6 +55,18 @@ def test_phase7_copy_strings_come_from_the_weighted_pools():
     assert abs(kinds["digits"] / 600 - 0.25) < 0.06 and abs(kinds["mixed"] / 600 - 0.25) < 0.06
 
 
+def test_phase8_trial_draws_no_copy_strings_and_the_stated_layout_shares():
+    rng = random.Random(1)
+    kinds = Counter()
+    for _ in range(400):
+        s, mode = fine_tune_sample(rng, 400, FINE_TUNE_MIX[8])
+        kinds["query" if mode == "query" else s.kind] += 1
+    # 0% copy, 55% dense, 30% chunked, 15% query-only; 400 draws: 3 standard deviations are <= 0.075
+    assert kinds["copy"] == 0
+    assert abs(kinds["dense"] / 400 - 0.55) < 0.075 and abs(kinds["chunked"] / 400 - 0.30) < 0.07
+    assert abs(kinds["query"] / 400 - 0.15) < 0.055
+
+
 def test_chunked_sample_without_answer_ends_at_the_query_and_keeps_the_needle():
     rng = random.Random(3)
     for _ in range(10):

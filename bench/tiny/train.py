@@ -342,7 +342,9 @@ def train(args):
     elif os.path.exists(log_path):
         os.remove(log_path)
     model.train()
-    ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5, args.phase6, args.phase7, args.steps)
+    # phase 7 ends at --steps when that comes first (then there is no phase 8)
+    phase7_end = min(args.phase7, args.steps)
+    ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5, args.phase6, phase7_end, args.steps)
     peaks = {4: args.lr4, 5: args.lr5, 6: args.lr6, 7: args.lr7, 8: args.lr8}
     restarts = {ph: (ends[ph - 2], ends[ph - 1], lr) for ph, lr in peaks.items()}  # phase -> (first, end, peak)
     t0 = time.time()
