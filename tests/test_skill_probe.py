@@ -54,3 +54,19 @@ def test_answer_probe_rejects_empty_input(tiny):
         answer_probe(tiny, [])
     with pytest.raises(ValueError, match="non-empty answer"):
         answer_probe(tiny, [([data.BOS, 5], [])])
+
+
+def test_uuid_chance_is_the_entropy_of_the_uuid_v4_layout():
+    import random
+    from collections import Counter
+
+    from bench.tiny.skill_probe import UUID_CHANCE
+    from dllm.tasks.kv_retrieval import seeded_uuid
+
+    rng = random.Random(0)
+    uuids = [seeded_uuid(rng) for _ in range(4000)]
+    entropy = 0.0  # per-position empirical entropy, averaged over the 36 characters
+    for pos in range(36):
+        counts = Counter(u[pos] for u in uuids)
+        entropy -= sum(c / 4000 * math.log(c / 4000) for c in counts.values())
+    assert UUID_CHANCE == pytest.approx(entropy / 36, abs=0.01)

@@ -216,8 +216,9 @@ it ({eval_minutes:.0f} minutes).
 
 `python -m bench.tiny.skill_probe` (`bench/results/tiny_skill_probe.md`): 16 cases per probe, one
 parallel pass with every answer token masked (like the first denoising step of dense decoding),
-cross-entropy in nats per answer token. For kv_retrieval, chance is about 2.35 nats and 20% right: a
-guess that knows the UUID v4 layout (dashes, the version '4', the variant nibble) but not the value.
+cross-entropy in nats per answer token. Chance is ln of the answer alphabet's size; for kv_retrieval
+it is a guess that knows the UUID v4 layout (dashes, the version '4', the variant nibble) but not the
+value: 2.35 nats, 20% of the characters right.
 
 {skills}
 

@@ -23,9 +23,9 @@ The probes separate what the model must do to answer:
   (a UUID's length) and 200 (inside the 46-762 characters that phases 5-7 trained on).
 
 Writes ``bench/results/tiny_skill_probe.md``. Chance is ln(alphabet size): ln 10 = 2.30 for digits,
-ln 17 = 2.83 for the UUID alphabet (hex digits and dash). A guesser that knows the UUID v4 layout
-(dashes, the version '4', the variant nibble) but not the value gets about 2.35 nats and 20% of the
-characters: that is chance for the kv_retrieval probes.
+ln 17 = 2.83 for random strings over the UUID alphabet (hex digits and dash). For the kv_retrieval
+probes chance is a guess that knows the UUID v4 layout (dashes, the version '4', the variant nibble)
+but not the value: 2.35 nats and 20% of the characters.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ from bench.tiny import data
 from dllm.loader import load_model
 from dllm.tasks import make_case
 
+# a guess that knows the UUID v4 layout but not the value: 4 dashes and the version '4' certain, the
+# variant nibble one of 4, the other 30 characters one of 16 (2.35 nats, 20% of characters right)
+UUID_CHANCE = (30 * math.log(16) + math.log(4)) / 36
 PROBE_SEED = 900_000  # training draws task seeds below 2**30 from its own rng; these cases are fixed
 OUT_MD = "bench/results/tiny_skill_probe.md"
 
@@ -75,8 +78,8 @@ def _copy(pool: str, n: int):
 PROBES = (
     Probe("passkey, 512 tokens", "digits after a fixed phrase", math.log(10), _task("passkey", 512)),
     Probe("number_string, 512 tokens", "digits after a fixed phrase", math.log(10), _task("number_string", 512)),
-    Probe("kv_retrieval, 1 pair (100 tokens)", "value after a fixed anchor", math.log(17), _task("kv_retrieval", 100)),
-    Probe("kv_retrieval, 6 pairs (512 tokens)", "lookup by content", math.log(17), _task("kv_retrieval", 512)),
+    Probe("kv_retrieval, 1 pair (100 tokens)", "value after a fixed anchor", UUID_CHANCE, _task("kv_retrieval", 100)),
+    Probe("kv_retrieval, 6 pairs (512 tokens)", "lookup by content", UUID_CHANCE, _task("kv_retrieval", 512)),
     Probe("needle, 512 tokens", "lookup by content", float("nan"), _task("needle", 512)),
     Probe("copy 36 digits", "copy at a fixed offset", math.log(10), _copy(data.DIGIT_POOL, 36)),
     Probe("copy 36 UUID characters", "copy at a fixed offset", math.log(17), _copy(data.HEX_POOL, 36)),
@@ -134,8 +137,8 @@ def main(argv=None):
         "",
         f"`python -m bench.tiny.skill_probe --model {args.model} --cases {args.cases}`; {machine_line()}.",
         "One parallel pass, every answer token masked (like the first denoising step of dense decoding);",
-        "cross-entropy in nats per answer token. Chance: ln of the answer alphabet's size (kv_retrieval:",
-        "about 2.35 nats and 20% right for a guess that knows the UUID v4 layout but not the value).",
+        "cross-entropy in nats per answer token. Chance: ln of the answer alphabet's size; for kv_retrieval",
+        "a guess that knows the UUID v4 layout but not the value (2.35 nats, 20% of characters right).",
         "",
         "| probe | what it takes | cross-entropy | chance | answer tokens right |",
         "|---|---|---|---|---|",
