@@ -29,6 +29,7 @@ LENGTHS = (512, 1024)
 DEPTHS = tuple(i / 9 for i in range(10))
 EVAL_SEED = 2**31
 EVAL_CSV = "bench/results/tiny_eval.csv"
+EVAL_MD = "bench/results/tiny_eval.md"
 SKILL_MD = "bench/results/tiny_skill_probe.md"  # written by bench.tiny.skill_probe
 
 
@@ -115,7 +116,7 @@ def main(argv=None):
     print(table)
     print(by_len)
     if not args.card_only:
-        with open("bench/results/tiny_eval.md", "w") as f:
+        with open(EVAL_MD, "w") as f:
             f.write(
                 f"# tiny-dream accuracy (dense, greedy, {len(rows)} unseen cases)\n\n"
                 f"Command: `python -m bench.tiny.model_card --samples {args.samples}`  \n"

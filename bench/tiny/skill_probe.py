@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +55,8 @@ OUT_MD = "bench/results/tiny_skill_probe.md"
 class Probe:
     name: str
     needs: str  # what answering takes (see the module docstring)
-    chance: float  # cross-entropy (nats) of a uniform guess over the answer alphabet
-    make: object  # (seed) -> (prompt ids, answer ids)
+    chance: float | None  # cross-entropy (nats) of an uninformed guess (module docstring); None: not defined
+    make: Callable[[int], tuple[list[int], list[int]]]  # seed -> (prompt ids, answer ids)
 
 
 def _task(task: str, length: int):
@@ -80,7 +81,7 @@ PROBES = (
     Probe("number_string, 512 tokens", "digits after a fixed phrase", math.log(10), _task("number_string", 512)),
     Probe("kv_retrieval, 1 pair (100 tokens)", "value after a fixed anchor", UUID_CHANCE, _task("kv_retrieval", 100)),
     Probe("kv_retrieval, 6 pairs (512 tokens)", "lookup by content", UUID_CHANCE, _task("kv_retrieval", 512)),
-    Probe("needle, 512 tokens", "lookup by content", float("nan"), _task("needle", 512)),
+    Probe("needle, 512 tokens", "lookup by content", None, _task("needle", 512)),
     Probe("copy 36 digits", "copy at a fixed offset", math.log(10), _copy(data.DIGIT_POOL, 36)),
     Probe("copy 36 UUID characters", "copy at a fixed offset", math.log(17), _copy(data.HEX_POOL, 36)),
     Probe("copy 200 digits (trained length)", "copy at a fixed offset", math.log(10), _copy(data.DIGIT_POOL, 200)),
@@ -138,7 +139,7 @@ def main(argv=None):
         f"`python -m bench.tiny.skill_probe --model {args.model} --cases {args.cases}`; {machine_line()}.",
         "One parallel pass, every answer token masked (like the first denoising step of dense decoding);",
         "cross-entropy in nats per answer token. Chance: ln of the answer alphabet's size; for kv_retrieval",
-        "a guess that knows the UUID v4 layout but not the value (2.35 nats, 20% of characters right).",
+        f"a guess that knows the UUID v4 layout but not the value ({UUID_CHANCE:.2f} nats, 20% of characters right).",
         "",
         "| probe | what it takes | cross-entropy | chance | answer tokens right |",
         "|---|---|---|---|---|",
@@ -146,7 +147,7 @@ def main(argv=None):
     for probe in PROBES:
         rows = [probe.make(PROBE_SEED + i) for i in range(args.cases)]
         ce, acc = answer_probe(model, rows)
-        chance = "-" if math.isnan(probe.chance) else f"{probe.chance:.2f}"
+        chance = "-" if probe.chance is None else f"{probe.chance:.2f}"
         lines.append(f"| {probe.name} | {probe.needs} | {ce:.3f} | {chance} | {acc:.0%} |")
         print(lines[-1], flush=True)
     with open(args.out, "w") as f:
