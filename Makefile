@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install test test-fast demo bench lint clean
+.PHONY: install test test-compat demo bench lint clean
 
 install: $(STAMP)
 
@@ -35,6 +35,22 @@ $(STAMP): setup.py
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+# The oldest versions we declare support for, in a second venv: the tests marked `compat`
+# (loading, tokenizers, config parsing, one prefilling case, the AOT compile gate) run there.
+COMPAT_VENV ?= .venv-compat
+COMPAT_PINS ?= transformers==4.46.3 triton==3.6.0
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+
+$(COMPAT_STAMP): setup.py
+	$(PY) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip --disable-pip-version-check -q install $(PIP_TORCH_ARGS) "$(TORCH_SPEC)" $(COMPAT_PINS)
+	$(COMPAT_VENV)/bin/python -m pip --disable-pip-version-check -q install -e ".[dev]" $(COMPAT_PINS)
+	@touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -c "import transformers, triton; print('[compat] transformers', transformers.__version__, 'triton', triton.__version__)"
+	$(COMPAT_VENV)/bin/python -m pytest -q -m compat tests
+
 demo: $(STAMP)
 	$(BIN)/python -m bench.demo
 
@@ -46,4 +62,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check triton_kernels dllm bench tests
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) *.egg-info .pytest_cache

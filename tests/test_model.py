@@ -113,6 +113,7 @@ def test_bf16_forward_close_to_fp32(tmp_path):
 # --- bad input -------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_missing_config(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         dllm.load_model(str(tmp_path))
@@ -120,12 +121,14 @@ def test_missing_config(tmp_path):
         dllm.load_model(str(tmp_path / "nope"))
 
 
+@pytest.mark.compat
 def test_invalid_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         dllm.load_model(str(tmp_path))
 
 
+@pytest.mark.compat
 def test_unknown_family(tmp_path):
     write_dream_checkpoint(str(tmp_path))
     cfg = json.loads((tmp_path / "config.json").read_text())
