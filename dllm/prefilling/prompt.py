@@ -16,16 +16,24 @@ class PromptParts:
     Attributes:
         prefix: ``[P]`` int64, instructions before the context (normally starting with BOS);
             may be empty. Encoded once as its own static segment.
-        context: ``[L_ctx]`` int64, the long document; cut into chunks. Must be non-empty.
+        context: ``[L_ctx]`` int64, the long document; cut into chunks. Non-empty, or None when
+            the document comes as a :class:`~dllm.prefilling.document.DocumentCache`
+            (``dllm.generate(..., document=doc)``).
         query: ``[L_q]`` int64, the question after the context; live in every step. Non-empty.
     """
 
     prefix: torch.Tensor
-    context: torch.Tensor
+    context: torch.Tensor | None
     query: torch.Tensor
 
     def full(self) -> torch.Tensor:
-        """``[P + L_ctx + L_q]``: the prompt as one sequence (what dense decoding reads)."""
+        """``[P + L_ctx + L_q]``: the prompt as one sequence (what dense decoding reads).
+
+        Raises:
+            ValueError: no context (it lives in a document cache).
+        """
+        if self.context is None:
+            raise ValueError("these PromptParts hold no context (it is in a DocumentCache)")
         return torch.cat([self.prefix, self.context, self.query])
 
 

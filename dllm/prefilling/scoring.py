@@ -36,27 +36,32 @@ from dllm.prefilling.chunks import ChunkCache
 class ChunkScores:
     """Scores of every chunk.
 
+    A term is None when the configuration never computed it (``score_mode="dllm"`` runs only the
+    passes its terms need).
+
     Attributes:
-        self_info: ``[N]`` fp32, s_I (mean log-prob, <= 0).
-        pseudo_label: ``[N]`` fp32, s_P.
+        self_info: ``[N]`` fp32, s_I (mean log-prob, <= 0), or None.
+        pseudo_label: ``[N]`` fp32, s_P, or None.
         answer_confidence: ``[N]`` fp32, s_C: mean over the m draft slots of the log of the top-1
             probability given chunk + query (how sure the model is of *some* answer; our variant,
-            from the probe of DESIGN section 6: it needs no draft to be right).
+            from the probe of DESIGN section 6: it needs no draft to be right), or None.
         draft_contrast: ``[N]`` fp32 (property), s_C - s_P: sure of *some* answer and unlike the
             context-free draft (our variant: a chunk that holds the answer overrides the guessed draft,
-            while an irrelevant chunk leaves the model answering the draft).
+            while an irrelevant chunk leaves the model answering the draft); None when s_C or s_P is.
         total: ``[N]`` fp32, the sum of the configured terms (higher = more relevant).
         token_scores: per layer ``[N, Hkv, T]`` fp32 attention mass per chunk token, or None.
     """
 
-    self_info: torch.Tensor
-    pseudo_label: torch.Tensor
-    answer_confidence: torch.Tensor
+    self_info: torch.Tensor | None
+    pseudo_label: torch.Tensor | None
+    answer_confidence: torch.Tensor | None
     total: torch.Tensor
     token_scores: list | None = None
 
     @property
-    def draft_contrast(self) -> torch.Tensor:
+    def draft_contrast(self) -> torch.Tensor | None:
+        if self.answer_confidence is None or self.pseudo_label is None:
+            return None
         return self.answer_confidence - self.pseudo_label
 
 
@@ -169,16 +174,20 @@ def score_chunks(
         batch: chunks per forward (None = all).
 
     Returns:
-        (:class:`ChunkScores`, number of model forwards).
+        (:class:`ChunkScores`, number of model forwards). In ``dllm`` mode s_I is computed only
+        when it is a term, s_P and s_C only when one of theirs is or token scores are wanted.
     """
     n = chunks.num_chunks
     step = batch or n
     mq, m = query.numel(), labels.numel()
     mask_id = model.mask_token_id
     dev = query.device
-    s_i = torch.zeros(n, dtype=torch.float32, device=dev)
-    s_p = torch.zeros(n, dtype=torch.float32, device=dev)
-    s_c = torch.zeros(n, dtype=torch.float32, device=dev)
+    need_i = mode == "causal" or "self_info" in terms
+    need_p = mode == "causal" or bool({"pseudo_label", "answer_confidence", "draft_contrast"} & set(terms))
+    need_p = need_p or token_scores
+    s_i = torch.zeros(n, dtype=torch.float32, device=dev) if need_i else None
+    s_p = torch.zeros(n, dtype=torch.float32, device=dev) if need_p else None
+    s_c = torch.zeros(n, dtype=torch.float32, device=dev) if need_p else None
     cfg = model.config
     acc = None
     if token_scores:
@@ -206,16 +215,16 @@ def score_chunks(
                 _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
                 nfe += 1
             continue
-        if "self_info" in terms:
+        if need_i:
             live_i = torch.full((mq + m,), mask_id, dtype=torch.long, device=dev)
             logits = _cached_pass(model, chunks, live_i, lo, hi)
             nfe += 1
             s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, q_sel)
-        if {"pseudo_label", "answer_confidence", "draft_contrast"} & set(terms) or token_scores:
+        if need_p:
             logits = _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
             nfe += 1
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
             s_c[lo:hi] = _top1_logprob(logits[:, mq:])
-    scores = ChunkScores(s_i, s_p, s_c, total=torch.zeros_like(s_i), token_scores=acc)
+    scores = ChunkScores(s_i, s_p, s_c, total=torch.zeros(n, dtype=torch.float32, device=dev), token_scores=acc)
     scores.total = sum(getattr(scores, t) for t in terms)  # term names are the attribute names
     return scores, nfe
