@@ -4,7 +4,9 @@ On a CUDA machine the kernel microbenchmarks run compiled on the GPU; elsewhere 
 CPU comparison of the torch paths runs (labelled CPU). Then the end-to-end studies on
 the bundled tiny model: speed vs context length, the lost-in-the-middle heatmaps and
 the chunk-size trade-off, each under its own time budget (cells that would overrun are
-skipped and listed). CSVs (with provenance columns) and PNGs go to ``bench/results/``;
+skipped and listed), and the document cache (questions from a cached 16K-token document vs
+fresh runs, a 128K-token document; --scale below 1 shrinks both documents). CSVs (with
+provenance columns) and PNGs go to ``bench/results/``;
 ``bench/results/SUMMARY.md`` gathers the tables with the command and machine line.
 """
 
@@ -18,10 +20,10 @@ import time
 
 import torch
 
-from bench import chunk_tradeoff, e2e_speed, lost_in_middle
+from bench import chunk_tradeoff, document_cache, e2e_speed, lost_in_middle
 from bench.provenance import machine_line
 
-STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff")
+STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache")
 
 
 def main(argv=None) -> int:
@@ -61,6 +63,13 @@ def main(argv=None) -> int:
     if "chunk_tradeoff" in args.only:
         chunk_tradeoff.main(["--budget", str(b["chunk_tradeoff"]), "--out", args.out])
         done.append("chunk_tradeoff.md")
+    if "document_cache" in args.only:
+        shrink = min(1.0, args.scale)
+        document_cache.main(
+            ["--out", args.out, "--length", str(max(2048, int(16384 * shrink)))]
+            + ["--long-length", str(max(4096, int(131072 * shrink)))]
+        )
+        done.append("document_cache.md")
     lines = [
         "# Benchmark summary",
         "",

@@ -1,7 +1,14 @@
-"""Command line: ``python -m dllm {generate,eval}``.
+"""Command line: ``python -m dllm {generate,encode,eval}``.
 
     python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling]
+    python -m dllm encode --context-file doc.txt --out doc.cache [--chunk-size 256]
+    python -m dllm generate --document doc.cache --prompt-file q.txt [--question TEXT ...]
     python -m dllm eval passkey --lengths 1024 4096 --depths 0 0.5 1 --method prefilling --samples 5
+
+``encode`` runs the chunked prefill of a document once and saves it (:class:`dllm.DocumentCache`);
+``generate --document`` answers from it without encoding a chunk again (method prefilling). Each
+``--question`` (repeatable) fills the prompt's ``{question}`` slot (or is appended to the prompt;
+without ``--prompt-file`` the prompt is the document followed by the question), all from one load.
 
 (The demo and the benchmarks live in ``bench/``: ``make demo``, ``make bench``.)
 
@@ -25,7 +32,12 @@ def _add_model_args(p):
 
 
 def _add_decode_args(p, gen_length_default):
-    p.add_argument("--method", default="dense", choices=["dense", "prefix_cache", "prefilling"])
+    p.add_argument(
+        "--method",
+        default=None,
+        choices=["dense", "prefix_cache", "prefilling"],
+        help="default: prefilling with --document, else dense",
+    )
     p.add_argument("--gen-length", type=int, default=gen_length_default, help="response tokens")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: gen-length)")
     p.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (default: gen-length)")
@@ -79,27 +91,25 @@ def _decode_kwargs(args):
     return kw
 
 
-def cmd_generate(args) -> int:
-    import dllm
-    from dllm.tokenization import encode_text
+def _prompts(args) -> list:
+    """The prompt templates to answer: the prompt file, once per ``--question`` when given."""
+    template = None
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            template = f.read()
+    if not args.question:
+        if template is None:
+            raise ValueError("generate needs --prompt-file or --question")
+        return [template]
+    if template is None:
+        template = "{context}{question}"
+    if "{question}" not in template:
+        template += "{question}"
+    return [template.replace("{question}", q) for q in args.question]
 
-    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
-    with open(args.prompt_file, encoding="utf-8") as f:
-        template = f.read()
-    kw = _decode_kwargs(args)
-    if args.method == "prefilling":
-        from dllm.prefilling import split_prompt
 
-        context = None
-        if args.context_file:
-            with open(args.context_file, encoding="utf-8") as f:
-                context = f.read()
-        parts = split_prompt(model, template, context=context, query_window=kw["prefilling"].query_window)
-        res = dllm.generate(model, prompt=parts, progress=True, **kw)
-    else:
-        text = template.replace("{context}", open(args.context_file).read()) if args.context_file else template
-        res = dllm.generate(model, encode_text(model, text, bos=True)[None], progress=True, **kw)
-    print(res.text[0] if res.text is not None else res.tokens[0].tolist())
+def _print_result(res) -> None:
+    print(res.text[0] if res.text is not None else res.tokens[0].tolist(), flush=True)
     stats = {
         "nfe": res.stats.nfe,
         "steps": res.stats.steps,
@@ -107,7 +117,64 @@ def cmd_generate(args) -> int:
         "tokens_per_second": round(res.stats.tokens_per_second, 2),
         **{k: v for k, v in res.stats.extra.items() if k != "gen_tokens"},
     }
-    print(json.dumps(stats), file=sys.stderr)
+    print(json.dumps(stats), file=sys.stderr, flush=True)
+
+
+def cmd_generate(args) -> int:
+    import dllm
+    from dllm.tokenization import encode_text
+
+    if args.document and args.context_file:
+        raise ValueError("--document and --context-file both give the context: pass one")
+    args.method = args.method or ("prefilling" if args.document else "dense")
+    if args.document and args.method != "prefilling":
+        raise ValueError(f"--document answers with --method prefilling, not {args.method}")
+    templates = _prompts(args)
+    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
+    document = dllm.DocumentCache.load(args.document, model) if args.document else None
+    if document is not None and args.chunk_size is None:
+        args.chunk_size = document.chunk_size
+    kw = _decode_kwargs(args)
+    context = None
+    if args.context_file:
+        with open(args.context_file, encoding="utf-8") as f:
+            context = f.read()
+    for template in templates:
+        if document is not None:
+            from dllm.prefilling import split_document_prompt
+
+            parts = split_document_prompt(model, template)
+            res = dllm.generate(model, prompt=parts, document=document, progress=True, **kw)
+        elif args.method == "prefilling":
+            from dllm.prefilling import split_prompt
+
+            parts = split_prompt(model, template, context=context, query_window=kw["prefilling"].query_window)
+            res = dllm.generate(model, prompt=parts, progress=True, **kw)
+        else:
+            text = template.replace("{context}", context) if context is not None else template
+            res = dllm.generate(model, encode_text(model, text, bos=True)[None], progress=True, **kw)
+        _print_result(res)
+    return 0
+
+
+def cmd_encode(args) -> int:
+    import dllm
+    from dllm.prefilling import PrefillingConfig
+
+    with open(args.context_file, encoding="utf-8") as f:
+        text = f.read()
+    cfg_fields = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
+    cfg = PrefillingConfig(**{k: v for k, v in cfg_fields.items() if v is not None})
+    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
+    ids = dllm.encode_text(model, text)
+    if ids.numel() == 0:
+        raise ValueError(f"--context-file {args.context_file} holds no tokens")
+    doc = dllm.encode_document(model, ids, prefilling=cfg, progress=True)
+    doc.save(args.out)
+    print(
+        f"wrote {args.out}: {len(doc)} tokens in {doc.num_chunks} chunks of {doc.chunk_size}, "
+        f"{os.path.getsize(args.out) / 2**20:.1f} MiB"
+    )
     return 0
 
 
@@ -116,6 +183,7 @@ def cmd_eval(args) -> int:
     from dllm.evaluation import accuracy_table, evaluate, write_csv
 
     model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
+    args.method = args.method or "dense"
     kw = _decode_kwargs(args)
     gen_length = kw.pop("gen_length")
     method = kw.pop("method")
@@ -150,12 +218,24 @@ def main(argv=None) -> int:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    g = sub.add_parser("generate", help="answer one prompt")
+    g = sub.add_parser("generate", help="answer one prompt (or several questions)")
     _add_model_args(g)
-    g.add_argument("--prompt-file", required=True, help="prompt text; may hold a {context} slot")
+    g.add_argument("--prompt-file", default=None, help="prompt text; may hold {context} and {question} slots")
     g.add_argument("--context-file", default=None, help="text put into the prompt's {context} slot")
+    g.add_argument("--document", default=None, help="a document cache from `encode` (the prompt's {context})")
+    g.add_argument(
+        "--question", action="append", default=None, help="a question (repeatable): each is answered in turn"
+    )
     _add_decode_args(g, 32)
     g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("encode", help="encode a document once for later questions (a document cache)")
+    _add_model_args(c)
+    c.add_argument("--context-file", required=True, help="the document text")
+    c.add_argument("--out", required=True, help="where the cache goes (one safetensors file)")
+    c.add_argument("--chunk-size", type=int, default=None, help="C, tokens per chunk (default: 1024)")
+    c.add_argument("--prefill-batch", type=int, default=None, help="chunks per forward (default: all)")
+    c.set_defaults(func=cmd_encode)
 
     e = sub.add_parser("eval", help="accuracy on a seeded task (CSV + table)")
     e.add_argument("task", choices=["passkey", "number_string", "kv_retrieval", "needle"])

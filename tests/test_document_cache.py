@@ -215,3 +215,49 @@ def test_bundled_model_answers_the_pass_key_from_a_saved_document(tmp_path):
     cached = dllm.generate(tiny, prompt=PromptParts(parts.prefix, None, parts.query), document=doc, **kw)
     assert torch.equal(cached.tokens, fresh.tokens)
     assert score("passkey", cached.text[0], case), (cached.text[0], case.answer)
+
+
+def test_cli_encode_then_answer_several_questions_from_the_document(tmp_path, capsys):
+    """encode + generate --document --question x2 answer as generate --context-file does."""
+    from dllm.cli import main
+
+    doc_txt = tmp_path / "doc.txt"
+    doc_txt.write_text("The grass is green. " * 40 + "The pass key is 42917. Remember it. " + "The sky is blue. " * 40)
+    prompt = tmp_path / "q.txt"
+    prompt.write_text("Find the pass key.\n\n{context}\n\n{question}")
+    questions = ["What is the pass key? The pass key is ", "What was the pass key? The pass key is "]
+    cache = tmp_path / "doc.cache"
+    assert main(["encode", "--context-file", str(doc_txt), "--out", str(cache), "--chunk-size", "128"]) == 0
+    assert "chunks of 128" in capsys.readouterr().out and cache.exists()
+    common = ["--prompt-file", str(prompt), "--gen-length", "8", "--top-k", "2"]
+    qargs = [a for q in questions for a in ("--question", q)]
+    assert main(["generate", "--document", str(cache), *common, *qargs]) == 0
+    out, err = capsys.readouterr()
+    answers = out.strip("\n").split("\n")
+    stats = [json.loads(line) for line in err.strip().splitlines() if line.startswith("{")]
+    assert len(answers) == 2 and len(stats) == 2 and all(s["document"] is True for s in stats)
+    for q, answer in zip(questions, answers):
+        fresh = ["generate", "--method", "prefilling", "--context-file", str(doc_txt), "--chunk-size", "128"]
+        assert main([*fresh, *common, "--question", q]) == 0
+        assert capsys.readouterr().out.strip("\n") == answer
+    with pytest.raises(ValueError, match="chunk_size mismatch"):
+        main(["generate", "--document", str(cache), *common, "--question", "x", "--chunk-size", "64"])
+    with pytest.raises(ValueError, match="--document and --context-file"):
+        main(["generate", "--document", str(cache), "--context-file", str(doc_txt), *common])
+
+
+def test_bench_writes_both_parts_with_provenance(tmp_path):
+    """bench.document_cache on small documents: every row carries provenance, cached tokens equal fresh ones."""
+    import csv
+
+    from bench import document_cache
+
+    assert document_cache.main(["--out", str(tmp_path), "--length", "1024", "--long-length", "2048"]) == 0
+    rows = list(csv.DictReader((tmp_path / "document_cache.csv").open()))
+    assert {r["run"] for r in rows} == {"encode", "fresh", "cached"} and all(r["commit"] for r in rows)
+    q = [r for r in rows if r["part"] == "questions" and r["run"] != "encode"]
+    assert len(q) == 8 and all(r["equal_tokens"] == "1" for r in q)
+    (long,) = [r for r in rows if r["part"] == "long"]
+    assert int(long["cache_bytes_disk"]) >= int(long["cache_bytes_memory"]) > 0
+    md = (tmp_path / "document_cache.md").read_text()
+    assert "Machine:" in md and "passkey document, 4 questions" in md

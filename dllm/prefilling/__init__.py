@@ -19,7 +19,7 @@ from dllm.prefilling.pipeline import (
     score_and_select,
 )
 from dllm.prefilling.positions import chunk_offsets
-from dllm.prefilling.prompt import PromptParts, split_prompt
+from dllm.prefilling.prompt import PromptParts, split_document_prompt, split_prompt
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
 
 __all__ = [
@@ -43,5 +43,6 @@ __all__ = [
     "prefill",
     "score_and_select",
     "score_chunks",
+    "split_document_prompt",
     "split_prompt",
 ]

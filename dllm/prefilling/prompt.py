@@ -74,3 +74,25 @@ def split_prompt(model, template: str, *, context: str | None = None, query_wind
     if parts.query.numel() == 0:
         raise ValueError("the query (text after {context}) is empty")
     return parts
+
+
+def split_document_prompt(model, template: str) -> PromptParts:
+    """Prefix and query of a prompt whose context is a :class:`~dllm.prefilling.document.DocumentCache`.
+
+    With one ``{context}`` slot the text before it (after BOS) is the prefix and the text after it
+    the query; without a slot the prefix is BOS alone and the whole template is the query.
+
+    Returns:
+        ``PromptParts(prefix, None, query)``.
+
+    Raises:
+        ValueError: several slots, or an empty query.
+    """
+    n_slots = template.count("{context}")
+    if n_slots > 1:
+        raise ValueError("the prompt template holds more than one {context} slot")
+    before, after = template.split("{context}") if n_slots else ("", template)
+    parts = PromptParts(encode_text(model, before, bos=True), None, encode_text(model, after))
+    if parts.query.numel() == 0:
+        raise ValueError("the query (the prompt text after the document) is empty")
+    return parts

@@ -1,0 +1,235 @@
+"""Document caches on the bundled tiny model: many questions over one document, and a 128K-token document.
+
+    python -m bench.document_cache --out DIR [--length 16384] [--long-length 131072] [--skip-long]
+
+Part 1 (``questions``): a passkey document of ``--length`` tokens is asked four questions (four
+wordings of "what is the pass key?"), each once fresh (chunked prefill + scoring + decoding, the
+paper's method) and once from a :class:`dllm.DocumentCache` encoded beforehand (scoring +
+decoding only). Both runs of a question use the same configuration, so their tokens must be
+equal (checked and reported); the table gives seconds per question side by side, their ratio,
+and the one-off encoding time (with the break-even number of questions).
+
+Part 2 (``long``): a passkey document of ``--long-length`` tokens is encoded once, saved, loaded
+back (memory-mapped) and asked the canonical question: encoding, saving and loading seconds,
+cache bytes in memory and on disk, seconds per question, the answer, and the peak resident
+memory of the process.
+
+A warm-up generation runs first (untimed). Writes ``document_cache.csv`` (provenance columns on
+every row) and ``document_cache.md`` (machine line) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import torch
+
+from bench.demo import TINY_PREFILLING
+from bench.provenance import machine_line, write_csv
+from dllm.evaluation import case_inputs
+from dllm.generate import generate
+from dllm.loader import load_model
+from dllm.prefilling import DocumentCache, PromptParts, encode_document
+from dllm.tasks import make_case, score
+from dllm.tokenization import encode_text
+
+# Four wordings of one question (the first is the task's canonical query).
+QUESTIONS = (
+    None,  # the case's own query
+    "\n\nWhat was the pass key hidden in the text? The pass key is ",
+    "\n\nQuestion: What is the pass key?\nAnswer: The pass key is ",
+    "\n\nRecall the pass key from the text above. The pass key is ",
+)
+GEN, STEPS = 8, 8
+# The demo's configuration; chunks encoded and scored 32 at a time so that a 128K-token document's
+# activations stay small (the K/V of all chunks are kept either way).
+CONFIG = dataclasses.replace(TINY_PREFILLING, prefill_batch=32)
+SEED = 10**9 + 17
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def _ask(model, prefix, context, query, document=None):
+    t0 = time.perf_counter()
+    res = generate(
+        model,
+        method="prefilling",
+        prompt=PromptParts(prefix, context, query),
+        document=document,
+        prefilling=CONFIG,
+        gen_length=GEN,
+        steps=STEPS,
+    )
+    return res, time.perf_counter() - t0
+
+
+def _phases(res) -> dict:
+    return {f"{k}_s": round(v, 4) for k, v in res.stats.seconds.items()}
+
+
+def questions(model, length: int) -> list[dict]:
+    """Part 1: four questions over one document, fresh vs from the document cache."""
+    case = make_case("passkey", length, 0.5, SEED, tokenizer=None)
+    parts = case_inputs(model, case, "prefilling")["prompt"]
+    queries = [parts.query if q is None else encode_text(model, q) for q in QUESTIONS]
+    t0 = time.perf_counter()
+    doc = encode_document(model, parts.context, prefilling=CONFIG)
+    encode_s = time.perf_counter() - t0
+    rows = [{"part": "questions", "tokens": len(doc), "run": "encode", "seconds": round(encode_s, 4)}]
+    for i, query in enumerate(queries):
+        fresh, fresh_s = _ask(model, parts.prefix, parts.context, query)
+        cached, cached_s = _ask(model, parts.prefix, None, query, document=doc)
+        for run, res, sec in (("fresh", fresh, fresh_s), ("cached", cached, cached_s)):
+            rows.append(
+                {
+                    "part": "questions",
+                    "tokens": len(doc),
+                    "run": run,
+                    "question": i,
+                    "seconds": round(sec, 4),
+                    **_phases(res),
+                    "nfe": res.stats.nfe,
+                    "answer": res.text[0],
+                    "correct": int(score("passkey", res.text[0], case)),
+                    "equal_tokens": int(torch.equal(fresh.tokens, cached.tokens)),
+                }
+            )
+        print(f"  question {i}: fresh {fresh_s:.2f} s, cached {cached_s:.2f} s", flush=True)
+    return rows
+
+
+def long_document(model, length: int) -> list[dict]:
+    """Part 2: encode, save, load and ask a ``length``-token document."""
+    case = make_case("passkey", length, 0.5, SEED + 1, tokenizer=None)
+    parts = case_inputs(model, case, "prefilling")["prompt"]
+    t0 = time.perf_counter()
+    doc = encode_document(model, parts.context, prefilling=CONFIG)
+    encode_s = time.perf_counter() - t0
+    in_memory = doc.nbytes
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "doc.cache")
+        t0 = time.perf_counter()
+        doc.save(path)
+        save_s = time.perf_counter() - t0
+        on_disk = os.path.getsize(path)
+        del doc
+        t0 = time.perf_counter()
+        loaded = DocumentCache.load(path, model)
+        load_s = time.perf_counter() - t0
+        res, ask_s = _ask(model, parts.prefix, None, parts.query, document=loaded)
+        del loaded
+    print(f"  {length} tokens: encode {encode_s:.1f} s, question {ask_s:.1f} s, answer {res.text[0]!r}", flush=True)
+    return [
+        {
+            "part": "long",
+            "tokens": len(parts.context),
+            "run": "cached",
+            "question": 0,
+            "seconds": round(ask_s, 4),
+            **_phases(res),
+            "nfe": res.stats.nfe,
+            "answer": res.text[0],
+            "correct": int(score("passkey", res.text[0], case)),
+            "encode_s": round(encode_s, 4),
+            "save_s": round(save_s, 4),
+            "load_s": round(load_s, 4),
+            "cache_bytes_memory": in_memory,
+            "cache_bytes_disk": on_disk,
+            "peak_rss_gib": round(_peak_rss_gib(), 3),
+        }
+    ]
+
+
+def summarize(rows: list[dict]) -> str:
+    """Markdown tables of both parts."""
+    lines = []
+    q = [r for r in rows if r["part"] == "questions"]
+    if q:
+        enc = next(r for r in q if r["run"] == "encode")
+        fresh = {r["question"]: r for r in q if r["run"] == "fresh"}
+        cached = {r["question"]: r for r in q if r["run"] == "cached"}
+        lines += [
+            f"### {enc['tokens']}-token passkey document, {len(fresh)} questions",
+            "",
+            "| question | fresh s | from cache s | cache / fresh | equal tokens | fresh answer | cached answer |",
+            "|---:|---:|---:|---:|:---:|---|---|",
+        ]
+        for i in sorted(fresh):
+            f, c = fresh[i], cached[i]
+            lines.append(
+                f"| {i} | {f['seconds']:.2f} | {c['seconds']:.2f} | {c['seconds'] / f['seconds']:.2f} | "
+                f"{'yes' if c['equal_tokens'] else 'NO'} | {f['answer']!r} {'ok' if f['correct'] else 'wrong'} | "
+                f"{c['answer']!r} {'ok' if c['correct'] else 'wrong'} |"
+            )
+        f_mean = sum(r["seconds"] for r in fresh.values()) / len(fresh)
+        c_mean = sum(r["seconds"] for r in cached.values()) / len(cached)
+        saved = f_mean - c_mean
+        lines += [
+            "",
+            f"Encoding the document once: {enc['seconds']:.2f} s. Mean per question: fresh {f_mean:.2f} s, "
+            f"from the cache {c_mean:.2f} s ({c_mean / f_mean:.2f}x)"
+            + (f"; the cache pays for itself after {enc['seconds'] / saved:.1f} questions." if saved > 0 else "."),
+            "",
+        ]
+    for r in (r for r in rows if r["part"] == "long"):
+        lines += [
+            f"### {r['tokens']}-token passkey document",
+            "",
+            "| encode s | save s | load s | cache MiB (memory) | cache MiB (disk) | question s | answer | "
+            "peak RSS GiB |",
+            "|---:|---:|---:|---:|---:|---:|---|---:|",
+            f"| {r['encode_s']:.1f} | {r['save_s']:.2f} | {r['load_s']:.3f} | {r['cache_bytes_memory'] / 2**20:.0f} | "
+            f"{r['cache_bytes_disk'] / 2**20:.0f} | {r['seconds']:.2f} | {r['answer']!r} "
+            f"{'ok' if r['correct'] else 'wrong'} | {r['peak_rss_gib']:.2f} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for document_cache.csv / .md")
+    p.add_argument("--length", type=int, default=16384, help="tokens of the document asked four questions")
+    p.add_argument("--long-length", type=int, default=131072, help="tokens of the long document")
+    p.add_argument("--skip-long", action="store_true", help="run part 1 only")
+    args = p.parse_args(argv)
+    torch.set_num_threads(2)
+    model = load_model(device="cpu")
+    t0 = time.perf_counter()
+    warm = make_case("passkey", 1024, 0.5, SEED + 2, tokenizer=None)
+    warm_parts = case_inputs(model, warm, "prefilling")["prompt"]
+    _ask(model, warm_parts.prefix, warm_parts.context, warm_parts.query)  # warm-up, untimed
+    rows = questions(model, args.length)
+    if not args.skip_long:
+        rows += long_document(model, args.long_length)
+    os.makedirs(args.out, exist_ok=True)
+    write_csv(os.path.join(args.out, "document_cache.csv"), rows, "cpu")
+    cmd = " ".join(["python -m bench.document_cache", *(sys.argv[1:] if argv is None else argv)])
+    text = "\n".join(
+        [
+            "# Document cache: questions from a cached document vs fresh runs (bundled tiny model)",
+            "",
+            f"Command: `{cmd}`  ",
+            f"{machine_line('cpu')}; {time.perf_counter() - t0:.0f} s in all.",
+            "",
+            f"Configuration: {CONFIG}; {GEN} response tokens, {STEPS} steps.",
+            "",
+            summarize(rows),
+        ]
+    )
+    with open(os.path.join(args.out, "document_cache.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
