@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from bench.tiny.tokenizer import CHARS, SPECIALS
 from dllm.tasks import make_case
-from dllm.tasks.needle import load_essays  # train split only
+from dllm.tasks.essays import load_essays  # train split only
 
 TASKS = ("passkey", "number_string", "kv_retrieval", "needle")
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
