@@ -14,7 +14,7 @@ Example::
     case = make_case("passkey", 4096, 0.5, seed=0)
     ok = score("passkey", model_output, case)
 
-LongBench data (local JSONL) and metrics live in :mod:`dllm.tasks.longbench`.
+LongBench data (local JSONL) and metrics live in :mod:`dllm.longbench`.
 """
 
 from __future__ import annotations

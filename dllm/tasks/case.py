@@ -1,14 +1,18 @@
-"""What the task generators share: the case record, the wording lists, the options."""
+"""What the task generators share: the case record, the wording, the options."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["TaskCase", "Wording", "pick", "PHRASINGS", "SPLITS"]
+__all__ = ["TaskCase", "WORDING", "Wording", "pick", "PHRASINGS", "SPLITS"]
 
 PHRASINGS = ("canonical", "random")
 SPLITS = ("eval", "train")
+WORDING: dict = json.loads((Path(__file__).parent / "wording.json").read_text(encoding="utf-8"))
+"""Every task's templates and word pools, from ``dllm/tasks/wording.json``."""
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,17 @@ class TaskCase:
 
 @dataclass(frozen=True)
 class Wording:
-    """A task's templates. The first entry of each is the canonical
-    (InfiniteBench / NIAH) wording; the random phrasing picks any entry. Every
-    query ends where the answer starts."""
+    """A task's templates (an entry of :data:`WORDING`). The first entry of each
+    is the canonical (InfiniteBench / NIAH) wording; the random phrasing picks
+    any entry. Every query ends where the answer starts."""
 
     needles: tuple[str, ...]
     prefixes: tuple[str, ...]
     queries: tuple[str, ...]
+
+    @classmethod
+    def of(cls, task: str) -> Wording:
+        return cls(*(tuple(WORDING[task][k]) for k in ("needles", "prefixes", "queries")))
 
 
 def pick(rng: random.Random, options: tuple[str, ...], canonical: bool) -> str:

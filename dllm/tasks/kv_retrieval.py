@@ -15,26 +15,14 @@ import random
 import uuid
 from typing import Any
 
-from .case import pick
+from .case import WORDING, pick
 from .haystack import FilledContext, PrefixTokens
 from .text import count_tokens
 
 __all__ = ["KV_PREFIXES", "KV_QUERIES", "seeded_uuid", "make_kv_retrieval"]
 
-KV_PREFIXES: tuple[str, ...] = (
-    "Extract the value corresponding to the specified key in the JSON object below.\n\n",
-    "The JSON object below maps keys to values. You will be asked for the value of one key.\n\n",
-    "Read the following JSON data carefully.\n\n",
-    "Here is a dictionary of identifiers. Find the value that belongs to the requested key.\n\n",
-    "",
-)
-KV_QUERIES: tuple[str, ...] = (
-    '\n\nKey: "{key}"\nThe value associated with the specified key is: ',
-    '\n\nWhat is the value of the key "{key}"? The value is: ',
-    '\n\nQuestion: Which value belongs to key "{key}"?\nAnswer: ',
-    '\n\nLook up "{key}" in the JSON object above. Its value is ',
-    '\n\nKey: "{key}"\nValue: ',
-)
+KV_PREFIXES: tuple[str, ...] = tuple(WORDING["kv_retrieval"]["prefixes"])
+KV_QUERIES: tuple[str, ...] = tuple(WORDING["kv_retrieval"]["queries"])  # {key}: the asked key
 _OPEN, _SEP, _CLOSE = "{", ", ", "}"
 
 

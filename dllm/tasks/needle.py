@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from .case import pick
+from .case import WORDING, pick
 from .essays import essay_sentences, essay_units, load_essays
 from .haystack import FilledContext, fill_context
 
@@ -36,127 +36,13 @@ class FactKind:
     answers: tuple[str, ...]
 
 
-NAMES: tuple[str, ...] = (
-    "Mara", "Tobias", "Ingrid", "Rafael", "Priya", "Oskar", "Lena", "Mateo", "Yuki", "Amara",
-    "Felix", "Hana", "Nikolai", "Zara", "Emil", "Sofia", "Kwame", "Dalia", "Anika", "Bruno",
-)  # fmt: skip
-
-FACT_KINDS: tuple[FactKind, ...] = (
-    FactKind(
-        "soup",
-        (
-            "The secret ingredient in {name}'s soup is {a}.",
-            "Nobody knows that the secret ingredient in {name}'s soup is {a}.",
-            "{name} revealed that {a} is the secret ingredient in the soup.",
-        ),
-        (
-            "What is the secret ingredient in {name}'s soup? The secret ingredient in {name}'s soup is ",
-            "Question: What secret ingredient does {name} put in the soup?\nAnswer: ",
-            "Which secret ingredient is in {name}'s soup? It is ",
-        ),
-        ("cardamom", "saffron", "tamarind", "fenugreek", "sumac", "lemongrass", "star anise",
-         "smoked paprika", "black garlic", "juniper berries", "galangal", "nutmeg"),
-    ),
-    FactKind(
-        "pet",
-        (
-            "{name}'s pet tortoise is named {a}.",
-            "{name} has a pet tortoise called {a}.",
-            "The name of {name}'s pet tortoise is {a}.",
-        ),
-        (
-            "What is the name of {name}'s pet tortoise? {name}'s pet tortoise is named ",
-            "Question: What is {name}'s tortoise called?\nAnswer: ",
-            "What did {name} name the pet tortoise? The tortoise is named ",
-        ),
-        ("Biscuit", "Pumpernickel", "Waffles", "Marmalade", "Noodle", "Pickles", "Sprocket",
-         "Captain Crumble", "Mister Pebble", "Dumpling", "Tofu", "Bramble"),
-    ),
-    FactKind(
-        "city",
-        (
-            "{name} grew up in the city of {a}.",
-            "{name} spent a whole childhood in {a}.",
-            "The city where {name} grew up is {a}.",
-        ),
-        (
-            "In which city did {name} grow up? {name} grew up in the city of ",
-            "Question: Where did {name} grow up?\nAnswer: ",
-            "Which city is {name}'s hometown? It is ",
-        ),
-        ("Reykjavik", "Montevideo", "Ljubljana", "Tbilisi", "Windhoek", "Valparaiso", "Bratislava",
-         "Kathmandu", "Asuncion", "Tallinn", "Zanzibar", "Cartagena"),
-    ),
-    FactKind(
-        "password",
-        (
-            "The password for {name}'s bicycle lock is {a}.",
-            "{name} locks the bicycle with the password {a}.",
-            "To open {name}'s bicycle lock, use the password {a}.",
-        ),
-        (
-            "What is the password for {name}'s bicycle lock? The password for {name}'s bicycle lock is ",
-            "Question: Which password opens {name}'s bicycle lock?\nAnswer: ",
-            "What password does {name} use for the bicycle lock? The password is ",
-        ),
-        ("bluebird", "marigold", "cobblestone", "tangerine", "driftwood", "pinecone", "moonbeam",
-         "huckleberry", "snowdrop", "sandpiper", "gingersnap", "thistle"),
-    ),
-    FactKind(
-        "hiding",
-        (
-            "{name} hid the golden key inside the {a}.",
-            "The golden key is hidden inside the {a}, where {name} put it.",
-            "{name} put the golden key inside the {a} to keep it safe.",
-        ),
-        (
-            "Where did {name} hide the golden key? {name} hid the golden key inside the ",
-            "Question: Where is the golden key that {name} hid?\nAnswer: Inside the ",
-            "In what place did {name} hide the golden key? Inside the ",
-        ),
-        ("blue teapot", "cuckoo clock", "flower pot", "old piano", "toolbox", "umbrella stand",
-         "laundry basket", "birdhouse", "cookie jar", "violin case", "fish tank", "sewing box"),
-    ),
-    FactKind(
-        "instrument",
-        (
-            "{name} plays the {a} in a jazz band.",
-            "In the jazz band, {name} plays the {a}.",
-            "Every Friday {name} plays the {a} with a jazz band.",
-        ),
-        (
-            "Which instrument does {name} play in the jazz band? {name} plays the ",
-            "Question: What instrument does {name} play in the jazz band?\nAnswer: The ",
-            "What does {name} play in the jazz band? {name} plays the ",
-        ),
-        ("trombone", "clarinet", "vibraphone", "double bass", "saxophone", "banjo", "oboe",
-         "accordion", "harmonica", "tuba", "xylophone", "bassoon"),
-    ),
-    FactKind(
-        "color",
-        (
-            "{name}'s favorite color is {a}.",
-            "Of all colors, {name} likes {a} the most.",
-            "The color {name} loves most is {a}.",
-        ),
-        (
-            "What is {name}'s favorite color? {name}'s favorite color is ",
-            "Question: Which color does {name} like the most?\nAnswer: ",
-            "What color does {name} love most? It is ",
-        ),
-        ("magenta", "ochre", "burgundy", "lavender", "chartreuse", "turquoise", "vermilion",
-         "mustard yellow", "sea green", "crimson", "indigo", "maroon"),
-    ),
-)  # fmt: skip
-
-NEEDLE_PREFIXES: tuple[str, ...] = (
-    "Read the following essays carefully. One sentence in them holds a fact you will be asked about.\n\n",
-    "There is an important fact hidden in the text below. Find it and remember it.\n\n",
-    "Below are some essays. Answer the question after them using only the text.\n\n",
-    "The following document may contain the answer to a question that comes after it.\n\n",
-    "",
+_W = WORDING["needle"]
+NAMES: tuple[str, ...] = tuple(_W["names"])
+FACT_KINDS: tuple[FactKind, ...] = tuple(
+    FactKind(f["kind"], tuple(f["needles"]), tuple(f["queries"]), tuple(f["answers"])) for f in _W["facts"]
 )
-_QUERY_SEP = ("\n\n", "\n\n", "\n\n", "\n", "\n\n\n")
+NEEDLE_PREFIXES: tuple[str, ...] = tuple(_W["prefixes"])
+_QUERY_SEP: tuple[str, ...] = tuple(_W["query_separators"])  # between the context and the query
 
 
 @functools.cache
