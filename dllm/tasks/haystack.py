@@ -175,10 +175,10 @@ def fill_context(
         built = _assemble(src, tokens_before, needle, budget, depth, sep, slack)
         if built is None:
             raise ValueError(f"{task}: length {length} is too short: the context needs at least {minimum} tokens")
-        context, ns = built
+        context, start = built
         n = len(context) if tokenizer is None else count_tokens(context, tokenizer)
         if n <= length:
-            return FilledContext(context, ns, ns + len(needle), n)
+            return FilledContext(context, start, start + len(needle), n)
         budget -= n - length
     raise RuntimeError(f"{task}: could not fit the context into {length} tokens")  # pragma: no cover
 
@@ -221,28 +221,28 @@ def _assemble(
     ends = src.ends
     t_ends = [tokens_before(e) for e in ends] if tokens_before.tokenizer is not None else ends
     k = bisect.bisect_right(t_ends, budget)  # whole units that fit
-    c = ends[k - 1] if k else 0
+    cut = ends[k - 1] if k else 0
     if k < len(ends) and (k == 0 or budget - t_ends[k - 1] > slack):
         # cut the next unit at the last word boundary that still fits
         unit_start = ends[k] - len(src.parts[k])
         for m in reversed(list(re.finditer(r"\s+", src.parts[k]))):
             p = unit_start + m.start()
             if p > unit_start and tokens_before(p) <= budget:
-                c = p
+                cut = p
                 break
-    if c == 0:
+    if cut == 0:
         return None
     # insertion points: before each whole unit and after the last one
     positions = [0] + ends[:k]
     t_positions = [0] + t_ends[:k]
     if k == 0:  # only part of one unit fits: allow start or end
-        positions.append(c)
-        t_positions.append(tokens_before(c))
-    target = depth * tokens_before(c)
+        positions.append(cut)
+        t_positions.append(tokens_before(cut))
+    target = depth * tokens_before(cut)
     j = bisect.bisect_left(t_positions, target)
     if j == len(t_positions) or (j > 0 and target - t_positions[j - 1] <= t_positions[j] - target):
         j -= 1
     pos = positions[j]
     if pos == 0:
-        return needle + sep + text[:c], 0
-    return text[:pos] + sep + needle + text[pos:c], pos + len(sep)
+        return needle + sep + text[:cut], 0
+    return text[:pos] + sep + needle + text[pos:cut], pos + len(sep)
