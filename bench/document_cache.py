@@ -10,9 +10,9 @@ equal (checked and reported); the table gives seconds per question side by side,
 and the one-off encoding time (with the break-even number of questions).
 
 Part 2 (``long``): a passkey document of ``--long-length`` tokens is encoded once, saved, loaded
-back (memory-mapped) and asked the canonical question: encoding, saving and loading seconds,
-cache bytes in memory and on disk, seconds per question, the answer, and the peak resident
-memory of the process.
+back (memory-mapped) and asked the same four questions: encoding, saving and loading seconds,
+cache bytes in memory and on disk, seconds per question, the answers (with the kept chunks and
+the chunks the needle lies in), and the peak resident memory of the process.
 
 A warm-up generation runs first (untimed). Writes ``document_cache.csv`` (provenance columns on
 every row) and ``document_cache.md`` (machine line) to ``--out``.
@@ -32,6 +32,7 @@ import torch
 
 from bench.demo import TINY_PREFILLING
 from bench.provenance import machine_line, write_csv
+from bench.selection_recall import needle_chunk_ids
 from dllm.evaluation import case_inputs
 from dllm.generate import generate
 from dllm.loader import load_model
@@ -75,6 +76,16 @@ def _phases(res) -> dict:
     return {f"{k}_s": round(v, 4) for k, v in res.stats.seconds.items()}
 
 
+def _selection(res, case) -> dict:
+    """The kept chunks and whether one of them holds the needle (the answer is copyable at all)."""
+    kept = res.stats.extra["selected_chunks"]
+    return {
+        "selected_chunks": " ".join(map(str, kept)),
+        "needle_chunks": " ".join(map(str, sorted(needle_chunk_ids(case, CONFIG.chunk_size)))),
+        "needle_kept": int(bool(needle_chunk_ids(case, CONFIG.chunk_size) & set(kept))),
+    }
+
+
 def questions(model, length: int) -> list[dict]:
     """Part 1: four questions over one document, fresh vs from the document cache."""
     case = make_case("passkey", length, 0.5, SEED, tokenizer=None)
@@ -85,8 +96,13 @@ def questions(model, length: int) -> list[dict]:
     encode_s = time.perf_counter() - t0
     rows = [{"part": "questions", "tokens": len(doc), "run": "encode", "seconds": round(encode_s, 4)}]
     for i, query in enumerate(queries):
-        fresh, fresh_s = _ask(model, parts.prefix, parts.context, query)
-        cached, cached_s = _ask(model, parts.prefix, None, query, document=doc)
+        # alternate which run goes first, so neither always meets the warmer caches
+        if i % 2 == 0:
+            fresh, fresh_s = _ask(model, parts.prefix, parts.context, query)
+            cached, cached_s = _ask(model, parts.prefix, None, query, document=doc)
+        else:
+            cached, cached_s = _ask(model, parts.prefix, None, query, document=doc)
+            fresh, fresh_s = _ask(model, parts.prefix, parts.context, query)
         for run, res, sec in (("fresh", fresh, fresh_s), ("cached", cached, cached_s)):
             rows.append(
                 {
@@ -99,6 +115,7 @@ def questions(model, length: int) -> list[dict]:
                     "nfe": res.stats.nfe,
                     "answer": res.text[0],
                     "correct": int(score("passkey", res.text[0], case)),
+                    **_selection(res, case),
                     "equal_tokens": int(torch.equal(fresh.tokens, cached.tokens)),
                 }
             )
@@ -107,45 +124,46 @@ def questions(model, length: int) -> list[dict]:
 
 
 def long_document(model, length: int) -> list[dict]:
-    """Part 2: encode, save, load and ask a ``length``-token document."""
+    """Part 2: encode, save and load a ``length``-token document, then ask it the four questions."""
     case = make_case("passkey", length, 0.5, SEED + 1, tokenizer=None)
     parts = case_inputs(model, case, "prefilling")["prompt"]
+    queries = [parts.query if q is None else encode_text(model, q) for q in QUESTIONS]
     t0 = time.perf_counter()
     doc = encode_document(model, parts.context, prefilling=CONFIG)
     encode_s = time.perf_counter() - t0
-    in_memory = doc.nbytes
+    shared = {"part": "long", "tokens": len(doc), "cache_bytes_memory": doc.nbytes}
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "doc.cache")
         t0 = time.perf_counter()
         doc.save(path)
         save_s = time.perf_counter() - t0
-        on_disk = os.path.getsize(path)
+        shared["cache_bytes_disk"] = os.path.getsize(path)
         del doc
         t0 = time.perf_counter()
         loaded = DocumentCache.load(path, model)
         load_s = time.perf_counter() - t0
-        res, ask_s = _ask(model, parts.prefix, None, parts.query, document=loaded)
+        rows.append({**shared, "run": "encode", "seconds": round(encode_s, 4), "save_s": round(save_s, 4)})
+        rows[-1]["load_s"] = round(load_s, 4)
+        for i, query in enumerate(queries):
+            res, ask_s = _ask(model, parts.prefix, None, query, document=loaded)
+            rows.append(
+                {
+                    **shared,
+                    "run": "cached",
+                    "question": i,
+                    "seconds": round(ask_s, 4),
+                    **_phases(res),
+                    "nfe": res.stats.nfe,
+                    "answer": res.text[0],
+                    "correct": int(score("passkey", res.text[0], case)),
+                    **_selection(res, case),
+                    "peak_rss_gib": round(_peak_rss_gib(), 3),
+                }
+            )
+            print(f"  {length} tokens, question {i}: {ask_s:.1f} s, answer {res.text[0]!r}", flush=True)
         del loaded
-    print(f"  {length} tokens: encode {encode_s:.1f} s, question {ask_s:.1f} s, answer {res.text[0]!r}", flush=True)
-    return [
-        {
-            "part": "long",
-            "tokens": len(parts.context),
-            "run": "cached",
-            "question": 0,
-            "seconds": round(ask_s, 4),
-            **_phases(res),
-            "nfe": res.stats.nfe,
-            "answer": res.text[0],
-            "correct": int(score("passkey", res.text[0], case)),
-            "encode_s": round(encode_s, 4),
-            "save_s": round(save_s, 4),
-            "load_s": round(load_s, 4),
-            "cache_bytes_memory": in_memory,
-            "cache_bytes_disk": on_disk,
-            "peak_rss_gib": round(_peak_rss_gib(), 3),
-        }
-    ]
+    return rows
 
 
 def summarize(rows: list[dict]) -> str:
@@ -159,15 +177,16 @@ def summarize(rows: list[dict]) -> str:
         lines += [
             f"### {enc['tokens']}-token passkey document, {len(fresh)} questions",
             "",
-            "| question | fresh s | from cache s | cache / fresh | equal tokens | fresh answer | cached answer |",
-            "|---:|---:|---:|---:|:---:|---|---|",
+            "| question | fresh s | from cache s | cache / fresh | equal tokens | fresh answer | cached answer | "
+            "needle chunk kept |",
+            "|---:|---:|---:|---:|:---:|---|---|:---:|",
         ]
         for i in sorted(fresh):
             f, c = fresh[i], cached[i]
             lines.append(
                 f"| {i} | {f['seconds']:.2f} | {c['seconds']:.2f} | {c['seconds'] / f['seconds']:.2f} | "
                 f"{'yes' if c['equal_tokens'] else 'NO'} | {f['answer']!r} {'ok' if f['correct'] else 'wrong'} | "
-                f"{c['answer']!r} {'ok' if c['correct'] else 'wrong'} |"
+                f"{c['answer']!r} {'ok' if c['correct'] else 'wrong'} | {'yes' if c['needle_kept'] else 'no'} |"
             )
         f_mean = sum(r["seconds"] for r in fresh.values()) / len(fresh)
         c_mean = sum(r["seconds"] for r in cached.values()) / len(cached)
@@ -179,18 +198,27 @@ def summarize(rows: list[dict]) -> str:
             + (f"; the cache pays for itself after {enc['seconds'] / saved:.1f} questions." if saved > 0 else "."),
             "",
         ]
-    for r in (r for r in rows if r["part"] == "long"):
+    long_rows = [r for r in rows if r["part"] == "long"]
+    if long_rows:
+        enc = next(r for r in long_rows if r["run"] == "encode")
+        asked = [r for r in long_rows if r["run"] == "cached"]
         lines += [
-            f"### {r['tokens']}-token passkey document",
+            f"### {enc['tokens']}-token passkey document",
             "",
-            "| encode s | save s | load s | cache MiB (memory) | cache MiB (disk) | question s | answer | "
-            "peak RSS GiB |",
-            "|---:|---:|---:|---:|---:|---:|---|---:|",
-            f"| {r['encode_s']:.1f} | {r['save_s']:.2f} | {r['load_s']:.3f} | {r['cache_bytes_memory'] / 2**20:.0f} | "
-            f"{r['cache_bytes_disk'] / 2**20:.0f} | {r['seconds']:.2f} | {r['answer']!r} "
-            f"{'ok' if r['correct'] else 'wrong'} | {r['peak_rss_gib']:.2f} |",
+            f"Encoded in {enc['seconds']:.1f} s, saved in {enc['save_s']:.2f} s, loaded (memory-mapped) in "
+            f"{enc['load_s']:.3f} s; the cache holds {enc['cache_bytes_memory'] / 2**20:.0f} MiB in memory and "
+            f"{enc['cache_bytes_disk'] / 2**20:.0f} MiB on disk. Peak resident memory of the process: "
+            f"{max(r['peak_rss_gib'] for r in asked):.2f} GiB.",
             "",
+            "| question | from cache s | answer | kept chunks (needle chunks) |",
+            "|---:|---:|---|---|",
         ]
+        for r in asked:
+            lines.append(
+                f"| {r['question']} | {r['seconds']:.2f} | {r['answer']!r} {'ok' if r['correct'] else 'wrong'} | "
+                f"{r['selected_chunks']} ({r['needle_chunks']}) |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 

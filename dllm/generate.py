@@ -143,7 +143,7 @@ def generate(
         temperature, top_p, top_k, alg_temp, eps, threshold: rule parameters.
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
-            :class:`PrefixCachePolicy`).
+            :class:`dllm.policies.PrefixCachePolicy`).
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
             context, query token ids).
         prefilling: ``prefilling`` only: a :class:`dllm.prefilling.PrefillingConfig` (default:

@@ -257,7 +257,9 @@ def test_bench_writes_both_parts_with_provenance(tmp_path):
     assert {r["run"] for r in rows} == {"encode", "fresh", "cached"} and all(r["commit"] for r in rows)
     q = [r for r in rows if r["part"] == "questions" and r["run"] != "encode"]
     assert len(q) == 8 and all(r["equal_tokens"] == "1" for r in q)
-    (long,) = [r for r in rows if r["part"] == "long"]
-    assert int(long["cache_bytes_disk"]) >= int(long["cache_bytes_memory"]) > 0
+    long = [r for r in rows if r["part"] == "long"]
+    assert [r["run"] for r in long] == ["encode"] + ["cached"] * 4
+    assert int(long[0]["cache_bytes_disk"]) >= int(long[0]["cache_bytes_memory"]) > 0
+    assert all(r["selected_chunks"] for r in long[1:])
     md = (tmp_path / "document_cache.md").read_text()
     assert "Machine:" in md and "passkey document, 4 questions" in md
