@@ -27,7 +27,7 @@ import dllm
 from dllm.config import ModelConfig
 from dllm.modeling import DiffusionLM
 from dllm.prefilling import draft_pseudo_labels, encode_chunks, score_chunks
-from dllm.tasks.filler import NOISE_POOL
+from dllm.tasks.digits import NOISE_POOL
 
 VOCAB, MASK, BOS, PAD = 61, 60, 59, 58  # explicit ids: the tests do not depend on how a BOS is chosen
 CHUNK = 7
