@@ -1,10 +1,11 @@
-"""Command line: ``python -m dllm {generate,encode,eval}``.
+"""Command line: ``python -m dllm {generate,encode,eval,info}``.
 
-    python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling]
+    python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling] [--chat]
     python -m dllm encode --context-file doc.txt --out doc.cache [--chunk-size 256]
     python -m dllm generate --document doc.cache --prompt-file q.txt [--question TEXT ...]
     python -m dllm eval passkey --lengths 1024 4096 --depths 0 0.5 1 --method prefilling --samples 5
     python -m dllm eval longbench --data hotpotqa.jsonl --method prefilling [--limit 50]
+    python -m dllm info [--model DIR] [--json]
 
 ``encode`` runs the chunked prefill of a document once and saves it (:class:`dllm.DocumentCache`);
 ``generate --document`` answers from it without encoding a chunk again (method prefilling). Each
@@ -62,6 +63,8 @@ def _add_decode_args(p, gen_length_default):
 
 
 def _prefilling_config(args):
+    """Flags over the checkpoint's ``prefilling_config.json`` (or the paper's defaults)."""
+    from dllm.loader import default_model_dir
     from dllm.prefilling import PrefillingConfig
 
     fields = {
@@ -73,7 +76,7 @@ def _prefilling_config(args):
         "score_mode": args.score_mode,
         "score_terms": tuple(args.score_terms) if args.score_terms else None,
     }
-    return PrefillingConfig(**{k: v for k, v in fields.items() if v is not None})
+    return PrefillingConfig.from_pretrained(args.model or default_model_dir(), **fields)
 
 
 def _decode_kwargs(args):
@@ -144,28 +147,43 @@ def cmd_generate(args) -> int:
         if document is not None:
             from dllm.prefilling import split_document_prompt
 
-            parts = split_document_prompt(model, template)
+            parts = split_document_prompt(model, template, apply_chat_template=args.chat)
             res = dllm.generate(model, prompt=parts, document=document, progress=True, **kw)
         elif args.method == "prefilling":
             from dllm.prefilling import split_prompt
 
-            parts = split_prompt(model, template, context=context, query_window=kw["prefilling"].query_window)
+            parts = split_prompt(
+                model,
+                template,
+                context=context,
+                query_window=kw["prefilling"].query_window,
+                apply_chat_template=args.chat,
+            )
             res = dllm.generate(model, prompt=parts, progress=True, **kw)
         else:
             text = template.replace("{context}", context) if context is not None else template
-            res = dllm.generate(model, encode_text(model, text, bos=True)[None], progress=True, **kw)
+            if args.chat:  # the chat template decides the leading special tokens
+                from dllm.prefilling.prompt import render_chat
+
+                ids = encode_text(model, render_chat(model, text))
+            else:
+                ids = encode_text(model, text, bos=True)
+            res = dllm.generate(model, ids[None], progress=True, **kw)
         _print_result(res)
     return 0
 
 
 def cmd_encode(args) -> int:
+    """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache`."""
     import dllm
+    from dllm.loader import default_model_dir
     from dllm.prefilling import PrefillingConfig
 
     with open(args.context_file, encoding="utf-8") as f:
         text = f.read()
-    cfg_fields = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
-    cfg = PrefillingConfig(**{k: v for k, v in cfg_fields.items() if v is not None})
+    cfg = PrefillingConfig.from_pretrained(
+        args.model or default_model_dir(), chunk_size=args.chunk_size, prefill_batch=args.prefill_batch
+    )
     model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
     ids = dllm.encode_text(model, text)
     if ids.numel() == 0:
@@ -229,6 +247,15 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_info(args) -> int:
+    """``info``: the checkpoint's family, size, dtype, KV cost and the prefilling defaults that will be used."""
+    from dllm.checkpoint_info import checkpoint_info, format_info
+
+    info = checkpoint_info(args.model, device=args.device, dtype=args.dtype)
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m dllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -243,6 +270,11 @@ def main(argv=None) -> int:
     g.add_argument(
         "--question", action="append", default=None, help="a question (repeatable): each is answered in turn"
     )
+    g.add_argument(
+        "--chat",
+        action="store_true",
+        help="instruct checkpoints: the prompt (context slot inside) is the user turn of the tokenizer's chat template",
+    )
     _add_decode_args(g, 32)
     g.set_defaults(func=cmd_generate)
 
@@ -250,7 +282,7 @@ def main(argv=None) -> int:
     _add_model_args(c)
     c.add_argument("--context-file", required=True, help="the document text")
     c.add_argument("--out", required=True, help="where the cache goes (one safetensors file)")
-    c.add_argument("--chunk-size", type=int, default=None, help="C, tokens per chunk (default: 1024)")
+    c.add_argument("--chunk-size", type=int, default=None, help="C, tokens per chunk (default: the checkpoint's)")
     c.add_argument("--prefill-batch", type=int, default=None, help="chunks per forward (default: all)")
     c.set_defaults(func=cmd_encode)
 
@@ -267,6 +299,11 @@ def main(argv=None) -> int:
     e.add_argument("--limit", type=int, default=None, help="longbench: score at most this many examples")
     _add_decode_args(e, None)
     e.set_defaults(func=cmd_eval)
+
+    i = sub.add_parser("info", help="describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults")
+    _add_model_args(i)
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    i.set_defaults(func=cmd_info)
 
     args = p.parse_args(argv)
     if args.cmd == "eval" and (args.task == "longbench") != bool(args.data):

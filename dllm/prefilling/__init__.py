@@ -6,7 +6,7 @@ A document's chunked prefill can be kept and reused across questions: :mod:`dllm
 
 from dllm.policies import PrefillingPolicy
 from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks
-from dllm.prefilling.config import PrefillingConfig
+from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache, encode_document
 from dllm.prefilling.pipeline import (
     Prefill,
@@ -19,7 +19,7 @@ from dllm.prefilling.pipeline import (
     score_and_select,
 )
 from dllm.prefilling.positions import chunk_offsets
-from dllm.prefilling.prompt import PromptParts, split_document_prompt, split_prompt
+from dllm.prefilling.prompt import PromptParts, render_chat, split_document_prompt, split_prompt
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
 
 __all__ = [
@@ -41,6 +41,8 @@ __all__ = [
     "encode_chunks",
     "encode_document",
     "prefill",
+    "render_chat",
+    "resolve_anchor_token_id",
     "score_and_select",
     "score_chunks",
     "split_document_prompt",

@@ -47,21 +47,11 @@ class ChunkCache:
         return self.ids[j, 1 : int(self.lens[j])]
 
 
-def anchor_token_ids(model) -> tuple[int, int]:
-    """``(anchor, pad)``: the BOS id put before every chunk and the filler of a short last chunk.
-
-    The anchor is the config's ``bos_token_id``, else the tokenizer's; the pad is the config's
-    ``pad_token_id``, else the anchor (padding is masked out of attention either way).
-
-    Raises:
-        ValueError: neither the config nor the tokenizer defines a BOS token.
-    """
-    c = model.config
-    tok = getattr(model, "tokenizer", None)
-    bos = c.bos_token_id if c.bos_token_id is not None else (tok.bos_token_id if tok is not None else None)
-    if bos is None:
-        raise ValueError("the model defines no BOS token id; chunks need a BOS anchor")
-    return bos, c.pad_token_id if c.pad_token_id is not None else bos
+def pad_token_id(model, anchor: int) -> int:
+    """Filler of a short last chunk: the config's ``pad_token_id``, else the anchor (padding is masked
+    out of attention either way)."""
+    pad = model.config.pad_token_id
+    return anchor if pad is None else pad
 
 
 def cut_chunks(n_tokens: int, chunk_size: int) -> list:

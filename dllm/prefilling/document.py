@@ -30,8 +30,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dllm.devices import same_device
-from dllm.prefilling.chunks import ChunkCache, anchor_token_ids, encode_chunks
-from dllm.prefilling.config import PrefillingConfig
+from dllm.prefilling.chunks import ChunkCache, encode_chunks, pad_token_id
+from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 
 FORMAT = 1
 HEADER_KEY = "dllm_document_cache"
@@ -220,8 +220,9 @@ def encode_document(
         model: the dLLM.
         context_ids: ``[L_ctx]`` int64 token ids on the model's device (no BOS: anchors are added).
         chunk_size: C (default ``prefilling.chunk_size``).
-        prefilling: the configuration later answers will use (its ``chunk_size`` and
-            ``prefill_batch``); default :class:`PrefillingConfig` ().
+        prefilling: the configuration later answers will use (its ``chunk_size``, ``prefill_batch``
+            and ``anchor_token_id``); default: the checkpoint's
+            (:meth:`PrefillingConfig.from_pretrained`), with ``chunk_size`` if given.
         progress: tqdm bar over chunk batches.
 
     Returns:
@@ -230,9 +231,9 @@ def encode_document(
     Raises:
         TypeError: ``context_ids`` is not an integer tensor.
         ValueError: empty or non-1-D context, ids outside the vocabulary or the mask id, context on
-            another device, ``chunk_size`` differing from ``prefilling.chunk_size``, no BOS token.
+            another device, ``chunk_size`` differing from ``prefilling.chunk_size``, no anchor token.
     """
-    cfg = prefilling or PrefillingConfig(**({} if chunk_size is None else {"chunk_size": chunk_size}))
+    cfg = prefilling or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
     if chunk_size is not None and chunk_size != cfg.chunk_size:
         raise ValueError(f"chunk_size={chunk_size} differs from prefilling.chunk_size={cfg.chunk_size}")
     if not torch.is_tensor(context_ids) or context_ids.dtype not in (torch.int64, torch.int32):
@@ -245,8 +246,14 @@ def encode_document(
         raise ValueError(f"context_ids contain the mask token id {model.mask_token_id}")
     if context_ids.min() < 0 or context_ids.max() >= model.config.vocab_size:
         raise ValueError(f"context token ids must be in [0, {model.config.vocab_size})")
-    anchor, pad = anchor_token_ids(model)
+    anchor, _source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
     chunks, _nfe = encode_chunks(
-        model, context_ids.long(), cfg.chunk_size, bos_id=anchor, pad_id=pad, batch=cfg.prefill_batch, progress=progress
+        model,
+        context_ids.long(),
+        cfg.chunk_size,
+        bos_id=anchor,
+        pad_id=pad_token_id(model, anchor),
+        batch=cfg.prefill_batch,
+        progress=progress,
     )
     return DocumentCache(chunks, cfg.chunk_size, anchor, model_fingerprint(model), _package_version())

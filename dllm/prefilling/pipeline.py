@@ -28,13 +28,12 @@ import triton_kernels
 from dllm.devices import same_device
 from dllm.kv_cache import Segment, StaticKVCache
 from dllm.policies import PrefillingPolicy
-from dllm.prefilling.chunks import ChunkCache, anchor_token_ids, cut_chunks, encode_chunks, encode_segment
-from dllm.prefilling.config import PrefillingConfig
+from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, encode_segment, pad_token_id
+from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
-from dllm.rope import rotate_keys
 
 
 @dataclass
@@ -44,12 +43,16 @@ class Prefill:
     Attributes:
         chunks: the chunk caches (per layer ``[N, C+1, Hkv, D]``), fresh or from a document.
         prefix: the prefix as its own segment (independent cache mode, non-empty prefix), else None.
+        anchor_token_id: the BOS anchor before every chunk, and ``anchor_source``: where it came
+            from (:func:`~dllm.prefilling.config.resolve_anchor_token_id`).
         from_document: the chunks came from a :class:`DocumentCache` (none encoded here).
         nfe: model forwards spent.
     """
 
     chunks: ChunkCache
     prefix: Segment | None
+    anchor_token_id: int
+    anchor_source: str
     from_document: bool
     nfe: int
 
@@ -105,11 +108,16 @@ class PrefillingSetup:
     policy: PrefillingPolicy
 
     def stats(self) -> dict:
-        """``stats.extra`` of the generation: ``num_chunks``, ``pseudo_labels``, ``selected_chunks``,
-        the kept chunks' ``chunk_scores`` and the score terms that were computed (``s_I``, ``s_P``,
-        ``s_C``), ``all_chunk_scores``, ``cached_tokens``, ``document`` (answered from a document)."""
-        sel = self.selection
-        extra = {"num_chunks": self.prefill.chunks.num_chunks}
+        """``stats.extra`` of the generation: ``num_chunks``, ``anchor_token_id`` and ``anchor_source``,
+        ``pseudo_labels``, ``selected_chunks``, the kept chunks' ``chunk_scores`` and the score terms
+        that were computed (``s_I``, ``s_P``, ``s_C``), ``all_chunk_scores``, ``cached_tokens``,
+        ``document`` (answered from a document)."""
+        sel, pre = self.selection, self.prefill
+        extra = {
+            "num_chunks": pre.chunks.num_chunks,
+            "anchor_token_id": pre.anchor_token_id,
+            "anchor_source": pre.anchor_source,
+        }
         if sel.pseudo_labels is not None:
             extra["pseudo_labels"] = sel.pseudo_labels
         extra["selected_chunks"] = sel.kept
@@ -166,9 +174,9 @@ def check_parts(model, parts: PromptParts, document: DocumentCache | None) -> Pr
     return parts
 
 
-def parts_from_ids(model, input_ids, cfg: PrefillingConfig) -> PromptParts:
-    """Documented fallback when only ``input_ids`` are given: BOS (if first) = prefix, the last
-    ``query_window`` (default 64) tokens = query, the rest = context.
+def parts_from_ids(model, input_ids, cfg: PrefillingConfig, bos: int) -> PromptParts:
+    """Documented fallback when only ``input_ids`` are given: the anchor ``bos`` (if first) = prefix,
+    the last ``query_window`` (default 64) tokens = query, the rest = context.
 
     Raises:
         ValueError: more than one row, or too few tokens to split off the query.
@@ -176,7 +184,6 @@ def parts_from_ids(model, input_ids, cfg: PrefillingConfig) -> PromptParts:
     ids = input_ids[0] if input_ids.dim() == 2 else input_ids
     if input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise ValueError("prefilling decodes one prompt at a time (batch size 1)")
-    bos = model.config.bos_token_id
     n_pre = 1 if bos is not None and ids.numel() and int(ids[0]) == bos else 0
     w = cfg.query_window or 64
     if ids.numel() - n_pre <= w:
@@ -207,12 +214,18 @@ def prefill(
     later together with the kept chunks (:func:`build_cache`).
     """
     nfe = 0
+    bos, source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
     if document is not None:
         chunks = document.chunks
     else:
-        bos, pad = anchor_token_ids(model)
         chunks, nfe = encode_chunks(
-            model, parts.context, cfg.chunk_size, bos_id=bos, pad_id=pad, batch=cfg.prefill_batch, progress=progress
+            model,
+            parts.context,
+            cfg.chunk_size,
+            bos_id=bos,
+            pad_id=pad_token_id(model, bos),
+            batch=cfg.prefill_batch,
+            progress=progress,
         )
     prefix = None
     p = parts.prefix.numel()
@@ -220,7 +233,7 @@ def prefill(
         k, v = encode_segment(model, parts.prefix, torch.arange(p, device=model.device))
         prefix = Segment(k, v, p)
         nfe += 1
-    return Prefill(chunks, prefix, document is not None, nfe)
+    return Prefill(chunks, prefix, bos, source, document is not None, nfe)
 
 
 # --- step 2: score and select ---------------------------------------------------------------------
@@ -282,8 +295,7 @@ def _independent_row(model, parts, pre: Prefill, sel: Selection, cfg) -> RowCach
     starts, q_start = chunk_offsets(cfg.position_mode, parts.prefix.numel(), sel.kept, chunks.sizes(), cfg.chunk_size)
     idx = torch.tensor(sel.kept, device=chunks.lens.device)
     delta = torch.tensor(starts, device=idx.device)[:, None]  # the BOS anchor was cached at local position 0
-    theta = model.config.rope_theta
-    k_layers = [rotate_keys(k.index_select(0, idx), delta, theta) for k in chunks.k]
+    k_layers = [model.rope.rotate_keys(k.index_select(0, idx), delta) for k in chunks.k]  # the RoPE variant's
     v_layers = [v.index_select(0, idx) for v in chunks.v]
     tok = None
     if sel.scores is not None and sel.scores.token_scores is not None:
@@ -368,7 +380,8 @@ def build_prefilling_policy(
         model: the dLLM.
         input_ids: used only when ``prompt`` is None (fallback split, see :func:`parts_from_ids`).
         prompt: :class:`PromptParts` (prefix, context, query token ids); ``context`` None with a document.
-        cfg: :class:`PrefillingConfig` (None = defaults; with a document, its chunk size).
+        cfg: :class:`PrefillingConfig` (None = the checkpoint's ``prefilling_config.json``, else the
+            paper's defaults: :meth:`PrefillingConfig.from_pretrained`; with a document, its chunk size).
         timer: the generation's :class:`~dllm.timer.PhaseTimer` (phases ``prefill`` and ``scoring``;
             ``scoring`` also holds building the cache).
         gen_length: response length L_d.
@@ -387,22 +400,23 @@ def build_prefilling_policy(
     if document is not None and not isinstance(document, DocumentCache):
         raise TypeError(f"document= must be a DocumentCache, got {type(document).__name__}")
     if cfg is None:
-        cfg = PrefillingConfig() if document is None else PrefillingConfig(chunk_size=document.chunk_size)
+        chunk_size = None if document is None else document.chunk_size
+        cfg = PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
     if not isinstance(cfg, PrefillingConfig):
         raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
+    bos, _source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)  # before any model work
     if prompt is None:
         if input_ids is None:
             raise ValueError("method='prefilling' needs prompt=PromptParts(...) or input_ids")
         if document is not None:
             raise ValueError("with document= pass prompt=PromptParts(prefix, None, query)")
-        prompt = parts_from_ids(model, input_ids, cfg)
+        prompt = parts_from_ids(model, input_ids, cfg, bos)
     parts = check_parts(model, prompt, document)
     if document is not None:
         document.check_model(model)
-        document.check_config(cfg, anchor_token_ids(model)[0])
+        document.check_config(cfg, bos)
         check_top_k(cfg, document.num_chunks, len(document))
     else:
-        anchor_token_ids(model)  # fail before any model work when there is no BOS anchor
         check_top_k(cfg, len(cut_chunks(parts.context.numel(), cfg.chunk_size)), parts.context.numel())
 
     with timer.phase("prefill"):
