@@ -174,6 +174,8 @@ def test_generate_from_a_document_rejects_bad_combinations(dream, llada):
     other = _parts(bos=LLADA_BOS, vocab=90)
     with pytest.raises(ValueError, match="family mismatch"):
         gen(model=llada, prompt=PromptParts(other.prefix, None, other.query))
+    with pytest.raises(ValueError, match=f"anchor_token_id mismatch.*anchor {BOS}.*use 5"):
+        gen(prefilling=PrefillingConfig(chunk_size=8, anchor_token_id=5))
     with pytest.raises(ValueError, match="top_k=9 exceeds the 7 chunk"):
         gen(prefilling=PrefillingConfig(chunk_size=8, top_k=9))
     with pytest.raises(ValueError, match="options of method='prefilling'"):
@@ -263,3 +265,20 @@ def test_bench_writes_both_parts_with_provenance(tmp_path):
     assert all(r["selected_chunks"] for r in long[1:])
     md = (tmp_path / "document_cache.md").read_text()
     assert "Machine:" in md and "passkey document, 4 questions" in md
+
+
+def test_split_document_prompt_cuts_at_the_slot_or_takes_all_as_query():
+    from dllm.prefilling import split_document_prompt
+
+    tiny = dllm.load_model(device="cpu")
+    bos = dllm.encode_text(tiny, "", bos=True)
+    parts = split_document_prompt(tiny, "Read this.\n{context}\nThe pass key is ")
+    assert parts.context is None
+    assert torch.equal(parts.prefix, torch.cat([bos, dllm.encode_text(tiny, "Read this.\n")]))
+    assert torch.equal(parts.query, dllm.encode_text(tiny, "\nThe pass key is "))
+    no_slot = split_document_prompt(tiny, "The pass key is ")
+    assert torch.equal(no_slot.prefix, bos) and torch.equal(no_slot.query, dllm.encode_text(tiny, "The pass key is "))
+    with pytest.raises(ValueError, match="at most one"):
+        split_document_prompt(tiny, "{context}{context}q")
+    with pytest.raises(ValueError, match="query .* is empty"):
+        split_document_prompt(tiny, "prefix {context}")
