@@ -239,14 +239,13 @@ def summary(rows: list[dict], arch: int) -> str:
     )
 
 
-def write_md(path: Path, rows: list[dict], seconds: float) -> None:
+def write_md(path: Path, rows: list[dict]) -> None:
     """Rewrite this Triton version's section of ``path``, keeping the other versions' sections."""
     version = triton.__version__
     section = [
         f"## Triton {version}",
         "",
-        f"`python -m bench.compile_check --out {path.as_posix()}` (torch {torch.__version__}; "
-        f"{seconds:.0f} s on this CPU, not a speed figure).",
+        f"`python -m bench.compile_check --out {path.as_posix()}` (torch {torch.__version__}).",
         "",
     ]
     for arch in sorted({r["arch"] for r in rows}, reverse=True):
@@ -306,7 +305,7 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(dict(triton=triton.__version__, seconds=seconds, rows=rows), indent=1))
     if args.out:
-        write_md(args.out, rows, seconds)
+        write_md(args.out, rows)
         print(f"[compile_check] wrote {args.out}")
     return 1 if any(r["failures"] for r in rows) else 0
 

@@ -242,23 +242,23 @@ def split_s_launch(
     kl = k_live if has_live else k_pool
     vl = v_live if has_live else v_pool
     comp = compute_dtype(_split_s_partial_kernel, q.dtype)
+    sq, skp, svp, skl, svl = q.stride(), k_pool.stride(), v_pool.stride(), kl.stride(), vl.stride()
+    ss, sn, so, sx = seg_slots.stride(), seg_lens.stride(), o_part.stride(), lse_part.stride()
     _split_s_partial_kernel[plan.grid](
         q_ptr=q, kp_ptr=k_pool, vp_ptr=v_pool, kl_ptr=kl, vl_ptr=vl,
         slots_ptr=seg_slots, lens_ptr=seg_lens, live_lens_ptr=q if live_lens is None else live_lens,
         o_ptr=o_part, lse_ptr=lse_part,
         M=m, S=s, split_len=plan.split_len, n_splits=plan.n_splits, segs_per_prog=plan.segs_per_prog,
         n_parts=n_parts, qk_scale=float(sm_scale) * LOG2E.value,
-        stride_qb=q.stride(0), stride_qm=q.stride(1), stride_qh=q.stride(2),
-        stride_kp=k_pool.stride(0), stride_kt=k_pool.stride(1), stride_kh=k_pool.stride(2),
-        stride_vp=v_pool.stride(0), stride_vt=v_pool.stride(1), stride_vh=v_pool.stride(2),
-        stride_klb=kl.stride(0), stride_klm=kl.stride(1), stride_klh=kl.stride(2),
-        stride_vlb=vl.stride(0), stride_vlm=vl.stride(1), stride_vlh=vl.stride(2),
-        stride_sb=seg_slots.stride(0), stride_ss=seg_slots.stride(1),
-        stride_nb=seg_lens.stride(0), stride_ns=seg_lens.stride(1),
-        stride_op=o_part.stride(0), stride_ob=o_part.stride(1), stride_om=o_part.stride(2),
-        stride_oh=o_part.stride(3),
-        stride_xp=lse_part.stride(0), stride_xb=lse_part.stride(1), stride_xm=lse_part.stride(2),
-        stride_xh=lse_part.stride(3),
+        stride_qb=sq[0], stride_qm=sq[1], stride_qh=sq[2],
+        stride_kp=skp[0], stride_kt=skp[1], stride_kh=skp[2],
+        stride_vp=svp[0], stride_vt=svp[1], stride_vh=svp[2],
+        stride_klb=skl[0], stride_klm=skl[1], stride_klh=skl[2],
+        stride_vlb=svl[0], stride_vlm=svl[1], stride_vlh=svl[2],
+        stride_sb=ss[0], stride_ss=ss[1],
+        stride_nb=sn[0], stride_ns=sn[1],
+        stride_op=so[0], stride_ob=so[1], stride_om=so[2], stride_oh=so[3],
+        stride_xp=sx[0], stride_xb=sx[1], stride_xm=sx[2], stride_xh=sx[3],
         GROUP=hq // hkv, HEAD_DIM=d, HAS_LIVE=int(has_live), HAS_LIVE_LENS=live_lens is not None,
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         COMPUTE=comp, DOT_PREC="ieee" if comp == tl.float32 else "tf32",
