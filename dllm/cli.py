@@ -2,6 +2,7 @@
 
     python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling]
     python -m dllm eval passkey --lengths 1024 4096 --depths 0 0.5 1 --method prefilling --samples 5
+    python -m dllm eval longbench --data hotpotqa.jsonl --method prefilling [--limit 50]
 
 (The demo and the benchmarks live in ``bench/``: ``make demo``, ``make bench``.)
 
@@ -113,13 +114,29 @@ def cmd_generate(args) -> int:
 
 def cmd_eval(args) -> int:
     import dllm
-    from dllm.evaluation import accuracy_table, evaluate, write_csv
+    from dllm.evaluation import accuracy_table, evaluate, evaluate_longbench, write_csv
 
     model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
     kw = _decode_kwargs(args)
     gen_length = kw.pop("gen_length")
     method = kw.pop("method")
     sampling_seed = kw.pop("seed")
+    if args.task == "longbench":
+        rows = evaluate_longbench(
+            model,
+            args.data,
+            method,
+            limit=args.limit,
+            gen_length=gen_length,
+            progress=True,
+            sampling_seed=sampling_seed,
+            **kw,
+        )
+        out = args.out or os.path.join("bench", "results", f"eval_longbench_{method}.csv")
+        write_csv(rows, out)
+        print(accuracy_table(rows, by=("dataset", "method"), value="score"))
+        print(f"wrote {out}")
+        return 0
     rows = evaluate(
         model,
         args.task,
@@ -158,7 +175,7 @@ def main(argv=None) -> int:
     g.set_defaults(func=cmd_generate)
 
     e = sub.add_parser("eval", help="accuracy on a seeded task (CSV + table)")
-    e.add_argument("task", choices=["passkey", "number_string", "kv_retrieval", "needle"])
+    e.add_argument("task", choices=["passkey", "number_string", "kv_retrieval", "needle", "longbench"])
     _add_model_args(e)
     e.add_argument("--lengths", type=int, nargs="+", default=[1024], help="context lengths in tokens")
     e.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
@@ -166,8 +183,12 @@ def main(argv=None) -> int:
     e.add_argument("--seed-base", type=int, default=0)
     e.add_argument("--by-depth", action="store_true", help="one table row per depth")
     e.add_argument("--out", default=None, help="CSV path (default bench/results/eval_TASK_METHOD.csv)")
+    e.add_argument("--data", default=None, help="longbench: a local LongBench JSONL file (required)")
+    e.add_argument("--limit", type=int, default=None, help="longbench: score at most this many examples")
     _add_decode_args(e, None)
     e.set_defaults(func=cmd_eval)
 
     args = p.parse_args(argv)
+    if args.cmd == "eval" and (args.task == "longbench") != bool(args.data):
+        e.error("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")
     return args.func(args)
