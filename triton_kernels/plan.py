@@ -147,6 +147,8 @@ CTAS_PER_SM = {
 
 
 def assumed_ctas_per_sm(kernel: str, gpu: GpuSpec, block_m: int, block_d: int, elt: int) -> int:
+    """CTAs per SM a planner may count on for ``kernel`` (``"split_s"`` | ``"row_lse"``) at this tile
+    config and element size in bytes (:data:`CTAS_PER_SM`; 1 when unmeasured)."""
     return CTAS_PER_SM.get((kernel, gpu.arch, block_m, block_d, elt), 1)
 
 
@@ -169,6 +171,7 @@ def attention_tiles(d: int, rows: int) -> tuple[int, int, int]:
 
 
 def attention_warps(block_m: int, block_d: int) -> int:
+    """Warps of an attention program: 4 up to a 64 x 128 accumulator (one warpgroup), else 8."""
     return 4 if block_m * block_d <= 64 * 128 else 8
 
 
@@ -180,6 +183,8 @@ MAX_MERGE_UNROLL = 16  # partials loaded per unrolled step of the merge (all loa
 
 @dataclass(frozen=True)
 class MergePlan:
+    """How ``merge_states`` maps ``n_parts`` partials of ``rows`` rows onto the GPU (see :func:`plan_merge`)."""
+
     n_parts: int
     rows: int
     block_r: int
@@ -335,6 +340,8 @@ MAX_KEY_SPLITS = 16  # row-LSE partials per row at most (pass 2 combines them un
 
 @dataclass(frozen=True)
 class ChunkScoresPlan:
+    """Tiles of ``chunk_attention_scores`` and the key split of its row-LSE pass (:func:`plan_chunk_scores`)."""
+
     block_m: int
     block_n: int
     block_d: int
