@@ -1,8 +1,9 @@
-"""Command line: ``python -m dllm {generate,eval}``.
+"""Command line: ``python -m dllm {generate,eval,info}``.
 
-    python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling]
+    python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling] [--chat]
     python -m dllm eval passkey --lengths 1024 4096 --depths 0 0.5 1 --method prefilling --samples 5
     python -m dllm eval longbench --data hotpotqa.jsonl --method prefilling [--limit 50]
+    python -m dllm info [--model DIR] [--json]
 
 (The demo and the benchmarks live in ``bench/``: ``make demo``, ``make bench``.)
 
@@ -50,6 +51,8 @@ def _add_decode_args(p, gen_length_default):
 
 
 def _prefilling_config(args):
+    """Flags over the checkpoint's ``prefilling_config.json`` (or the paper's defaults)."""
+    from dllm.loader import default_model_dir
     from dllm.prefilling import PrefillingConfig
 
     fields = {
@@ -61,7 +64,7 @@ def _prefilling_config(args):
         "score_mode": args.score_mode,
         "score_terms": tuple(args.score_terms) if args.score_terms else None,
     }
-    return PrefillingConfig(**{k: v for k, v in fields.items() if v is not None})
+    return PrefillingConfig.from_pretrained(args.model or default_model_dir(), **fields)
 
 
 def _decode_kwargs(args):
@@ -95,11 +98,19 @@ def cmd_generate(args) -> int:
         if args.context_file:
             with open(args.context_file, encoding="utf-8") as f:
                 context = f.read()
-        parts = split_prompt(model, template, context=context, query_window=kw["prefilling"].query_window)
+        parts = split_prompt(
+            model, template, context=context, query_window=kw["prefilling"].query_window, apply_chat_template=args.chat
+        )
         res = dllm.generate(model, prompt=parts, progress=True, **kw)
     else:
         text = template.replace("{context}", open(args.context_file).read()) if args.context_file else template
-        res = dllm.generate(model, encode_text(model, text, bos=True)[None], progress=True, **kw)
+        if args.chat:  # the chat template decides the leading special tokens
+            from dllm.prefilling.prompt import render_chat
+
+            ids = encode_text(model, render_chat(model, text))
+        else:
+            ids = encode_text(model, text, bos=True)
+        res = dllm.generate(model, ids[None], progress=True, **kw)
     print(res.text[0] if res.text is not None else res.tokens[0].tolist())
     stats = {
         "nfe": res.stats.nfe,
@@ -161,6 +172,15 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_info(args) -> int:
+    """``info``: the checkpoint's family, size, dtype, KV cost and the prefilling defaults that will be used."""
+    from dllm.checkpoint_info import checkpoint_info, format_info
+
+    info = checkpoint_info(args.model, device=args.device, dtype=args.dtype)
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m dllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -171,6 +191,11 @@ def main(argv=None) -> int:
     _add_model_args(g)
     g.add_argument("--prompt-file", required=True, help="prompt text; may hold a {context} slot")
     g.add_argument("--context-file", default=None, help="text put into the prompt's {context} slot")
+    g.add_argument(
+        "--chat",
+        action="store_true",
+        help="instruct checkpoints: the prompt (context slot inside) is the user turn of the tokenizer's chat template",
+    )
     _add_decode_args(g, 32)
     g.set_defaults(func=cmd_generate)
 
@@ -187,6 +212,11 @@ def main(argv=None) -> int:
     e.add_argument("--limit", type=int, default=None, help="longbench: score at most this many examples")
     _add_decode_args(e, None)
     e.set_defaults(func=cmd_eval)
+
+    i = sub.add_parser("info", help="describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults")
+    _add_model_args(i)
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    i.set_defaults(func=cmd_info)
 
     args = p.parse_args(argv)
     if args.cmd == "eval" and (args.task == "longbench") != bool(args.data):
