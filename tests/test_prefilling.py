@@ -237,3 +237,26 @@ def test_bad_prefilling_input(dream):
         dllm.generate(dream, method="prefilling", prompt=ok, prefilling={"chunk_size": 8})
     with pytest.raises(ValueError, match="options of method='prefilling'"):
         dllm.generate(dream, ok.full()[None], method="dense", prefilling=PrefillingConfig())
+
+
+def test_top_k_is_checked_before_the_prefill(dream, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dream, "forward", lambda *a, **k: calls.append(1))  # any forward would be recorded
+    with pytest.raises(ValueError, match="top_k=6 exceeds the 5 chunk"):
+        dllm.generate(dream, method="prefilling", prompt=_parts(), gen_length=4, prefilling=PrefillingConfig(8, 6))
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "terms,reported",
+    [
+        (("self_info",), {"s_I"}),
+        (("pseudo_label",), {"s_P", "s_C"}),  # s_P and s_C come from the same pass
+        (("draft_contrast",), {"s_P", "s_C"}),
+        (("self_info", "pseudo_label"), {"s_I", "s_P", "s_C"}),
+    ],
+)
+def test_stats_report_only_computed_terms(dream, terms, reported):
+    cfg = PrefillingConfig(chunk_size=8, top_k=2, score_terms=terms)
+    ex = dllm.generate(dream, method="prefilling", prompt=_parts(), prefilling=cfg, gen_length=4, steps=2).stats.extra
+    assert {k for k in ("s_I", "s_P", "s_C") if k in ex} == reported

@@ -14,7 +14,7 @@ import torch
 import triton_kernels
 from dllm.devices import same_device
 from dllm.kv_cache import StaticKVCache
-from dllm.prefilling.chunks import ChunkCache, encode_chunks, encode_segment
+from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, encode_segment
 from dllm.prefilling.config import PrefillingConfig
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
@@ -200,11 +200,12 @@ def build_prefilling_policy(
 
     Returns:
         (policy, batch size 1, stats extra dict: selected_chunks, chunk_scores, num_chunks,
-        s_I/s_P of the kept chunks, pseudo_labels, cached_tokens).
+        s_I / s_P / s_C of the kept chunks (each only when it was computed), pseudo_labels,
+        cached_tokens).
 
     Raises:
         ValueError / TypeError: bad prompt parts (empty context or query, mask id, device),
-            ``top_k`` larger than the number of chunks.
+            ``top_k`` larger than the number of chunks (raised before the chunked prefill).
     """
     cfg = cfg or PrefillingConfig()
     if not isinstance(cfg, PrefillingConfig):
@@ -219,6 +220,14 @@ def build_prefilling_policy(
     if bos is None:
         raise ValueError("the model defines no BOS token id; chunks need a BOS anchor")
     pad = c.pad_token_id if c.pad_token_id is not None else bos
+    n_chunks = len(cut_chunks(parts.context.numel(), cfg.chunk_size))
+    k = n_chunks if cfg.top_k is None else cfg.top_k
+    if k > n_chunks:  # checked before any model work
+        raise ValueError(
+            f"top_k={k} exceeds the {n_chunks} chunk(s) of this context ({parts.context.numel()} tokens / "
+            f"chunk_size {cfg.chunk_size}); lower top_k or chunk_size, or pass top_k=None "
+            "(CLI: --top-k all) to keep every chunk"
+        )
     nfe = 0
     with timer.phase("prefill"):
         chunks, n = encode_chunks(
@@ -229,13 +238,6 @@ def build_prefilling_policy(
         if parts.prefix.numel() and cfg.cache_mode == "independent":
             prefix_kv = encode_segment(model, parts.prefix, torch.arange(parts.prefix.numel(), device=model.device))
             nfe += 1
-    n_chunks = chunks.num_chunks
-    k = n_chunks if cfg.top_k is None else cfg.top_k
-    if k > n_chunks:
-        raise ValueError(
-            f"top_k={k} exceeds the {n_chunks} chunk(s) of this context ({parts.context.numel()} tokens / "
-            f"chunk_size {cfg.chunk_size}); lower top_k or chunk_size, or pass top_k=None to keep every chunk"
-        )
     need_select = k < n_chunks
     need_tokens = cfg.token_budget is not None and cfg.cache_mode == "independent"
     extra = {"num_chunks": n_chunks}
@@ -272,9 +274,9 @@ def build_prefilling_policy(
     extra["selected_chunks"] = kept
     if scores is not None:
         extra["chunk_scores"] = [round(float(scores.total[j]), 4) for j in kept]
-        extra["s_I"] = [round(float(scores.self_info[j]), 4) for j in kept]
-        extra["s_P"] = [round(float(scores.pseudo_label[j]), 4) for j in kept]
-        extra["s_C"] = [round(float(scores.answer_confidence[j]), 4) for j in kept]
+        for name, term in (("s_I", scores.self_info), ("s_P", scores.pseudo_label), ("s_C", scores.answer_confidence)):
+            if term is not None:  # a term that was never computed is left out, not reported as 0
+                extra[name] = [round(float(term[j]), 4) for j in kept]
         extra["all_chunk_scores"] = [round(float(s), 4) for s in scores.total.tolist()]
     extra["cached_tokens"] = int(cache.tokens_per_row()[0])
     return PrefillingPolicy(model, parts.query, q_start, cache, timer, nfe), 1, extra

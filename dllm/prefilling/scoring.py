@@ -36,6 +36,8 @@ from dllm.prefilling.chunks import ChunkCache
 class ChunkScores:
     """Scores of every chunk.
 
+    A term that was not computed (not needed by the configured terms) is None, never a tensor of zeros.
+
     Attributes:
         self_info: ``[N]`` fp32, s_I (mean log-prob, <= 0).
         pseudo_label: ``[N]`` fp32, s_P.
@@ -49,14 +51,16 @@ class ChunkScores:
         token_scores: per layer ``[N, Hkv, T]`` fp32 attention mass per chunk token, or None.
     """
 
-    self_info: torch.Tensor
-    pseudo_label: torch.Tensor
-    answer_confidence: torch.Tensor
+    self_info: torch.Tensor | None
+    pseudo_label: torch.Tensor | None
+    answer_confidence: torch.Tensor | None
     total: torch.Tensor
     token_scores: list | None = None
 
     @property
-    def draft_contrast(self) -> torch.Tensor:
+    def draft_contrast(self) -> torch.Tensor | None:
+        if self.answer_confidence is None or self.pseudo_label is None:
+            return None
         return self.answer_confidence - self.pseudo_label
 
 
@@ -169,7 +173,9 @@ def score_chunks(
         batch: chunks per forward (None = all).
 
     Returns:
-        (:class:`ChunkScores`, number of model forwards).
+        (:class:`ChunkScores`, number of model forwards). ``causal`` mode computes every term;
+        ``dllm`` mode s_I only for ``self_info`` and s_P, s_C only for the other terms or
+        ``token_scores`` (the rest are None).
     """
     n = chunks.num_chunks
     step = batch or n
@@ -190,10 +196,13 @@ def score_chunks(
     q_sel = torch.ones(mq, dtype=torch.bool, device=dev)
     if model.shift_logits:  # the first live token has no live predecessor to predict it from
         q_sel[0] = False
+    causal = mode == "causal"  # one pass gives every term
+    need_i = causal or "self_info" in terms
+    need_pc = causal or bool({"pseudo_label", "answer_confidence", "draft_contrast"} & set(terms)) or token_scores
     nfe = 0
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        if mode == "causal":
+        if causal:
             # next-token log-probs: query tokens and confirmed labels both visible, causal order
             live = torch.cat([query, torch.where(confirmed, labels, masks)])
             logits = _causal_pass(model, chunks, live, lo, hi)
@@ -206,16 +215,22 @@ def score_chunks(
                 _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
                 nfe += 1
             continue
-        if "self_info" in terms:
+        if need_i:
             live_i = torch.full((mq + m,), mask_id, dtype=torch.long, device=dev)
             logits = _cached_pass(model, chunks, live_i, lo, hi)
             nfe += 1
             s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, q_sel)
-        if {"pseudo_label", "answer_confidence", "draft_contrast"} & set(terms) or token_scores:
+        if need_pc:
             logits = _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
             nfe += 1
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
             s_c[lo:hi] = _top1_logprob(logits[:, mq:])
-    scores = ChunkScores(s_i, s_p, s_c, total=torch.zeros_like(s_i), token_scores=acc)
+    scores = ChunkScores(
+        s_i if need_i else None,
+        s_p if need_pc else None,
+        s_c if need_pc else None,
+        total=torch.zeros_like(s_i),
+        token_scores=acc,
+    )
     scores.total = sum(getattr(scores, t) for t in terms)  # term names are the attribute names
     return scores, nfe
