@@ -1,104 +1,391 @@
-"""Command line: ``python -m dllm {generate,eval}``.
+"""Command line of prefilling-dllm: ``python -m dllm generate|eval`` (installed as ``dllm`` too).
 
-    python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling]
-    python -m dllm eval passkey --lengths 1024 4096 --depths 0 0.5 1 --method prefilling --samples 5
-
-(The demo and the benchmarks live in ``bench/``: ``make demo``, ``make bench``.)
-
-``--model`` defaults to the bundled tiny model (``dllm/assets/tiny-dream``).
+:func:`main` is the entry point; ``python -m dllm --help`` prints the runnable examples of :data:`EXAMPLES`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import time
 
-from dllm.unmasking import ALGS
+from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
+from dllm.tasks import TASKS
+from dllm.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
+
+RUNS_DIR = "runs"  # default output folder, relative to the working directory (git-ignored in the repository)
+_PREFILLING_DEFAULTS = PrefillingConfig()
+# CLI option -> PrefillingConfig field; these options apply to --method prefilling only
+_PREFILLING_OPTIONS = {
+    "chunk_size": "--chunk-size",
+    "top_k": "--top-k",
+    "token_budget": "--token-budget",
+    "position_mode": "--position-mode",
+    "cache_mode": "--cache-mode",
+    "score_mode": "--score-mode",
+    "score_terms": "--score-terms",
+}
+# Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
+EXAMPLES = {
+    "generate": (
+        "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling "
+        "--chunk-size 256 --score-terms draft_contrast --gen-length 8",
+    ),
+    "eval": (
+        "python -m dllm eval passkey --method prefilling",
+        "python -m dllm eval passkey --lengths 4096 --depths 0 0.5 1 --samples 1 --method prefilling "
+        "--chunk-size 256 --score-terms draft_contrast",
+        "python -m dllm eval number_string --lengths 1024 --depths 0.5 --samples 2 --method prefix_cache",
+    ),
+}
+EXAMPLE_FILES = """\
+prompt.txt holds the question around one {context} slot (the bundled model answers this wording;
+the last line ends with "is" and a space):
+  There is a pass key hidden in the text below.
+
+  {context}
+
+  What is the pass key? The pass key is
+doc.txt holds a few thousand characters of "The grass is green. The sky is blue. " with
+"The pass key is 12345. Remember it." somewhere inside."""
+DESCRIPTION = f"""\
+Long-context inference of diffusion LMs (Dream, LLaDA) with Prefilling-dLLM.
+
+examples (each runs as written on the bundled tiny model):
+  {chr(10).join("  " + x for cmd in EXAMPLES.values() for x in cmd).strip()}
+
+{EXAMPLE_FILES}
+
+A user error (a missing file, a bad option value, an empty context, --top-k above the number of
+chunks, ...) prints one line "error: ..." and exits with status 2; --debug shows the traceback.
+The demo and the benchmarks live in bench/ of the repository (make demo, make bench)."""
+_ALL = "all"  # --top-k all / --token-budget all: keep every chunk / every token (the library's None)
 
 
-def _add_model_args(p):
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled tiny model)")
-    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: bf16 on CUDA, fp32 on CPU)")
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported as one ``error:`` line, exit status 2."""
 
 
-def _add_decode_args(p, gen_length_default):
-    p.add_argument("--method", default="dense", choices=["dense", "prefix_cache", "prefilling"])
-    p.add_argument("--gen-length", type=int, default=gen_length_default, help="response tokens")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: gen-length)")
-    p.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (default: gen-length)")
-    p.add_argument("--alg", default=None, choices=ALGS, help="unmasking rule (default by family)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold")
-    p.add_argument("--seed", type=int, default=None)
-    g = p.add_argument_group("prefilling")
-    g.add_argument("--chunk-size", type=int, default=None, help="C, tokens per chunk")
-    g.add_argument("--top-k", type=int, default=None, help="K, chunks kept")
-    g.add_argument("--token-budget", type=int, default=None, help="B, tokens kept per chunk (default: all)")
-    g.add_argument("--position-mode", default=None, choices=["reuse", "continuous", "absolute"])
-    g.add_argument("--cache-mode", default=None, choices=["independent", "joint"])
-    g.add_argument("--score-mode", default=None, help="dllm (default) or causal")
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (raised, so :func:`main` reports every user error the same way)."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and appends ``(default: X)`` to every option whose help does not
+    already state its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if "default" in text or not action.option_strings or d is None or d is False or d == argparse.SUPPRESS:
+            return text
+        shown = " ".join(map(str, d)) if isinstance(d, (list, tuple)) else d
+        return f"{text} (default: {shown})"
+
+
+# ---------------------------------------------------------------- argument types (checked while parsing)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _positive_int_or_all(text: str):
+    return _ALL if text == _ALL else _positive_int(text)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _depth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: only cpu and cuda devices are supported")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine")
+    return text
+
+
+def _existing_dir(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: " + ("not a directory" if os.path.exists(text) else "no such directory")
+        )
+    return text
+
+
+def _existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: " + ("not a file" if os.path.exists(text) else "no such file"))
+    return text
+
+
+# ---------------------------------------------------------------- options shared by the subcommands
+
+
+def _add_common_args(p):
+    from dllm.loader import default_model_dir
+
+    p.add_argument(
+        "--model",
+        type=_existing_dir,
+        default=None,
+        help=f"checkpoint directory, Dream or LLaDA layout (default: the bundled tiny model, {default_model_dir()})",
+    )
+    p.add_argument(
+        "--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and activations (default: bfloat16 on CUDA, float32 on CPU)",
+    )
+    p.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
+
+
+def _add_decode_args(p, gen_length_default: int | None):
+    p.add_argument("--method", default="dense", choices=["dense", "prefix_cache", "prefilling"], help="cache policy")
+    gen_help = "response tokens" + ("" if gen_length_default else " (default: the answer's tokens + 4, per case)")
+    p.add_argument("--gen-length", type=_positive_int, default=gen_length_default, help=gen_help)
+    p.add_argument("--steps", type=_positive_int, default=None, help="denoising steps in all (default: the gen length)")
+    p.add_argument(
+        "--block-length",
+        type=_positive_int,
+        default=None,
+        help="semi-autoregressive block, divides the gen length (default: the gen length, one block)",
+    )
+    p.add_argument(
+        "--alg",
+        default=None,
+        choices=ALGS,
+        help="unmasking rule (default: maskgit_plus for Dream, low_confidence for LLaDA)",
+    )
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy; > 0 samples tokens")
+    p.add_argument(
+        "--confidence-from",
+        default=None,
+        choices=CONFIDENCE_SOURCES,
+        help="distribution that ranks positions at temperature > 0: the tempered one the tokens are drawn from "
+        "(Dream's reference) or softmax(logits) (LLaDA's, Fast-dLLM's); ties go to the leftmost position "
+        "(default: the rule's reference: tempered for Dream's rules, logits for the others)",
+    )
+    p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="seeds the sampling RNG (default: unseeded)")
+    d = _PREFILLING_DEFAULTS
+    g = p.add_argument_group("prefilling (with --method prefilling; defaults: the checkpoint's, else the library's)")
+    g.add_argument(
+        "--chunk-size",
+        type=_positive_int,
+        default=None,
+        help=f"C, context tokens per chunk (default: {d.chunk_size})",
+    )
+    g.add_argument(
+        "--top-k",
+        type=_positive_int_or_all,
+        default=None,
+        metavar="K|all",
+        help=f"K, chunks kept, or 'all'; an explicit K above the chunk count is an error (default: {d.top_k}, "
+        "or every chunk when the context has fewer)",
+    )
+    g.add_argument(
+        "--token-budget",
+        type=_positive_int_or_all,
+        default=None,
+        metavar="B|all",
+        help="B, tokens kept per chunk, 1 <= B <= C, or 'all' (default: all)",
+    )
+    g.add_argument("--position-mode", default=None, choices=POSITION_MODES, help=f"(default: {d.position_mode})")
+    g.add_argument("--cache-mode", default=None, choices=CACHE_MODES, help=f"(default: {d.cache_mode})")
+    g.add_argument(
+        "--score-mode",
+        default=None,
+        choices=SCORE_MODES,
+        help=f"how chunks are scored: masked (dllm) or next-token (causal) log-probs (default: {d.score_mode})",
+    )
     g.add_argument(
         "--score-terms",
         nargs="+",
         default=None,
-        help="chunk score terms: self_info pseudo_label answer_confidence draft_contrast (default: the first two)",
+        choices=SCORE_TERMS,
+        help="terms summed into the chunk score: s_I, s_P (the paper's), s_C, s_C - s_P (ours) "
+        f"(default: {' '.join(d.score_terms)})",
     )
 
 
-def _prefilling_config(args):
-    from dllm.prefilling import PrefillingConfig
-
-    fields = {
-        "chunk_size": args.chunk_size,
-        "top_k": args.top_k,
-        "token_budget": args.token_budget,
-        "position_mode": args.position_mode,
-        "cache_mode": args.cache_mode,
-        "score_mode": args.score_mode,
-        "score_terms": tuple(args.score_terms) if args.score_terms else None,
-    }
-    return PrefillingConfig(**{k: v for k, v in fields.items() if v is not None})
+# ---------------------------------------------------------------- checks and builders (no model work)
 
 
-def _decode_kwargs(args):
-    kw = dict(
-        method=args.method,
-        gen_length=args.gen_length,
+def _unmasking_check(args, gen_length: int | None) -> None:
+    """Validate the decoding options as :func:`dllm.generate` will, before the model is loaded."""
+    try:
+        cfg = UnmaskingConfig(
+            alg=args.alg or "maskgit_plus",
+            temperature=args.temperature,
+            threshold=args.threshold,
+            confidence_from=args.confidence_from,
+        )
+    except ValueError as exc:
+        raise UserError(f"decoding options: {exc}") from exc
+    if gen_length is None:
+        if args.block_length is not None:
+            raise UserError("--block-length needs --gen-length (the default gen length differs per case)")
+        return
+    block = args.block_length or gen_length
+    if gen_length % block:
+        raise UserError(f"--block-length {block} does not divide --gen-length {gen_length}")
+    steps = args.steps or gen_length
+    if cfg.fixed_steps and steps % (gen_length // block):
+        raise UserError(f"--steps {steps} is not a multiple of the {gen_length // block} blocks")
+
+
+def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
+    """The PrefillingConfig of the command line, or None for the other methods.
+
+    Base: the checkpoint's recommended settings (``PrefillingConfig.from_pretrained``, where this
+    version has it), else the library defaults; the options given override it.
+    """
+    given = {f: getattr(args, f) for f in _PREFILLING_OPTIONS if getattr(args, f) is not None}
+    if args.method != "prefilling":
+        if given:
+            names = ", ".join(_PREFILLING_OPTIONS[f] for f in given)
+            raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
+        return None
+    from_pretrained = getattr(PrefillingConfig, "from_pretrained", None)
+    base = from_pretrained(model_dir) if from_pretrained is not None else PrefillingConfig()
+    given = {f: None if v == _ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
+    try:
+        return dataclasses.replace(base, **given)
+    except ValueError as exc:
+        raise UserError(f"prefilling options: {exc}") from exc
+
+
+def _fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> PrefillingConfig:
+    """``cfg`` for a context of ``context_tokens``: an explicit K above its chunk count is a user error;
+    a default K above it keeps every chunk (top_k None)."""
+    from dllm.prefilling import cut_chunks
+
+    n = len(cut_chunks(context_tokens, cfg.chunk_size))
+    if cfg.top_k is None or cfg.top_k <= n:
+        return cfg
+    if explicit:
+        raise UserError(
+            f"--top-k {cfg.top_k} exceeds the {n} chunk(s) of a {context_tokens}-token context at --chunk-size "
+            f"{cfg.chunk_size}; lower --top-k or --chunk-size, or pass --top-k all"
+        )
+    return dataclasses.replace(cfg, top_k=None)
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {path}: not UTF-8 text") from None
+
+
+def _strip_one_newline(text: str) -> str:
+    """Remove the one line ending an editor adds at the end of a file (``\\n`` or ``\\r\\n``)."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _decode_kwargs(args, gen_length) -> dict:
+    return dict(
+        gen_length=gen_length,
         steps=args.steps,
         block_length=args.block_length,
         alg=args.alg,
         temperature=args.temperature,
+        confidence_from=args.confidence_from,
         threshold=args.threshold,
-        seed=args.seed,
     )
-    if args.method == "prefilling":
-        kw["prefilling"] = _prefilling_config(args)
-    return kw
+
+
+def _load(args):
+    import dllm
+
+    t0 = time.perf_counter()
+    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
+    return model, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- generate
 
 
 def cmd_generate(args) -> int:
     import dllm
+    from dllm.loader import default_model_dir
     from dllm.tokenization import encode_text
 
-    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
-    with open(args.prompt_file, encoding="utf-8") as f:
-        template = f.read()
-    kw = _decode_kwargs(args)
-    if args.method == "prefilling":
+    template = _strip_one_newline(_read_text(args.prompt_file, "--prompt-file"))
+    slots = template.count("{context}")
+    context = None
+    if args.context_file is not None:
+        context = _read_text(args.context_file, "--context-file")
+        if not context.strip():
+            raise UserError(f"--context-file {args.context_file} is empty")
+        if slots != 1:
+            raise UserError(
+                f"--prompt-file {args.prompt_file} must hold exactly one {{context}} slot for --context-file, "
+                f"found {slots}"
+            )
+    elif slots:
+        raise UserError(f"--prompt-file {args.prompt_file} has a {{context}} slot but no --context-file was given")
+    if not template.strip() and context is None:
+        raise UserError(f"--prompt-file {args.prompt_file} is empty")
+    _unmasking_check(args, args.gen_length)
+    cfg = _prefilling_config(args, args.model or default_model_dir())
+
+    model, _ = _load(args)
+    kw = _decode_kwargs(args, args.gen_length)
+    if cfg is not None:
         from dllm.prefilling import split_prompt
 
-        context = None
-        if args.context_file:
-            with open(args.context_file, encoding="utf-8") as f:
-                context = f.read()
-        parts = split_prompt(model, template, context=context, query_window=kw["prefilling"].query_window)
-        res = dllm.generate(model, prompt=parts, progress=True, **kw)
+        parts = split_prompt(model, template, context=context, query_window=cfg.query_window)
+        cfg = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
+        res = dllm.generate(
+            model, prompt=parts, method="prefilling", prefilling=cfg, seed=args.seed, progress=True, **kw
+        )
     else:
-        text = template.replace("{context}", open(args.context_file).read()) if args.context_file else template
-        res = dllm.generate(model, encode_text(model, text, bos=True)[None], progress=True, **kw)
+        text = template if context is None else template.replace("{context}", context)
+        ids = encode_text(model, text, bos=True)[None]
+        res = dllm.generate(model, ids, method=args.method, seed=args.seed, progress=True, **kw)
     print(res.text[0] if res.text is not None else res.tokens[0].tolist())
     stats = {
         "nfe": res.stats.nfe,
@@ -111,63 +398,139 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_eval(args) -> int:
-    import dllm
-    from dllm.evaluation import accuracy_table, evaluate, write_csv
+# ---------------------------------------------------------------- eval
 
-    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
-    kw = _decode_kwargs(args)
-    gen_length = kw.pop("gen_length")
-    method = kw.pop("method")
-    sampling_seed = kw.pop("seed")
-    rows = evaluate(
-        model,
-        args.task,
-        args.lengths,
-        args.depths,
-        method,
-        args.samples,
-        args.seed_base,
-        gen_length=gen_length,
-        progress=True,
-        sampling_seed=sampling_seed,
-        **kw,
-    )
-    out = args.out or os.path.join("bench", "results", f"eval_{args.task}_{method}.csv")
+
+def cmd_eval(args) -> int:
+    from tqdm.auto import tqdm
+
+    from dllm.evaluation import accuracy_table, run_case, write_csv
+    from dllm.loader import default_model_dir
+    from dllm.tasks import make_cases
+
+    _unmasking_check(args, args.gen_length)
+    cfg = _prefilling_config(args, args.model or default_model_dir())
+    out = args.out or os.path.join(RUNS_DIR, f"eval_{args.task}_{args.method}.csv")
+    if os.path.isdir(out):
+        raise UserError(f"--out {out} is a directory; give a file name")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
+
+    model, load_s = _load(args)
+    cases = make_cases(args.task, args.lengths, args.depths, args.samples, args.seed_base, tokenizer=model.tokenizer)
+    configs = [None] * len(cases)
+    if cfg is not None:  # every case is checked before the first one runs
+        configs = [_fit_top_k(cfg, c.context_tokens, explicit=args.top_k not in (None, _ALL)) for c in cases]
+        fewer = sorted({c.length for c, f in zip(cases, configs) if f.top_k is None and cfg.top_k is not None})
+        if fewer:
+            print(
+                f"note: contexts of length {', '.join(map(str, fewer))} have fewer than the default top_k={cfg.top_k} "
+                f"chunks of {cfg.chunk_size} tokens: they keep every chunk",
+                file=sys.stderr,
+            )
+    kw = _decode_kwargs(args, args.gen_length)
+
+    def run(i):
+        extra = {"prefilling": configs[i]} if cfg is not None else {}
+        return run_case(model, cases[i], args.method, seed=args.seed, **kw, **extra)
+
+    t0 = time.perf_counter()
+    run(0)  # warm-up: one untimed case absorbs the one-off start-up costs
+    warm_s = time.perf_counter() - t0
+    rows = [run(i) for i in tqdm(range(len(cases)), desc=f"{args.task}/{args.method}")]
     write_csv(rows, out)
-    print(
-        accuracy_table(
-            rows, by=("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
-        )
-    )
+    by = ("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
+    print(accuracy_table(rows, by=by))
+    print(f"start-up, not in the table: model load {load_s:.1f} s, one warm-up case {warm_s:.1f} s")
     print(f"wrote {out}")
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m dllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = p.add_subparsers(dest="cmd", required=True)
+# ---------------------------------------------------------------- parser and entry point
 
-    g = sub.add_parser("generate", help="answer one prompt")
-    _add_model_args(g)
-    g.add_argument("--prompt-file", required=True, help="prompt text; may hold a {context} slot")
-    g.add_argument("--context-file", default=None, help="text put into the prompt's {context} slot")
+
+def _epilog(command: str) -> str:
+    return "examples:\n" + "\n".join("  " + x for x in EXAMPLES[command])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m dllm`` parser (its subcommands' help texts hold the runnable examples)."""
+    p = _Parser(prog="python -m dllm", description=DESCRIPTION, formatter_class=_HelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    g = sub.add_parser(
+        "generate",
+        help="answer one prompt",
+        description="Answer one prompt: the answer on stdout, progress bars and a stats JSON line on stderr.",
+        epilog=_epilog("generate") + "\n\n" + EXAMPLE_FILES,
+        formatter_class=_HelpFormatter,
+    )
+    g.add_argument(
+        "--prompt-file",
+        required=True,
+        type=_existing_file,
+        help="UTF-8 prompt; may hold one {context} slot; one trailing newline (an editor's) is removed. Without a "
+        "slot and --context-file, --method prefilling takes the last 64 tokens as the query, the rest as context",
+    )
+    g.add_argument(
+        "--context-file",
+        type=_existing_file,
+        default=None,
+        help="UTF-8 text put into the prompt's {context} slot, read as is (default: none)",
+    )
+    _add_common_args(g)
     _add_decode_args(g, 32)
     g.set_defaults(func=cmd_generate)
 
-    e = sub.add_parser("eval", help="accuracy on a seeded task (CSV + table)")
-    e.add_argument("task", choices=["passkey", "number_string", "kv_retrieval", "needle"])
-    _add_model_args(e)
-    e.add_argument("--lengths", type=int, nargs="+", default=[1024], help="context lengths in tokens")
-    e.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    e.add_argument("--samples", type=int, default=5, help="cases per (length, depth)")
-    e.add_argument("--seed-base", type=int, default=0)
+    e = sub.add_parser(
+        "eval",
+        help="accuracy on a seeded retrieval task (CSV + table)",
+        description="Accuracy on seeded cases of a retrieval task. One untimed warm-up case runs first (its time\n"
+        "and the model's load time are reported apart); then one CSV row per case and a table of accuracy\n"
+        "and mean seconds per case.",
+        epilog=_epilog("eval"),
+        formatter_class=_HelpFormatter,
+    )
+    e.add_argument("task", choices=tuple(TASKS), help="InfiniteBench-style task (needle: Needle-in-a-Haystack QA)")
+    e.add_argument("--lengths", type=_positive_int, nargs="+", default=[1024], help="context lengths in tokens")
+    e.add_argument(
+        "--depths", type=_depth, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths in [0, 1]"
+    )
+    e.add_argument("--samples", type=_positive_int, default=5, help="cases per (length, depth)")
+    e.add_argument(
+        "--seed-base", type=int, default=0, help="task seed of the first sample; sample i uses seed-base + i"
+    )
     e.add_argument("--by-depth", action="store_true", help="one table row per depth")
-    e.add_argument("--out", default=None, help="CSV path (default bench/results/eval_TASK_METHOD.csv)")
+    e.add_argument(
+        "--out", default=None, help=f"CSV path (default: {RUNS_DIR}/eval_TASK_METHOD.csv in the working directory)"
+    )
+    _add_common_args(e)
     _add_decode_args(e, None)
     e.set_defaults(func=cmd_eval)
+    return p
 
-    args = p.parse_args(argv)
-    return args.func(args)
+
+def main(argv=None) -> int:
+    """Run the command line; returns the exit status (0, or 2 for a user error).
+
+    User errors (bad options or paths, invalid values that the library rejects with ``ValueError``,
+    files that cannot be read or written) print one ``error:`` line on stderr; with ``--debug`` the
+    exception propagates with its traceback. Other exceptions (bugs) always propagate.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except (UserError, ValueError, OSError) as exc:
+        if "--debug" in argv:
+            raise
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return " ".join(str(exc).split()) or type(exc).__name__
