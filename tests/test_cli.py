@@ -13,6 +13,7 @@ from dllm.cli import UserError, _strip_one_newline, build_parser, main
 
 PROMPT = "There is a pass key hidden in the text below.\n\n{context}\n\nWhat is the pass key? The pass key is "
 FILLER = "The grass is green. The sky is blue. "
+TUNED = "--context-file doc.txt --method prefilling --chunk-size 256 --score-terms draft_contrast"  # as the demo
 
 
 def write_example_files(folder):
@@ -38,11 +39,9 @@ def run_cli(capsys, *argv):
 
 @pytest.mark.parametrize("method", ["dense", "prefix_cache", "prefilling"])
 def test_generate_prints_answer_and_stats(files, method, capsys):
-    extra = ["--chunk-size", "256", "--top-k", "2"] if method == "prefilling" else []
-    rc, out, err = run_cli(
-        capsys, "generate", "--prompt-file", "prompt.txt", "--context-file", "doc.txt", "--method", method,
-        "--gen-length", "8", "--steps", "4", *extra,
-    )  # fmt: skip
+    extra = " --chunk-size 256 --top-k 2" if method == "prefilling" else ""
+    cmd = f"generate --prompt-file prompt.txt --context-file doc.txt --method {method} --gen-length 8 --steps 4{extra}"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
     assert rc == 0
     stats = json.loads(err.strip().splitlines()[-1])
     assert stats["steps"] == 4 and stats["nfe"] >= 4
@@ -59,10 +58,7 @@ def test_prompt_file_loses_one_trailing_newline(files, capsys):
     (files / "bare.txt").write_text(PROMPT)  # the same prompt without the editor's newline
     answers = []
     for prompt in ("prompt.txt", "bare.txt"):
-        rc, out, _ = run_cli(
-            capsys, "generate", "--prompt-file", prompt, "--context-file", "doc.txt", "--method", "prefilling",
-            "--chunk-size", "256", "--score-terms", "draft_contrast", "--gen-length", "8",
-        )  # fmt: skip
+        rc, out, _ = run_cli(capsys, *shlex.split(f"generate --prompt-file {prompt} {TUNED} --gen-length 8"))
         assert rc == 0
         answers.append(out)
     # with the newline kept the bundled model answered 5341 (the query would end in "is \n")
@@ -81,54 +77,47 @@ def test_default_top_k_above_the_chunk_count_keeps_every_chunk(files, capsys):
     assert rc == 0 and stats["selected_chunks"] == list(range(12))
 
 
-BAD_INPUTS = {
-    "missing prompt file": (["generate", "--prompt-file", "nope.txt"], "nope.txt': no such file"),
-    "prompt path is a folder": (["generate", "--prompt-file", "."], "not a file"),
-    "missing context file": (["generate", "--prompt-file", "prompt.txt", "--context-file", "x.txt"], "no such file"),
-    "missing model": (["generate", "--prompt-file", "prompt.txt", "--model", "nope"], "no such directory"),
-    "model folder without config": (
-        ["generate", "--prompt-file", "noslot.txt", "--model", "."],
-        "config.json",
-    ),
-    "empty context": (["generate", "--prompt-file", "prompt.txt", "--context-file", "empty.txt"], "is empty"),
-    "slot without context": (["generate", "--prompt-file", "prompt.txt"], "no --context-file"),
-    "context without slot": (
-        ["generate", "--prompt-file", "noslot.txt", "--context-file", "doc.txt"],
-        "exactly one {context} slot",
-    ),
+BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error line says)
+    "missing prompt file": ("generate --prompt-file nope.txt", "nope.txt': no such file"),
+    "prompt path is a folder": ("generate --prompt-file .", "not a file"),
+    "missing context file": ("generate --prompt-file prompt.txt --context-file x.txt", "no such file"),
+    "missing model": ("generate --prompt-file prompt.txt --model nope", "no such directory"),
+    "model folder without config": ("generate --prompt-file noslot.txt --model .", "config.json"),
+    "empty context": ("generate --prompt-file prompt.txt --context-file empty.txt", "is empty"),
+    "slot without context": ("generate --prompt-file prompt.txt", "no --context-file"),
+    "context without slot": ("generate --prompt-file noslot.txt --context-file doc.txt", "exactly one {context} slot"),
     "top_k above the chunks": (
-        ["generate", "--prompt-file", "prompt.txt", "--context-file", "doc.txt", "--method", "prefilling",
-         "--chunk-size", "256", "--top-k", "13"],
+        "generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 256 --top-k 13",
         "--top-k 13 exceeds the 12 chunk",
-    ),  # fmt: skip
-    "chunk size 0": (["eval", "passkey", "--method", "prefilling", "--chunk-size", "0"], "integer >= 1, got '0'"),
-    "unknown score term": (["eval", "passkey", "--method", "prefilling", "--score-terms", "s_X"], "invalid choice"),
+    ),
+    "chunk size 0": ("eval passkey --method prefilling --chunk-size 0", "integer >= 1, got '0'"),
+    "unknown score term": ("eval passkey --method prefilling --score-terms s_X", "invalid choice"),
     "token budget above the chunk size": (
-        ["eval", "passkey", "--method", "prefilling", "--chunk-size", "64", "--token-budget", "65"],
+        "eval passkey --method prefilling --chunk-size 64 --token-budget 65",
         "token_budget",
     ),
-    "prefilling option with dense": (["eval", "passkey", "--top-k", "2"], "--top-k: option(s) of --method prefilling"),
-    "top-k word": (["eval", "passkey", "--method", "prefilling", "--top-k", "most"], "integer >= 1, got 'most'"),
-    "gen length 0": (["eval", "passkey", "--gen-length", "0"], "integer >= 1"),
-    "negative temperature": (["eval", "passkey", "--temperature", "-1"], "number >= 0"),
-    "threshold above 1": (["eval", "passkey", "--threshold", "1.5"], "threshold"),
-    "block length without gen length": (["eval", "passkey", "--block-length", "2"], "needs --gen-length"),
-    "block length not dividing": (["eval", "passkey", "--gen-length", "8", "--block-length", "3"], "does not divide"),
-    "depth above 1": (["eval", "passkey", "--depths", "1.5"], "depth in [0, 1]"),
-    "no samples": (["eval", "passkey", "--samples", "0"], "integer >= 1"),
-    "unknown task": (["eval", "passkey2"], "invalid choice"),
-    "unknown dtype": (["eval", "passkey", "--dtype", "int8"], "invalid choice"),
-    "unknown device": (["eval", "passkey", "--device", "tpu"], "not a device"),
-    "unsupported device": (["eval", "passkey", "--device", "meta"], "only cpu and cuda"),
-    "out is a folder": (["eval", "passkey", "--out", "."], "is a directory"),
-    "length too short for the needle": (["eval", "needle", "--lengths", "8"], "needle"),
-    "no command": ([], "required: COMMAND"),
+    "prefilling option with dense": ("eval passkey --top-k 2", "--top-k: option(s) of --method prefilling"),
+    "top-k word": ("eval passkey --method prefilling --top-k most", "integer >= 1, got 'most'"),
+    "gen length 0": ("eval passkey --gen-length 0", "integer >= 1"),
+    "negative temperature": ("eval passkey --temperature -1", "number >= 0"),
+    "threshold above 1": ("eval passkey --threshold 1.5", "threshold"),
+    "block length without gen length": ("eval passkey --block-length 2", "needs --gen-length"),
+    "block length not dividing": ("eval passkey --gen-length 8 --block-length 3", "does not divide"),
+    "depth above 1": ("eval passkey --depths 1.5", "depth in [0, 1]"),
+    "no samples": ("eval passkey --samples 0", "integer >= 1"),
+    "unknown task": ("eval passkey2", "invalid choice"),
+    "unknown dtype": ("eval passkey --dtype int8", "invalid choice"),
+    "unknown device": ("eval passkey --device tpu", "not a device"),
+    "unsupported device": ("eval passkey --device meta", "only cpu and cuda"),
+    "out is a folder": ("eval passkey --out .", "is a directory"),
+    "length too short for the needle": ("eval needle --lengths 8", "needle"),
+    "no command": ("", "required: COMMAND"),
 }
 
 
 @pytest.mark.parametrize("argv,message", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
 def test_user_errors_are_one_line_and_exit_2(files, capsys, argv, message):
-    rc, out, err = run_cli(capsys, *argv)
+    rc, out, err = run_cli(capsys, *shlex.split(argv))
     assert rc == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
@@ -203,10 +192,8 @@ def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, ca
     real = dllm.evaluation.run_case
     monkeypatch.setattr(dllm.evaluation, "run_case", lambda *a, **k: calls.append(a[1].seed) or real(*a, **k))
     out = tmp_path / "rows.csv"
-    rc, stdout, _ = run_cli(
-        capsys, "eval", "passkey", "--lengths", "300", "--depths", "0", "1", "--samples", "1", "--method",
-        "prefilling", "--chunk-size", "64", "--top-k", "2", "--gen-length", "8", "--out", str(out),
-    )  # fmt: skip
+    cmd = "eval passkey --lengths 300 --depths 0 1 --samples 1 --method prefilling --chunk-size 64 --top-k 2"
+    rc, stdout, _ = run_cli(capsys, *shlex.split(cmd), "--gen-length", "8", "--out", str(out))
     assert rc == 0
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 2 and len(calls) == 3  # the first case once more, untimed, before the timed ones
