@@ -39,9 +39,11 @@ EXAMPLES = {
         "python -m dllm eval passkey --lengths 4096 --depths 0 0.5 1 --samples 1 --method prefilling "
         "--chunk-size 256 --score-terms draft_contrast",
         "python -m dllm eval number_string --lengths 1024 --depths 0.5 --samples 2 --method prefix_cache",
+        "python -m dllm eval longbench --data hotpotqa.jsonl --limit 2 --method prefilling",
     ),
 }
-EXAMPLE_FILES = """\
+EXAMPLE_FILES = {  # what the examples' input files hold
+    "generate": """\
 prompt.txt holds the question around one {context} slot (the bundled model answers this wording;
 the last line ends with "is" and a space):
   There is a pass key hidden in the text below.
@@ -50,18 +52,24 @@ the last line ends with "is" and a space):
 
   What is the pass key? The pass key is
 doc.txt holds a few thousand characters of "The grass is green. The sky is blue. " with
-"The pass key is 12345. Remember it." somewhere inside."""
+"The pass key is 12345. Remember it." somewhere inside.""",
+    "eval": """\
+hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
+bundled model does not answer it).""",
+}
 DESCRIPTION = f"""\
 Long-context inference of diffusion LMs (Dream, LLaDA) with Prefilling-dLLM.
 
 examples (each runs as written on the bundled tiny model):
   {chr(10).join("  " + x for cmd in EXAMPLES.values() for x in cmd).strip()}
 
-{EXAMPLE_FILES}
+{EXAMPLE_FILES["generate"]}
+{EXAMPLE_FILES["eval"]}
 
 A user error (a missing file, a bad option value, an empty context, --top-k above the number of
 chunks, ...) prints one line "error: ..." and exits with status 2; --debug shows the traceback.
 The demo and the benchmarks live in bench/ of the repository (make demo, make bench)."""
+LONGBENCH = "longbench"  # eval's task for a local LongBench file (--data), beside the seeded tasks
 _ALL = "all"  # --top-k all / --token-budget all: keep every chunk / every token (the library's None)
 
 
@@ -404,10 +412,14 @@ def cmd_generate(args) -> int:
 def cmd_eval(args) -> int:
     from tqdm.auto import tqdm
 
-    from dllm.evaluation import accuracy_table, run_case, write_csv
+    from dllm.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
     from dllm.loader import default_model_dir
-    from dllm.tasks import make_cases
 
+    longbench = args.task == LONGBENCH
+    if longbench != (args.data is not None):
+        raise UserError("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")
+    if args.limit is not None and not longbench:
+        raise UserError("--limit goes with the longbench task")
     _unmasking_check(args, args.gen_length)
     cfg = _prefilling_config(args, args.model or default_model_dir())
     out = args.out or os.path.join(RUNS_DIR, f"eval_{args.task}_{args.method}.csv")
@@ -417,32 +429,55 @@ def cmd_eval(args) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
+    if longbench:  # the file is read and checked before the model is loaded
+        from dllm.longbench import load_longbench, metric_for
+
+        cases = load_longbench(args.data, limit=args.limit)
+        if not cases:
+            raise UserError(f"--data {args.data}: no LongBench examples to score (--limit {args.limit})")
+        for case in cases:
+            metric_for(case.dataset)
 
     model, load_s = _load(args)
-    cases = make_cases(args.task, args.lengths, args.depths, args.samples, args.seed_base, tokenizer=model.tokenizer)
-    configs = [None] * len(cases)
+    if longbench:
+        from dllm.tokenization import encode_text
+
+        context_tokens = [len(encode_text(model, c.context)) for c in cases] if cfg is not None else None
+        run_one = run_longbench_case
+    else:
+        from dllm.tasks import make_cases
+
+        cases = make_cases(
+            args.task, args.lengths, args.depths, args.samples, args.seed_base, tokenizer=model.tokenizer
+        )
+        context_tokens = [c.context_tokens for c in cases]
+        run_one = run_case
+    configs = [cfg] * len(cases)
     if cfg is not None:  # every case is checked before the first one runs
-        configs = [_fit_top_k(cfg, c.context_tokens, explicit=args.top_k not in (None, _ALL)) for c in cases]
-        fewer = sorted({c.length for c, f in zip(cases, configs) if f.top_k is None and cfg.top_k is not None})
+        configs = [_fit_top_k(cfg, n, explicit=args.top_k not in (None, _ALL)) for n in context_tokens]
+        fewer = sum(f.top_k is None for f in configs) if cfg.top_k is not None else 0
         if fewer:
             print(
-                f"note: contexts of length {', '.join(map(str, fewer))} have fewer than the default top_k={cfg.top_k} "
-                f"chunks of {cfg.chunk_size} tokens: they keep every chunk",
+                f"note: {fewer} of {len(cases)} contexts have fewer than the default top_k={cfg.top_k} chunks of "
+                f"{cfg.chunk_size} tokens: they keep every chunk",
                 file=sys.stderr,
             )
     kw = _decode_kwargs(args, args.gen_length)
 
     def run(i):
         extra = {"prefilling": configs[i]} if cfg is not None else {}
-        return run_case(model, cases[i], args.method, seed=args.seed, **kw, **extra)
+        return run_one(model, cases[i], args.method, seed=args.seed, **kw, **extra)
 
     t0 = time.perf_counter()
     run(0)  # warm-up: one untimed case absorbs the one-off start-up costs
     warm_s = time.perf_counter() - t0
     rows = [run(i) for i in tqdm(range(len(cases)), desc=f"{args.task}/{args.method}")]
     write_csv(rows, out)
-    by = ("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
-    print(accuracy_table(rows, by=by))
+    if longbench:
+        print(accuracy_table(rows, by=("dataset", "method"), value="score"))
+    else:
+        by = ("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
+        print(accuracy_table(rows, by=by))
     print(f"start-up, not in the table: model load {load_s:.1f} s, one warm-up case {warm_s:.1f} s")
     print(f"wrote {out}")
     return 0
@@ -452,7 +487,7 @@ def cmd_eval(args) -> int:
 
 
 def _epilog(command: str) -> str:
-    return "examples:\n" + "\n".join("  " + x for x in EXAMPLES[command])
+    return "examples:\n" + "\n".join("  " + x for x in EXAMPLES[command]) + "\n\n" + EXAMPLE_FILES[command]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -464,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generate",
         help="answer one prompt",
         description="Answer one prompt: the answer on stdout, progress bars and a stats JSON line on stderr.",
-        epilog=_epilog("generate") + "\n\n" + EXAMPLE_FILES,
+        epilog=_epilog("generate"),
         formatter_class=_HelpFormatter,
     )
     g.add_argument(
@@ -493,7 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_epilog("eval"),
         formatter_class=_HelpFormatter,
     )
-    e.add_argument("task", choices=tuple(TASKS), help="InfiniteBench-style task (needle: Needle-in-a-Haystack QA)")
+    e.add_argument(
+        "task",
+        choices=(*TASKS, LONGBENCH),
+        help="a seeded InfiniteBench-style task (needle: Needle-in-a-Haystack QA), or longbench with --data",
+    )
     e.add_argument("--lengths", type=_positive_int, nargs="+", default=[1024], help="context lengths in tokens")
     e.add_argument(
         "--depths", type=_depth, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths in [0, 1]"
@@ -503,6 +542,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed-base", type=int, default=0, help="task seed of the first sample; sample i uses seed-base + i"
     )
     e.add_argument("--by-depth", action="store_true", help="one table row per depth")
+    e.add_argument(
+        "--data",
+        type=_existing_file,
+        default=None,
+        help="longbench: a local LongBench JSONL file, e.g. data/hotpotqa.jsonl of THUDM/LongBench (default: none)",
+    )
+    e.add_argument(
+        "--limit", type=_positive_int, default=None, help="longbench: score the first N examples (default: all)"
+    )
     e.add_argument(
         "--out", default=None, help=f"CSV path (default: {RUNS_DIR}/eval_TASK_METHOD.csv in the working directory)"
     )

@@ -5,6 +5,7 @@ import csv
 import json
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -16,10 +17,19 @@ FILLER = "The grass is green. The sky is blue. "
 TUNED = "--context-file doc.txt --method prefilling --chunk-size 256 --score-terms draft_contrast"  # as the demo
 
 
+LONGBENCH_SAMPLE = Path(__file__).parent / "tasks" / "data" / "longbench_tiny.jsonl"
+
+
 def write_example_files(folder):
-    """prompt.txt and doc.txt as the --help text describes them (with the newline an editor adds)."""
+    """The input files of the --help examples as the help describes them: prompt.txt (with the newline an
+    editor adds), doc.txt, and hotpotqa.jsonl (the hotpotqa lines of the test suite's LongBench sample)."""
     (folder / "prompt.txt").write_text(PROMPT + "\n")
     (folder / "doc.txt").write_text(FILLER * 50 + "The pass key is 12345. Remember it. " + FILLER * 30)
+    lines = [
+        x for x in LONGBENCH_SAMPLE.read_text().splitlines() if x.strip() and json.loads(x)["dataset"] == "hotpotqa"
+    ]
+    assert lines
+    (folder / "hotpotqa.jsonl").write_text("\n".join(lines * 2) + "\n")
 
 
 @pytest.fixture()
@@ -111,6 +121,10 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "unsupported device": ("eval passkey --device meta", "only cpu and cuda"),
     "out is a folder": ("eval passkey --out .", "is a directory"),
     "length too short for the needle": ("eval needle --lengths 8", "needle"),
+    "longbench without data": ("eval longbench", "--data FILE.jsonl"),
+    "missing longbench file": ("eval longbench --data nope.jsonl", "no such file"),
+    "limit without longbench": ("eval passkey --limit 3", "--limit goes with the longbench task"),
+    "longbench file that is not JSON": ("eval longbench --data prompt.txt", "not valid JSON"),
     "no command": ("", "required: COMMAND"),
 }
 

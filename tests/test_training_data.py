@@ -1,18 +1,23 @@
-"""The tiny model's training samples and batches (bench/tiny): layouts, roles and masks.
+"""The tiny model's training samples, batches and phase table (bench/tiny): layouts, roles, masks, schedule.
 
 Expected values come from the sample definitions in bench/tiny/data.py's docstring, checked by
 decoding the character ids back to text, not from the code paths that build them.
 """
 
+import csv
 import dataclasses
+import inspect
+import math
 import random
 from collections import Counter
+from pathlib import Path
 
+import pytest
 import torch
 
-from bench.tiny import data
+from bench.tiny import data, train
 from bench.tiny.tokenizer import CHARS
-from bench.tiny.train import FINE_TUNE_MIX, fine_tune_sample, make_batch
+from bench.tiny.train import PHASES, draw_batch, draw_sample, make_batch, parse_args, run_at, schedule
 
 
 def text(ids):
@@ -41,11 +46,13 @@ def test_copy_sample_digit_pool_holds_digits_only():
 
 
 def test_phase7_copy_strings_come_from_the_weighted_pools():
-    mix = dataclasses.replace(FINE_TUNE_MIX[7], copy=1.0)  # every draw a copy string
+    phase7 = PHASES[6]
+    copy = next(layout for _, layout in phase7.mix if layout.kind == "copy")
+    only_copies = dataclasses.replace(phase7, mix=((1.0, copy),))  # every draw a copy string
     rng = random.Random(0)
     kinds = Counter()
     for _ in range(600):
-        s, mode = fine_tune_sample(rng, 200, mix)
+        s, mode = draw_sample(rng, None, 200, only_copies)
         ctx = set(text(part(s, "p")))
         assert mode == "answer" and text(part(s, "a")[:-1]) == text(part(s, "p"))
         # 98 characters: a hex string always holds a letter a-f or a dash, a COPY_POOL one a g-z or space
@@ -59,7 +66,7 @@ def test_phase8_trial_draws_no_copy_strings_and_the_stated_layout_shares():
     rng = random.Random(1)
     kinds = Counter()
     for _ in range(400):
-        s, mode = fine_tune_sample(rng, 400, FINE_TUNE_MIX[8])
+        s, mode = draw_sample(rng, None, 400, PHASES[7])
         kinds["query" if mode == "query" else s.kind] += 1
     # 0% copy, 55% dense, 30% chunked, 15% query-only; 400 draws: 3 standard deviations are <= 0.075
     assert kinds["copy"] == 0
@@ -105,3 +112,64 @@ def test_make_batch_masks_only_eligible_tokens_and_isolates_segments():
             want = (seg == seg[r]) if seg[r] > 0 else torch.ones(n, dtype=torch.bool)
             assert torch.equal(attn[i, r, :n], want) and not attn[i, r, n:].any()
     assert torch.equal(targets[0, : len(samples[0].ids)], torch.tensor(samples[0].ids))
+
+
+def test_schedule_follows_the_phase_table():
+    runs = schedule(parse_args([]))
+    assert [r.n for r in (run_at(runs, 899), run_at(runs, 900), run_at(runs, 11999))] == [1, 2, 7]
+    assert len({run_at(runs, s).n for s in range(12000)}) == 7  # no phase 8 in the default run
+    # phases 1-3: warm-up over 100 steps, then cosine over 0..1900 from 1.5e-3 down to 0.1 x peak
+    assert run_at(runs, 0).lr(0) == pytest.approx(1.5e-3 / 100)
+    assert run_at(runs, 99).lr(99) == pytest.approx(1.5e-3)
+    # step 1000: (1000 - 100) / (1900 - 100) = half way: 1.5e-3 * (0.1 + 0.9 * 0.5 * (1 + cos(pi / 2)))
+    assert run_at(runs, 1000).lr(1000) == pytest.approx(1.5e-3 * 0.55)
+    # phase 4 restarts: 50 warm-up steps from 1e-3 at its first step
+    assert run_at(runs, 1900).lr(1900) == pytest.approx(1e-3 / 50)
+    # --steps past the end of phase 7 adds the trial phase 8; a shorter --steps ends phase 7's cosine there
+    trial = schedule(parse_args(["--steps", "14000"]))
+    assert run_at(trial, 12000).n == 8 and run_at(trial, 12000).lr(12000) == pytest.approx(3e-4 / 50)
+    short = run_at(schedule(parse_args(["--steps", "11000"])), 10999)
+    # (10999 - 9500 - 50) / (1500 - 50) = 1449 / 1450 of the way down from 5e-4
+    assert short.lr(10999) == pytest.approx(5e-4 * (0.1 + 0.45 * (1 + math.cos(math.pi * 1449 / 1450))))
+    moved = schedule(parse_args(["--phase4", "3000", "--lr5", "1e-3"]))
+    assert run_at(moved, 2999).n == 4 and run_at(moved, 3000).n == 5
+    assert run_at(moved, 3000).lr(3000) == pytest.approx(1e-3 / 50)
+
+
+def test_flags_and_docs_come_from_the_phase_table():
+    args = parse_args([])
+    assert [getattr(args, f"phase{n}") for n in range(1, 8)] == [900, 1350, 1900, 3300, 6000, 9500, 12000]
+    assert (args.lr, args.lr4, args.lr5, args.lr6, args.lr7, args.lr8, args.steps) == (
+        1.5e-3,
+        1e-3,
+        7e-4,
+        5e-4,
+        5e-4,
+        3e-4,
+        12000,
+    )
+    assert args.weighting == "mean" and inspect.signature(make_batch).parameters["weighting"].default == "mean"
+    doc = train.__doc__
+    for ph, n in zip(PHASES, range(1, 9)):
+        assert f"phase {n} (steps {ph.first}-{ph.end}," in doc
+    # phase 5's thresholds 0.75 / 0.875 / 1.0: 12.5% query-only beside the needle chunk and 12.5% beside none
+    assert "12.5% query-only beside the needle chunk, 12.5% query-only beside needle-free chunks" in doc
+    # phase 1: samples of max(96, 192 // 2) to 192 - 8 tokens
+    assert "phase 1 (steps 0-900, own warm-up and cosine from lr 0.0015, 96-184-token samples in batches of 192)" in doc
+
+
+def test_the_committed_run_replays_its_logged_batches():
+    """bench/results/tiny-train/loss.csv logs the run that made the bundled model: per step its phase, batch
+    length and batch size. Drawn again from --seed 0 with the default flags, the batches match it; the
+    length of a step's batch is the first draw after every sample of the steps before, so through step 960
+    (60 steps of phase 2's five buckets) this checks the whole sample stream so far."""
+    logged = {}
+    with open(Path(__file__).parents[1] / "bench" / "results" / "tiny-train" / "loss.csv") as f:
+        for row in csv.reader(f):
+            logged[int(row[0])] = tuple(int(x) for x in row[1:4])  # a resumed step's last entry wins
+    args = parse_args([])
+    runs, rng, essays = schedule(args), random.Random(args.seed), data.EssayStream()
+    for step in range(960):
+        run = run_at(runs, step)
+        length, samples, _ = draw_batch(rng, essays, run.spec, args.window, args.token_budget)
+        assert (run.n, length, len(samples)) == logged[step], step

@@ -3,15 +3,15 @@
 Every sample is a list of character-level token ids plus, per token, a segment id
 and a "may be masked" flag:
 
-- ``dense``: ``BOS prefix context query answer EOS*r`` with full bidirectional
+- ``dense``: ``BOS prefix context query answer EOS*n`` with full bidirectional
   attention (what dense / prefix_cache decoding sees).
-- ``chunked``: ``[BOS prefix] [BOS chunk_1] ... [BOS chunk_k] query answer EOS*r``
+- ``chunked``: ``[BOS prefix] [BOS chunk_1] ... [BOS chunk_k] query answer EOS*n``
   where each bracketed segment attends only to itself and the query/answer rows
   attend to everything: exactly what Prefilling-dLLM's independent chunk caches
   give at inference (continuous positions). Chunks are cut at arbitrary character
   offsets; the kept ones are the needle chunk(s) plus random distractors in order.
-- ``no_needle``: one chunk without the needle + a query; only query tokens are
-  learned, so the model's confidence in the query reflects whether the chunk is
+- ``no_needle``: needle-free chunks + a query (no answer); only query tokens are
+  learned, so the model's confidence in the query reflects whether the chunks are
   relevant (what the self-information score s_I reads).
 - ``lm``: packed essay crops with a BOS between documents, whole-sequence masking.
 
@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 from bench.tiny.tokenizer import CHARS, SPECIALS
 from dllm.tasks import make_case
-from dllm.tasks.needle import load_essays  # train split only
+from dllm.tasks.essays import load_essays  # train split only
 
-TASKS = ("passkey", "number_string", "kv_retrieval", "needle")
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
 assert list(SPECIALS) == ["pad", "bos", "eos", "mask"]
 CHAR_ID = {c: i + len(SPECIALS) for i, c in enumerate(CHARS)}
@@ -77,17 +76,17 @@ def _case_at_least(rng: random.Random, task: str, ctx_len: int, phrasing: str):
 def dense_sample(
     rng: random.Random, total: int, task: str, phrasing: str = "random", prefix: bool = True, max_eos: int = 12
 ) -> Sample:
-    """BOS + prompt + answer + EOS*r (r <= max_eos), about ``total`` tokens long (``prefix=False`` drops
+    """BOS + prompt + answer + EOS*n (1 <= n <= max_eos), about ``total`` tokens long (``prefix=False`` drops
     the instructions)."""
-    r = rng.randint(1, max_eos)
+    n_eos = rng.randint(1, max_eos)
     case = _case(rng, task, 512, phrasing)  # probe the fixed parts' size
-    fixed = 1 + (len(case.prefix) if prefix else 0) + len(case.query) + len(case.answer) + r
+    fixed = 1 + (len(case.prefix) if prefix else 0) + len(case.query) + len(case.answer) + n_eos
     case = _case_at_least(rng, task, max(64, total - fixed), phrasing)
     s = Sample([], [], [], "dense")
     _append(s, [BOS], 0, "b")
     _append(s, encode((case.prefix if prefix else "") + case.context), 0, "p")
     _append(s, encode(case.query), 0, "q")
-    _append(s, encode(case.answer) + [EOS] * r, 0, "a")
+    _append(s, encode(case.answer) + [EOS] * n_eos, 0, "a")
     return s
 
 
@@ -100,16 +99,16 @@ def chunked_sample(
     query, which is what the scoring pass of s_I sees (chunk + query, no answer)."""
     if answer is None:
         answer = not drop_needle
-    chunk = rng.choice([64, 96, 128, 192, 256, 384])
-    r = rng.randint(1, 12)
+    chunk_len = rng.choice([64, 96, 128, 192, 256, 384])
+    n_eos = rng.randint(1, 12)
     probe = _case(rng, task, 512)
-    budget = total - (2 + len(probe.prefix) + len(probe.query) + len(probe.answer) + r)
-    keep = max(1, min(rng.randint(1, 6), budget // (chunk + 1)))
+    budget = total - (2 + len(probe.prefix) + len(probe.query) + len(probe.answer) + n_eos)
+    keep = max(1, min(rng.randint(1, 6), budget // (chunk_len + 1)))
     n_chunks = keep + rng.randint(0, 6)
-    case = _case(rng, task, max(_min_len(task), n_chunks * chunk))
+    case = _case(rng, task, max(_min_len(task), n_chunks * chunk_len))
     ctx = encode(case.context)
-    cuts = list(range(0, len(ctx), chunk))
-    needle_chunks = {i for i, c in enumerate(cuts) if c < case.needle_end and c + chunk > case.needle_start}
+    cuts = list(range(0, len(ctx), chunk_len))
+    needle_chunks = {i for i, c in enumerate(cuts) if c < case.needle_end and c + chunk_len > case.needle_start}
     others = [i for i in range(len(cuts)) if i not in needle_chunks]
     if drop_needle:
         if not others:
@@ -125,11 +124,11 @@ def chunked_sample(
         seg += 1
     for i in kept:
         _append(s, [BOS], seg, "b")
-        _append(s, ctx[cuts[i] : cuts[i] + chunk], seg, "p")
+        _append(s, ctx[cuts[i] : cuts[i] + chunk_len], seg, "p")
         seg += 1
     _append(s, encode(case.query), 0, "q")
     if answer:
-        _append(s, encode(case.answer) + [EOS] * r, 0, "a")
+        _append(s, encode(case.answer) + [EOS] * n_eos, 0, "a")
     return s
 
 

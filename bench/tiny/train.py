@@ -14,45 +14,18 @@ learned the copy task far slower in a controlled probe (short passkey cases, bf1
 lr 1.5e-3: digit cross-entropy 2.07 nats after 150 steps with stratified t, ~2.3 with
 i.i.d. t, against 1.72 with the per-row mean; chance is ln 10 = 2.30).
 
-Curriculum (DESIGN section 6 warns that a robust mix from step 0 does not learn; a first run
-of this script with the mix from step 0 still retrieved nothing after 750 steps):
-phase 1 = passkey and number_string only, short (96-184 tokens, no instruction prefix, mostly
-canonical wording), answer-only masking: the copy circuit forms faster when the needle is near
-the query and the wording is fixed (the same recipe at 192-384 tokens was still at chance after
-300 steps; and 700 steps of it were not enough: the half-formed skill was lost when phase 2 began);
-phase 2 = all four tasks, up to 768 tokens, some chunked layout, some whole-sequence masking;
-phase 3 = lengths up to the window, the chunked layout of Prefilling-dLLM, needle-free chunks and
-packed essays; phase 4 = a retrieval fine-tune with its own warm-up and cosine (passkey and
-number_string only, 96-504 tokens, dense and chunked layouts, answer-only masking, 10% needle-free
-chunks with query-only masking). Why phase 4: in the run that made the bundled model, the copy skill
-of phase 1 (digit cross-entropy with every answer digit masked: 0.89 nats on 150-token passkey
-cases at step 600, flat to step 900; chance is 2.30) was gone by step 1400 (1.54) and the model
-retrieved 0 of 40 short cases at step 1900.
-phase 5 = a second fine-tune (own warm-up and cosine, lr 7e-4, buckets of 192-1024 tokens) for what
-phase 4 left: 10% copy strings (``data.copy_sample``: every answer token is a lookup, a dense signal
-for the copy circuit), 40% dense and 25% chunked retrieval answers (passkey, number_string, some
-needle), and 25% query-only masking split evenly between chunk sets with and without the needle.
-Phases 3-4 masked the query beside needle-free chunks only, which taught the model that a query is
-likely whatever the context: on the phase-4 model s_I + s_P ranked the needle chunk last in 10 of 10
-passkey cases at 8K (s_I alone found it in 5 of 10 on the phase-5 model).
-phase 6 = a third fine-tune (steps 6000-9500, own warm-up and cosine, lr 5e-4, buckets of 256-1280 tokens)
-for the ordering errors phase 5 left: its passkey/number_string misses at 1024 tokens hold the key's
-digits in the wrong order (2883242612 -> 2883423262). 15% copy strings, half of them digits only (only
-the order tells the digits apart), 45% dense and 20% chunked answers (passkey .4, number_string .45,
-needle .15), 20% query-only masking (half beside the needle chunk), and 1280-token batches so the
-1024-token cases are no longer at the edge of what the model has seen.
-phase 7 = a fourth fine-tune (steps 9500-12000, own warm-up and cosine, lr 5e-4, buckets of 256-1536 tokens)
-for the tasks phase 6 left at 0% (kv_retrieval's 36-character UUID values, needle's word answers) and
-number_string at 1024 tokens: 15% copy strings (half from kv_retrieval's hex-and-dash alphabet, a quarter
-digits only, a quarter letters, digits and spaces), 45% dense and 20% chunked answers (passkey .15,
-number_string .3, kv_retrieval .3, needle .25), 20% query-only masking.
-phase 8 (only with ``--steps`` beyond ``--phase7``; NOT in the bundled model) = a trial fifth fine-tune
-(steps 12000-14000, own warm-up and cosine, lr 3e-4, buckets of 512-1536 tokens) for the digit tasks'
-one-digit copy errors: no copy strings (``bench.tiny.skill_probe`` finds copies of the phase 5-7 copy
-strings' lengths at chance: the model never learned them), 55% dense and 30% chunked answers (passkey .3,
-number_string .5, kv_retrieval .1, needle .1), 15% query-only masking. It took dense number_string to
-100% but made chunk selection worse (``bench/results/tiny_phase8_trial.md``), so the default ``--steps``
-stops at 12000.
+Curriculum: one row of :data:`PHASES` per phase (its steps, peak learning rate, length
+buckets and sample mix); the schedule, the ``--phaseN`` / ``--lrN`` flags and the list
+below come from that table. DESIGN section 6 warns that a robust mix from step 0 does not
+learn; a first run of this script with the mix from step 0 still retrieved nothing after
+750 steps. A phase with a peak lr starts its own warm-up and cosine decay (to 10% of the
+peak) over itself and the phases after it that have none. Layouts (``bench.tiny.data``):
+dense ``BOS prompt answer``; chunked ``[BOS chunk]... query answer`` with segment-local
+attention (Prefilling-dLLM's chunk caches); query-only masking beside chunks with or
+without the needle (the training signal of the s_I chunk score); copy strings; packed essays.
+
+{phases}
+
 Reproducible from ``--seed`` (CPU, 2 threads) up to bf16 round-off: a resumed segment repeats the same
 data with loss values equal to about 1e-3.
 """
@@ -136,111 +109,299 @@ def model_config(vocab_size: int) -> ModelConfig:
     )
 
 
-# ---- batches ------------------------------------------------------------------------------------------
+# ---- the curriculum -----------------------------------------------------------------------------------
 
 TASK_WEIGHTS = {"passkey": 0.3, "number_string": 0.25, "kv_retrieval": 0.15, "needle": 0.3}
+POOL_NAMES = {data.COPY_POOL: "letters, digits and spaces", data.DIGIT_POOL: "digits", data.HEX_POOL: "hex and dash"}
 
 
 @dataclass(frozen=True)
-class FineTuneMix:
-    """Sample mix of the late fine-tunes: cumulative thresholds on one uniform draw u.
+class Layout:
+    """One kind of sample in a phase's mix (``bench.tiny.data`` builds it).
 
-    u < copy: copy string over an alphabet drawn from the weighted ``copy_pools`` (letters, digits
-    and spaces when empty); u < dense: dense answer;
-    u < chunked: chunked answer; else query-only masking, beside needle-free chunks when u >= no_needle.
+    kind: "dense", "chunked" (both with the answer), "query" (chunks and query, only the query
+    masked), "copy" (a random string and its copy) or "essays" (packed text, all masked).
+    tasks: task weights drawn for this layout (None: the task the phase drew before the layout).
+    canonical, prefix: dense only: probability of the canonical wording and of the instruction prefix.
+    max_eos: dense only: most EOS tokens after the answer.
+    answer_only: dense / chunked: probability of answer-only masking, else whole-sequence masking.
+    needle: query only: the chunk set holds the needle chunk (True) or is needle-free.
+    pools: copy only: ((alphabet, weight), ...); empty: ``data.COPY_POOL``.
+    A probability of 0 or 1 draws nothing from the rng (as the committed run drew).
     """
 
-    copy: float
-    dense: float
-    chunked: float
-    no_needle: float
-    answer_tasks: dict  # task -> weight of the answer samples
-    copy_pools: tuple = ()  # ((alphabet, weight), ...)
+    kind: str
+    tasks: dict | None = None
+    canonical: float = 0.0
+    prefix: float = 1.0
+    max_eos: int = 12
+    answer_only: float = 1.0
+    needle: bool = False
+    pools: tuple = ()
 
 
-FINE_TUNE_MIX = {
-    5: FineTuneMix(0.1, 0.5, 0.75, 0.875, {"passkey": 0.45, "number_string": 0.4, "needle": 0.15}),
-    6: FineTuneMix(
-        0.15,
-        0.6,
-        0.8,
-        0.9,
-        {"passkey": 0.4, "number_string": 0.45, "needle": 0.15},
-        copy_pools=((data.DIGIT_POOL, 0.5), (data.COPY_POOL, 0.5)),
-    ),
-    7: FineTuneMix(
-        0.15,
-        0.6,
-        0.8,
-        0.9,
-        {"passkey": 0.15, "number_string": 0.3, "kv_retrieval": 0.3, "needle": 0.25},
-        copy_pools=((data.HEX_POOL, 0.5), (data.DIGIT_POOL, 0.25), (data.COPY_POOL, 0.25)),
-    ),
-    8: FineTuneMix(0.0, 0.55, 0.85, 0.925, {"passkey": 0.3, "number_string": 0.5, "kv_retrieval": 0.1, "needle": 0.1}),
-}
+@dataclass(frozen=True)
+class Phase:
+    """One training phase: steps ``[first, end)`` with the default flags (``--phaseN`` moves the end),
+    ``lr`` = (peak learning rate, warm-up steps) of its own warm-up and cosine (None: it continues the
+    previous phase's), batch length buckets (tokens), sample mix, and why the phase exists.
+
+    ``mix`` is ((u_below, Layout), ...): one uniform draw u picks the first layout with u < u_below
+    (cumulative thresholds, so the draws match the committed run bit for bit); a one-layout mix
+    draws no u. ``tasks`` (task -> weight) is drawn before u; None: each layout draws its own.
+    """
+
+    first: int
+    end: int
+    lr: tuple[float, int] | None
+    buckets: tuple[int, ...]
+    mix: tuple[tuple[float, Layout], ...]
+    tasks: dict | None
+    why: str
+    trial: bool = False  # runs only when --steps goes past the end of the phase before it
 
 
-def fine_tune_sample(rng: random.Random, total: int, mix: FineTuneMix) -> tuple[data.Sample, str]:
-    """One sample of phase 5 or 6 (the draws happen in a fixed order: a resumed run repeats its data)."""
-    u = rng.random()
-    if u < mix.copy:
+CHUNKED, ESSAYS = Layout("chunked"), Layout("essays")
+QUERY_NO_NEEDLE = Layout("query")
+
+
+def fine_tune(copy, dense, chunked, no_needle, answer_tasks, pools=()) -> tuple[tuple[float, Layout], ...]:
+    """The mix of the late fine-tunes from its cumulative thresholds: copy strings, dense answers (half
+    canonical wording, 60% with the prefix), chunked answers, then query-only masking beside the needle
+    chunk and beside needle-free chunks (those tasks from :data:`TASK_WEIGHTS`)."""
+    return (
+        (copy, Layout("copy", pools=pools)),
+        (dense, Layout("dense", tasks=answer_tasks, canonical=0.5, prefix=0.6, max_eos=6)),
+        (chunked, Layout("chunked", tasks=answer_tasks)),
+        (no_needle, Layout("query", tasks=TASK_WEIGHTS, needle=True)),
+        (1.0, Layout("query", tasks=TASK_WEIGHTS)),
+    )
+
+
+# Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new
+# shape every step cost 2-4 s of a ~1.5 s step in a probe.
+PHASES: tuple[Phase, ...] = (
+    Phase(0, 900, (1.5e-3, 100), (192,),
+          mix=((1.0, Layout("dense", canonical=0.7, prefix=0.0, max_eos=3)),),
+          tasks={"passkey": 0.6, "number_string": 0.4},
+          why="copying: the copy circuit forms faster when the needle is near the query and the wording is "
+          "fixed (the same recipe at 192-384 tokens was still at chance after 300 steps; and 700 steps of it "
+          "were not enough: the half-formed skill was lost when phase 2 began)"),
+    Phase(900, 1350, None, (256, 384, 512, 640, 768),
+          mix=((0.8, Layout("dense", answer_only=0.85)), (0.95, CHUNKED), (1.0, ESSAYS)),
+          tasks=TASK_WEIGHTS,
+          why="all four tasks, some chunked layout, some whole-sequence masking"),
+    Phase(1350, 1900, None, (256, 384, 512, 768, 1024, 1280, 1536),
+          mix=((0.4, Layout("dense", answer_only=0.8)), (0.75, Layout("chunked", answer_only=0.85)),
+               (0.85, QUERY_NO_NEEDLE), (1.0, ESSAYS)),
+          tasks=TASK_WEIGHTS,
+          why="lengths up to the window, the chunked layout, needle-free chunks and packed essays"),
+    Phase(1900, 3300, (1e-3, 50), (192, 256, 384, 512),
+          mix=((0.45, Layout("dense", canonical=0.6, prefix=0.5, max_eos=3)), (0.9, CHUNKED),
+               (1.0, QUERY_NO_NEEDLE)),
+          tasks={"passkey": 0.5, "number_string": 0.5},
+          why="a retrieval fine-tune: in the run that made the bundled model, the copy skill of phase 1 (digit "
+          "cross-entropy with every answer digit masked: 0.89 nats on 150-token passkey cases at step 600, flat "
+          "to step 900; chance is 2.30) was gone by step 1400 (1.54) and the model retrieved 0 of 40 short cases "
+          "at step 1900"),
+    Phase(3300, 6000, (7e-4, 50), (192, 256, 384, 512, 768, 1024),
+          mix=fine_tune(0.1, 0.5, 0.75, 0.875, {"passkey": 0.45, "number_string": 0.4, "needle": 0.15}),
+          tasks=None,
+          why="a second fine-tune for what phase 4 left: copy strings (every answer token is a lookup, a dense "
+          "signal for the copy circuit) and query-only masking beside chunk sets with and without the needle "
+          "alike. Phases 3-4 masked the query beside needle-free chunks only, which taught the model that a "
+          "query is likely whatever the context: on the phase-4 model s_I + s_P ranked the needle chunk last in "
+          "10 of 10 passkey cases at 8K (s_I alone found it in 5 of 10 on the phase-5 model)"),
+    Phase(6000, 9500, (5e-4, 50), (256, 512, 768, 1024, 1280),
+          mix=fine_tune(0.15, 0.6, 0.8, 0.9, {"passkey": 0.4, "number_string": 0.45, "needle": 0.15},
+                        pools=((data.DIGIT_POOL, 0.5), (data.COPY_POOL, 0.5))),
+          tasks=None,
+          why="a third fine-tune for the ordering errors phase 5 left: its passkey/number_string misses at 1024 "
+          "tokens hold the key's digits in the wrong order (2883242612 -> 2883423262); digits-only copy strings "
+          "(only the order tells the digits apart), and 1280-token batches so the 1024-token cases are no longer "
+          "at the edge of what the model has seen"),
+    Phase(9500, 12000, (5e-4, 50), (256, 512, 768, 1024, 1280, 1536),
+          mix=fine_tune(0.15, 0.6, 0.8, 0.9,
+                        {"passkey": 0.15, "number_string": 0.3, "kv_retrieval": 0.3, "needle": 0.25},
+                        pools=((data.HEX_POOL, 0.5), (data.DIGIT_POOL, 0.25), (data.COPY_POOL, 0.25))),
+          tasks=None,
+          why="a fourth fine-tune for the tasks phase 6 left at 0% (kv_retrieval's 36-character UUID values, "
+          "needle's word answers) and number_string at 1024 tokens; the last phase of the bundled model"),
+    Phase(12000, 14000, (3e-4, 50), (512, 768, 1024, 1280, 1536),
+          mix=fine_tune(0.0, 0.55, 0.85, 0.925,
+                        {"passkey": 0.3, "number_string": 0.5, "kv_retrieval": 0.1, "needle": 0.1}),
+          tasks=None, trial=True,
+          why="a trial fifth fine-tune, NOT in the bundled model (only with --steps beyond --phase7), for the "
+          "digit tasks' one-digit copy errors: no copy strings (bench.tiny.skill_probe finds copies of the phase "
+          "5-7 copy strings' lengths at chance: the model never learned them). It took dense number_string to "
+          "100% but made chunk selection worse (bench/results/tiny_phase8_trial.md), so the default --steps "
+          "stops at 12000"),
+)  # fmt: skip
+assert all(a.end == b.first for a, b in zip(PHASES, PHASES[1:])) and PHASES[0].first == 0 and PHASES[0].lr
+BUNDLED_STEPS = max(p.end for p in PHASES if not p.trial)
+
+
+def _lr_flag(n: int) -> str:
+    return "lr" if n == 1 else f"lr{n}"
+
+
+@dataclass(frozen=True)
+class PhaseRun:
+    """A phase as this run's flags place it: steps [first, end), in the warm-up + cosine over
+    [cos_first, cos_end) that peaks at ``peak``."""
+
+    n: int
+    spec: Phase
+    first: int
+    end: int
+    cos_first: int
+    cos_end: int
+    peak: float
+    warmup: int
+
+    def lr(self, step: int) -> float:
+        return lr_at(step - self.cos_first, self.cos_end - self.cos_first, self.peak, warmup=self.warmup)
+
+
+def schedule(args) -> list[PhaseRun]:
+    """The phases with the flags applied: phase N ends at ``--phaseN``, the last (trial) one at
+    ``--steps``, and the one before it at ``--steps`` when that comes first."""
+    ends = [getattr(args, f"phase{n}") for n in range(1, len(PHASES))] + [args.steps]
+    ends[-2] = min(ends[-2], args.steps)
+    runs: list[PhaseRun] = []
+    for i, spec in enumerate(PHASES):
+        first = ends[i - 1] if i else 0
+        if spec.lr is not None:  # a restart: its cosine runs to the end of the phases that continue it
+            last = next((j for j in range(i + 1, len(PHASES)) if PHASES[j].lr is not None), len(PHASES)) - 1
+            cos = (first, ends[last], getattr(args, _lr_flag(i + 1)), spec.lr[1])
+        runs.append(PhaseRun(i + 1, spec, first, ends[i], *cos))
+    return runs
+
+
+def run_at(runs: list[PhaseRun], step: int) -> PhaseRun:
+    """The phase that ``step`` belongs to."""
+    return runs[sum(step >= r.end for r in runs[:-1])]
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine from ``peak`` to 0.1 * peak at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def _coin(rng: random.Random, p: float) -> bool:
+    return p >= 1.0 or (p > 0.0 and rng.random() < p)
+
+
+def _weighted(rng: random.Random, weights: dict) -> str:
+    return rng.choices(list(weights), weights=list(weights.values()))[0]
+
+
+def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase: Phase) -> tuple[data.Sample, str]:
+    """One sample of about ``total`` tokens and its masking mode ("answer", "query" or "all") under
+    ``phase``'s mix. The draws come in a fixed order (the phase's task, u, the layout's task, wording,
+    prefix, the sample, the masking), so a resumed run repeats its data."""
+    task = _weighted(rng, phase.tasks) if phase.tasks else None
+    u = rng.random() if len(phase.mix) > 1 else 0.0
+    layout = next(lay for below, lay in phase.mix if u < below)
+    if layout.tasks:
+        task = _weighted(rng, layout.tasks)
+    if layout.kind == "copy":
         pool = data.COPY_POOL
-        if mix.copy_pools:  # one rng.random() draw, as the phase-6 run made it
-            pools, weights = zip(*mix.copy_pools)
+        if layout.pools:
+            pools, weights = zip(*layout.pools)
             pool = rng.choices(pools, weights=weights)[0]
         return data.copy_sample(rng, total, pool), "answer"
-    if u < mix.chunked:
-        task = rng.choices(list(mix.answer_tasks), weights=list(mix.answer_tasks.values()))[0]
-        if u < mix.dense:
-            phrasing = "canonical" if rng.random() < 0.5 else "random"
-            return data.dense_sample(rng, total, task, phrasing, prefix=rng.random() < 0.6, max_eos=6), "answer"
-        return data.chunked_sample(rng, total, task), "answer"
-    # s_I's training signal: the query masked beside the needle chunk (it can be read off the
-    # needle) as often as beside needle-free chunks (it cannot)
-    task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
-    return data.chunked_sample(rng, total, task, drop_needle=u >= mix.no_needle, answer=False), "query"
-
-
-def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase: int) -> tuple[data.Sample, str]:
-    """One sample and its masking mode for the curriculum phase."""
-    if phase == 1:
-        task = "passkey" if rng.random() < 0.6 else "number_string"
-        phrasing = "canonical" if rng.random() < 0.7 else "random"
-        return data.dense_sample(rng, total, task, phrasing, prefix=False, max_eos=3), "answer"
-    if phase in FINE_TUNE_MIX:
-        return fine_tune_sample(rng, total, FINE_TUNE_MIX[phase])
-    if phase == 4:
-        task = "passkey" if rng.random() < 0.5 else "number_string"
-        u = rng.random()
-        if u < 0.45:
-            phrasing = "canonical" if rng.random() < 0.6 else "random"
-            return data.dense_sample(rng, total, task, phrasing, prefix=rng.random() < 0.5, max_eos=3), "answer"
-        if u < 0.9:
-            return data.chunked_sample(rng, total, task), "answer"
-        return data.chunked_sample(rng, total, task, drop_needle=True), "query"
-    task = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()))[0]
-    u = rng.random()
-    if phase == 2:
-        if u < 0.8:
-            return data.dense_sample(rng, total, task), "answer" if rng.random() < 0.85 else "all"
-        if u < 0.95:
-            return data.chunked_sample(rng, total, task), "answer"
+    if layout.kind == "essays":
         return essays.sample(rng, total), "all"
-    if u < 0.4:
-        return data.dense_sample(rng, total, task), "answer" if rng.random() < 0.8 else "all"
-    if u < 0.75:
-        return data.chunked_sample(rng, total, task), "answer" if rng.random() < 0.85 else "all"
-    if u < 0.85:
-        return data.chunked_sample(rng, total, task, drop_needle=True), "query"
-    return essays.sample(rng, total), "all"
+    if layout.kind == "query":
+        return data.chunked_sample(rng, total, task, drop_needle=not layout.needle, answer=False), "query"
+    if layout.kind == "dense":
+        phrasing = "canonical" if _coin(rng, layout.canonical) else "random"
+        prefix = _coin(rng, layout.prefix)
+        sample = data.dense_sample(rng, total, task, phrasing, prefix=prefix, max_eos=layout.max_eos)
+    else:
+        sample = data.chunked_sample(rng, total, task)
+    return sample, "answer" if _coin(rng, layout.answer_only) else "all"
 
 
-def make_batch(samples, modes, gen: torch.Generator, length: int, t_min: float = 0.02, weighting: str = "elbo"):
+def draw_batch(
+    rng: random.Random, essays: data.EssayStream, phase: Phase, window: int, token_budget: int
+) -> tuple[int, list[data.Sample], list[str]]:
+    """A batch of the phase: its length (a bucket <= ``window``), ``max(2, token_budget // length)``
+    samples and their masking modes. A sample that overshoots the bucket is drawn again (answers are
+    never truncated)."""
+    length = rng.choice([b for b in phase.buckets if b <= window])
+    pairs: list[tuple[data.Sample, str]] = []
+    while len(pairs) < max(2, token_budget // length):
+        total = rng.randint(max(96, length // 2), length - 8)
+        sample, mode = draw_sample(rng, essays, total, phase)
+        if len(sample.ids) <= length:
+            pairs.append((sample, mode))
+    return length, [s for s, _ in pairs], [m for _, m in pairs]
+
+
+def _percent(x: float) -> str:
+    return f"{round(100 * x, 1):g}%"
+
+
+def _weights_text(weights: dict) -> str:
+    return ", ".join(f"{k} {_percent(w)}" for k, w in weights.items())
+
+
+def _layout_text(layout: Layout) -> str:
+    text = {
+        "dense": "dense answers",
+        "chunked": "chunked answers",
+        "essays": "packed essays",
+        "copy": "copy strings",
+        "query": "query-only beside the needle chunk" if layout.needle else "query-only beside needle-free chunks",
+    }[layout.kind]
+    notes = []
+    if layout.kind == "dense":
+        notes.append(f"canonical wording {_percent(layout.canonical)}, prefix {_percent(layout.prefix)}")
+    if layout.answer_only < 1.0:
+        notes.append(f"whole-sequence masking {_percent(1 - layout.answer_only)}")
+    if layout.pools:
+        notes.append(", ".join(f"{POOL_NAMES[p]} {_percent(w)}" for p, w in layout.pools))
+    if layout.tasks and layout.tasks is not TASK_WEIGHTS:
+        notes.append(_weights_text(layout.tasks))
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def phase_docs() -> str:
+    """One paragraph per phase of :data:`PHASES`: steps, learning rate, lengths, mix, and why."""
+    out = [f"Task weights where a phase or layout names none: {_weights_text(TASK_WEIGHTS)}."]
+    for n, ph in enumerate(PHASES, 1):
+        lr = f"own warm-up and cosine from lr {ph.lr[0]:g}" if ph.lr else "continuing the cosine"
+        lo, hi = min(max(96, b // 2) for b in ph.buckets), max(ph.buckets) - 8
+        shares, prev = [], 0.0
+        for below, layout in ph.mix:
+            if below > prev:
+                shares.append(f"{_percent(below - prev)} {_layout_text(layout)}")
+            prev = below
+        tasks = f"; tasks {_weights_text(ph.tasks)}" if ph.tasks else ""
+        batches = "/".join(map(str, ph.buckets))
+        head = f"phase {n} (steps {ph.first}-{ph.end}, {lr}, {lo}-{hi}-token samples in batches of {batches})"
+        out.append(f"{head}: {', '.join(shares)}{tasks}. Why: {ph.why}.")
+    return "\n\n".join(out)
+
+
+__doc__ = __doc__.replace("{phases}", phase_docs())
+
+# ---- batches ------------------------------------------------------------------------------------------
+
+
+def make_batch(samples, modes, gen: torch.Generator, length: int, t_min: float = 0.02, weighting: str = "mean"):
     """Pad to ``length``, mask, and build the segment-local attention mask.
 
-    ``weighting="elbo"``: loss weights 1/(t*n) on masked tokens (n = eligible tokens of the row), the
-    masked-diffusion ELBO with t drawn stratified over the batch (t_i = t_min + (1-t_min)(u + i)/B, a
-    standard variance reduction). ``"mean"``: the plain mean cross-entropy over each row's masked tokens.
+    Each row's t is drawn stratified over the batch (t_i = t_min + (1-t_min)(u + i)/B, a standard
+    variance reduction) and masks each eligible token (``modes``: "answer", "query" or "all") with
+    probability t. ``weighting="mean"`` (the default, as the CLI's): the plain mean cross-entropy over
+    each row's masked tokens (at least one per row). ``"elbo"``: loss weights 1/(t*n) on masked tokens
+    (n = eligible tokens of the row), the masked-diffusion ELBO.
 
     Returns ids (masked) [B, L], targets [B, L], loss weights [B, L] (0 off the masked tokens),
     positions [B, L], attention mask [B, L, L] bool or None.
@@ -284,39 +445,10 @@ def make_batch(samples, modes, gen: torch.Generator, length: int, t_min: float =
     return inputs, ids, weights, pos, attn
 
 
-# Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new
-# shape every step cost 2-4 s of a ~1.5 s step in a probe.
-BUCKETS = {
-    1: (192,),
-    2: (256, 384, 512, 640, 768),
-    3: (256, 384, 512, 768, 1024, 1280, 1536),
-    4: (192, 256, 384, 512),
-    5: (192, 256, 384, 512, 768, 1024),
-    6: (256, 512, 768, 1024, 1280),
-    7: (256, 512, 768, 1024, 1280, 1536),
-    8: (512, 768, 1024, 1280, 1536),
-}
-
-
-def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    p = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
-
-
 # ---- training -----------------------------------------------------------------------------------------
 
 
-def train(args):
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    tok_dir = args.out
-    tok = save_char_tokenizer(tok_dir)
-    vocab = len(tok)
-    assert tok.mask_token_id == data.MASK and tok.bos_token_id == data.BOS, SPECIALS
+def _init_model(vocab: int) -> DiffusionLM:
     model = DiffusionLM(model_config(vocab))
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -324,12 +456,27 @@ def train(args):
                 torch.nn.init.normal_(p, std=0.02)
             elif name.endswith("bias"):
                 p.zero_()
+    return model
+
+
+def train(args):
+    """Run (or resume, ``--resume``) the curriculum of :data:`PHASES` from ``--seed``; returns the model.
+    Writes ``train_state.pt`` and ``loss.csv`` into ``--work`` and the checkpoint into ``--out`` every
+    ``--save-every`` steps."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)  # samples
+    gen = torch.Generator().manual_seed(args.seed)  # masks
+    tok = save_char_tokenizer(args.out)
+    vocab = len(tok)
+    assert tok.mask_token_id == data.MASK and tok.bos_token_id == data.BOS, SPECIALS
+    model = _init_model(vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     essays = data.EssayStream()
     ckpt = os.path.join(args.work, "train_state.pt")
     log_path = os.path.join(args.work, "loss.csv")
     os.makedirs(args.work, exist_ok=True)
-    start = 0
+    first_step = 0
     if args.resume and os.path.exists(ckpt):
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
@@ -337,36 +484,19 @@ def train(args):
         rng.setstate(state["rng"])
         gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
-        start = state["step"]
-        print(f"resumed at step {start}")
+        first_step = state["step"]
+        print(f"resumed at step {first_step}")
     elif os.path.exists(log_path):
         os.remove(log_path)
     model.train()
-    # phase 7 ends at --steps when that comes first (then there is no phase 8)
-    phase7_end = min(args.phase7, args.steps)
-    ends = (args.phase1, args.phase2, args.phase3, args.phase4, args.phase5, args.phase6, phase7_end, args.steps)
-    peaks = {4: args.lr4, 5: args.lr5, 6: args.lr6, 7: args.lr7, 8: args.lr8}
-    restarts = {ph: (ends[ph - 2], ends[ph - 1], lr) for ph, lr in peaks.items()}  # phase -> (first, end, peak)
+    runs = schedule(args)
     t0 = time.time()
-    for step in range(start, args.steps):
-        phase = 1 + sum(step >= end for end in ends[:-1])
-        length = rng.choice([b for b in BUCKETS[phase] if b <= args.window])
-        bsz = max(2, args.token_budget // length)
-        pairs = []
-        while len(pairs) < bsz:  # redraw the rare sample that overshoots its bucket (never truncate answers)
-            total = rng.randint(max(96, length // 2), length - 8)
-            s, mode = draw_sample(rng, essays, total, phase)
-            if len(s.ids) <= length:
-                pairs.append((s, mode))
-        samples = [s for s, _ in pairs]
-        modes = [m for _, m in pairs]
+    for step in range(first_step, args.steps):
+        run = run_at(runs, step)
+        length, samples, modes = draw_batch(rng, essays, run.spec, args.window, args.token_budget)
         inputs, targets, weights, pos, attn = make_batch(samples, modes, gen, length, weighting=args.weighting)
         for g in opt.param_groups:
-            if phase < 4:
-                g["lr"] = lr_at(step, args.phase3, args.lr)
-            else:  # phases 4-8 restart their own warm-up + cosine
-                start, end, peak = restarts[phase]
-                g["lr"] = lr_at(step - start, end - start, peak, warmup=50)
+            g["lr"] = run.lr(step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(inputs, pos, attention_mask=attn).logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none").view_as(weights)
@@ -375,38 +505,20 @@ def train(args):
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        ans = weights > 0
+        masked_ce = ce[weights > 0].mean().item() if (weights > 0).any() else 0.0
+        row = [step, run.n, length, len(samples), f"{loss.item():.4f}", f"{gnorm.item():.3f}", f"{masked_ce:.4f}"]
         with open(log_path, "a", newline="") as f:
-            csv.writer(f).writerow(
-                [
-                    step,
-                    phase,
-                    length,
-                    bsz,
-                    f"{loss.item():.4f}",
-                    f"{gnorm.item():.3f}",
-                    f"{(ce[ans].mean().item() if ans.any() else 0):.4f}",
-                    f"{time.time() - t0:.1f}",
-                ]
-            )
+            csv.writer(f).writerow(row + [f"{time.time() - t0:.1f}"])
         if step % 25 == 0:
             print(
-                f"step {step:5d} ph{phase} L={length:4d} B={bsz:2d} loss {loss.item():.3f} "
-                f"masked-CE {ce[ans].mean().item():.3f} |g| {gnorm.item():.2f} {time.time() - t0:.0f}s",
+                f"step {step:5d} ph{run.n} L={length:4d} B={len(samples):2d} loss {loss.item():.3f} "
+                f"masked-CE {masked_ce:.3f} |g| {gnorm.item():.2f} {time.time() - t0:.0f}s",
                 flush=True,
             )
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            torch.save(
-                {
-                    "model": model.state_dict(),
-                    "opt": opt.state_dict(),
-                    "rng": rng.getstate(),
-                    "gen": gen.get_state(),
-                    "torch_rng": torch.get_rng_state(),
-                    "step": step + 1,
-                },
-                ckpt,
-            )
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate()}
+            state |= {"gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "step": step + 1}
+            torch.save(state, ckpt)
             export(model, args, vocab)
     return model
 
@@ -433,20 +545,21 @@ def export(model, args, vocab):
     save_checkpoint(model, args.out, "dream")
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags of ``python -m bench.tiny.train``; the phase ends and peak lrs default to :data:`PHASES`."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="dllm/assets/tiny-dream", help="HF-format output directory")
     p.add_argument("--work", default="bench/results/tiny-train", help="training state + loss log")
     p.add_argument(
-        "--steps", type=int, default=12000, help="total steps (default: the end of phase 7, the bundled model)"
+        "--steps", type=int, default=BUNDLED_STEPS, help=f"total steps (default {BUNDLED_STEPS}: the bundled model)"
     )
-    p.add_argument("--phase1", type=int, default=900, help="end of phase 1 (copying: passkey, number_string)")
-    p.add_argument("--phase2", type=int, default=1350, help="end of phase 2 (all tasks, up to 768 tokens)")
-    p.add_argument("--phase3", type=int, default=1900, help="end of phase 3 (everything up to the window)")
-    p.add_argument("--phase4", type=int, default=3300, help="end of phase 4 (retrieval fine-tune)")
-    p.add_argument("--phase5", type=int, default=6000, help="end of phase 5 (copy + retrieval + query masking)")
-    p.add_argument("--phase6", type=int, default=9500, help="end of phase 6 (digit order, up to 1280 tokens)")
-    p.add_argument("--phase7", type=int, default=12000, help="end of phase 7 (beyond it: the phase-8 trial)")
+    for n, ph in enumerate(PHASES[:-1], 1):  # the last phase ends at --steps
+        p.add_argument(f"--phase{n}", type=int, default=ph.end, help=f"end of phase {n} (default {ph.end})")
+    for n, ph in enumerate(PHASES, 1):
+        if ph.lr:
+            upto = next((m for m in range(n + 1, len(PHASES) + 1) if PHASES[m - 1].lr), len(PHASES) + 1) - 1
+            which = f"phase {n}" if upto == n else f"phases {n}-{upto}"
+            p.add_argument(f"--{_lr_flag(n)}", type=float, default=ph.lr[0], help=f"peak learning rate of {which}")
     p.add_argument(
         "--weighting",
         default="mean",
@@ -455,19 +568,16 @@ def main(argv=None):
     )
     p.add_argument("--window", type=int, default=1536, help="longest training sequence (tokens)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per batch (batch = budget // length)")
-    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate of phases 1-3")
-    p.add_argument("--lr4", type=float, default=1e-3, help="peak learning rate of phase 4")
-    p.add_argument("--lr5", type=float, default=7e-4, help="peak learning rate of phase 5")
-    p.add_argument("--lr6", type=float, default=5e-4, help="peak learning rate of phase 6")
-    p.add_argument("--lr7", type=float, default=5e-4, help="peak learning rate of phase 7")
-    p.add_argument("--lr8", type=float, default=3e-4, help="peak learning rate of phase 8 (trial)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 instead of bf16 autocast")
     p.add_argument("--resume", action="store_true")
-    args = p.parse_args(argv)
-    train(args)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    train(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
-"""The record every task generator returns."""
+"""What the task generators share: the case record, the wording, the options."""
 
 from __future__ import annotations
 
+import json
+import random
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["TaskCase", "PHRASINGS", "SPLITS"]
+__all__ = ["TaskCase", "WORDING", "Wording", "pick", "PHRASINGS", "SPLITS"]
 
 PHRASINGS = ("canonical", "random")
 SPLITS = ("eval", "train")
+WORDING: dict = json.loads((Path(__file__).parent / "wording.json").read_text(encoding="utf-8"))
+"""Every task's templates and word pools, from ``dllm/tasks/wording.json``."""
 
 
 @dataclass(frozen=True)
@@ -19,19 +24,17 @@ class TaskCase:
     starts (e.g. ``"... The pass key is "``).
 
     Fields:
-        task: task name (``"passkey"``, ``"number_string"``, ``"kv_retrieval"``, ``"needle"``).
+        task: task name (a key of :data:`dllm.tasks.TASKS`).
         prefix: instruction text before the context.
         context: the long text (filler, JSON or essays) holding the needle.
         query: question after the context; the answer follows it directly.
         answer: gold answer string (5 digits, 10 digits, a UUID, or 1-3 words).
         length: requested context length, in tokens of the tokenizer used
-            (characters for the character-level default). The context never
-            exceeds it.
+            (characters for the character-level default); the context never exceeds it.
         depth: requested needle depth, 0.0 (start) to 1.0 (end): the fraction of
             the filler tokens that precede the needle.
         seed: the integer seed the case was generated from.
-        needle_start: character offset of the needle in ``context``.
-        needle_end: character offset just past the needle in ``context``.
+        needle_start, needle_end: character span of the needle in ``context``.
         context_tokens: actual token count of ``context`` (<= ``length``).
         answer_tokens: token count of ``answer``; use it (plus a little slack for
             trailing punctuation/EOS) to choose the generation length.
@@ -65,3 +68,23 @@ class TaskCase:
     def needle(self) -> str:
         """The inserted needle text, ``context[needle_start:needle_end]``."""
         return self.context[self.needle_start : self.needle_end]
+
+
+@dataclass(frozen=True)
+class Wording:
+    """A task's templates (an entry of :data:`WORDING`). The first entry of each
+    is the canonical (InfiniteBench / NIAH) wording; the random phrasing picks
+    any entry. Every query ends where the answer starts."""
+
+    needles: tuple[str, ...]
+    prefixes: tuple[str, ...]
+    queries: tuple[str, ...]
+
+    @classmethod
+    def of(cls, task: str) -> Wording:
+        return cls(*(tuple(WORDING[task][k]) for k in ("needles", "prefixes", "queries")))
+
+
+def pick(rng: random.Random, options: tuple[str, ...], canonical: bool) -> str:
+    """The canonical (first) option, or a random one (one ``rng.choice`` draw)."""
+    return options[0] if canonical else rng.choice(options)

@@ -1,6 +1,5 @@
 """Key-value retrieval (InfiniteBench ``kv_retrieval``): a JSON object of
-random UUID keys and values; the query names one key and the answer is its
-value.
+UUID keys and values; the query names one key and the answer is its value.
 
 The UUIDs are version-4-shaped strings drawn from the case's seeded
 ``random.Random`` (never ``uuid.uuid4()``), so a case is reproducible. The
@@ -16,26 +15,14 @@ import random
 import uuid
 from typing import Any
 
-from .case import TaskCase
-from .filler import check_phrasing, check_split
-from .text import _PrefixCounter, check_depth, check_length, count_tokens, stable_seed, tokenizer_name
+from .case import WORDING, pick
+from .haystack import FilledContext, PrefixTokens
+from .text import count_tokens
 
 __all__ = ["KV_PREFIXES", "KV_QUERIES", "seeded_uuid", "make_kv_retrieval"]
 
-KV_PREFIXES: tuple[str, ...] = (
-    "Extract the value corresponding to the specified key in the JSON object below.\n\n",
-    "The JSON object below maps keys to values. You will be asked for the value of one key.\n\n",
-    "Read the following JSON data carefully.\n\n",
-    "Here is a dictionary of identifiers. Find the value that belongs to the requested key.\n\n",
-    "",
-)
-KV_QUERIES: tuple[str, ...] = (
-    '\n\nKey: "{key}"\nThe value associated with the specified key is: ',
-    '\n\nWhat is the value of the key "{key}"? The value is: ',
-    '\n\nQuestion: Which value belongs to key "{key}"?\nAnswer: ',
-    '\n\nLook up "{key}" in the JSON object above. Its value is ',
-    '\n\nKey: "{key}"\nValue: ',
-)
+KV_PREFIXES: tuple[str, ...] = tuple(WORDING["kv_retrieval"]["prefixes"])
+KV_QUERIES: tuple[str, ...] = tuple(WORDING["kv_retrieval"]["queries"])  # {key}: the asked key
 _OPEN, _SEP, _CLOSE = "{", ", ", "}"
 
 
@@ -50,48 +37,10 @@ def _pair(key: str, value: str) -> str:
 
 
 def make_kv_retrieval(
-    length: int,
-    depth: float,
-    seed: int,
-    *,
-    tokenizer: Any = None,
-    phrasing: str = "canonical",
-    split: str = "eval",
-) -> TaskCase:
-    """Generate a kv_retrieval case: a JSON object of UUID pairs; ask one key's value.
-
-    Args:
-        length: context (JSON text) length in tokens (characters when tokenizer
-            is None). The object holds as many whole pairs as fit, so the context
-            is at most ``length`` and within one pair (76 characters plus the
-            ``", "`` separator; about 55 Qwen tokens) of it.
-        depth: in [0, 1]; the asked pair is pair ``round(depth * (n_pairs - 1))``.
-        seed: integer seed (same arguments -> identical case; the sequence of
-            UUID pairs and the wording do not depend on the tokenizer).
-        tokenizer: None (character level) or a Hugging Face tokenizer.
-        phrasing: "canonical" (InfiniteBench wording) or "random" (paraphrased
-            prefix and query).
-        split: "eval" or "train" (validated; no effect on this task).
-
-    Returns:
-        A :class:`~dllm.tasks.case.TaskCase`; its answer is the asked value (a
-        36-character UUID) and its needle is the ``"key": "value"`` pair.
-
-    Raises:
-        ValueError: depth outside [0, 1], bad length/phrasing/split, or a length
-            too short for one pair in braces (the message gives the minimum).
-
-    Source: InfiniteBench ``kv_retrieval`` (Zhang et al., 2024).
-    """
-    depth = check_depth(depth)
-    length = check_length(length)
-    check_phrasing(phrasing)
-    check_split(split)
-    rng = random.Random(stable_seed("kv_retrieval", int(seed), length, depth, phrasing, split))
-    if phrasing == "canonical":
-        prefix, query_t = KV_PREFIXES[0], KV_QUERIES[0]
-    else:
-        prefix, query_t = rng.choice(KV_PREFIXES), rng.choice(KV_QUERIES)
+    rng: random.Random, length: int, depth: float, tokenizer: Any, canonical: bool, split: str
+) -> tuple[str, FilledContext, str, str]:
+    """The kv_retrieval generator (the protocol of :data:`dllm.tasks.TASKS`)."""
+    prefix, query = pick(rng, KV_PREFIXES, canonical), pick(rng, KV_QUERIES, canonical)
     pair_rng = random.Random(rng.getrandbits(64))
     seen: set[str] = set()
     pairs: list[tuple[str, str]] = []
@@ -122,24 +71,8 @@ def make_kv_retrieval(
         n -= 1
     idx = round(depth * (n - 1))
     key, value = pairs[idx]
-    needle_start = len(_OPEN) + sum(len(t) + len(_SEP) for t in texts[:idx])
-    return TaskCase(
-        task="kv_retrieval",
-        prefix=prefix,
-        context=context,
-        query=query_t.format(key=key),
-        answer=value,
-        length=length,
-        depth=depth,
-        seed=int(seed),
-        needle_start=needle_start,
-        needle_end=needle_start + len(texts[idx]),
-        context_tokens=n_tok,
-        answer_tokens=count_tokens(value, tokenizer),
-        phrasing=phrasing,
-        split=split,
-        tokenizer=tokenizer_name(tokenizer),
-    )
+    start = len(_OPEN) + sum(len(t) + len(_SEP) for t in texts[:idx])
+    return prefix, FilledContext(context, start, start + len(texts[idx]), n_tok), query.format(key=key), value
 
 
 def _fit_pairs(pairs: list[tuple[str, str]], add_pairs, length: int, tokenizer: Any) -> int:
@@ -162,8 +95,8 @@ def _fit_pairs(pairs: list[tuple[str, str]], add_pairs, length: int, tokenizer: 
             pos += len(t)
             ends.append(pos)
             pos += len(_SEP)
-        T = _PrefixCounter(text, tokenizer)
-        fits = [i + 1 for i, e in enumerate(ends) if T(e) + close <= length]
+        tokens_before = PrefixTokens(text, tokenizer)
+        fits = [i + 1 for i, e in enumerate(ends) if tokens_before(e) + close <= length]
         n = fits[-1] if fits else 1
         if n < est:
             return n

@@ -38,7 +38,7 @@ def qwen_tokenizer():
 
 @pytest.fixture(scope="session")
 def essays_available():
-    from dllm.tasks.needle import essay_dir
+    from dllm.tasks.essays import essay_dir
 
     try:
         essay_dir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dllm.tasks import TASKS, make_case, make_cases
-from dllm.tasks.needle import essay_dir
+from dllm.tasks.essays import essay_dir
 
 try:
     essay_dir()

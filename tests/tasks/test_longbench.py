@@ -1,4 +1,4 @@
-"""LongBench loader and metrics on hand-computed examples."""
+"""LongBench loader, metrics and `dllm eval longbench` on hand-computed examples."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dllm.tasks.longbench import (
+from dllm.longbench import (
     classification,
     code_sim,
     count,
@@ -119,3 +119,82 @@ def test_score_longbench_dispatch():
         metric_for("dureader")
     with pytest.raises(ValueError, match="unknown LongBench dataset"):
         metric_for("nope")
+
+
+# --------------------------------------------------------------------------- dllm eval longbench
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    import dllm
+
+    return dllm.load_model(device="cpu")
+
+
+def test_evaluate_longbench_scores_each_example_with_its_dataset_metric(tiny, monkeypatch):
+    from types import SimpleNamespace
+
+    import dllm.evaluation as ev
+
+    calls = []
+
+    def fake_generate(model, input_ids=None, *, method, gen_length, **kw):
+        calls.append((tiny.tokenizer.decode(input_ids[0].tolist()), gen_length, kw.get("seed")))
+        stats = SimpleNamespace(seconds={"total": 0.5}, nfe=7, extra={})
+        return SimpleNamespace(text=["on the mat\nParagraph 2"], stats=stats)
+
+    monkeypatch.setattr(ev, "generate", fake_generate)
+    rows = ev.evaluate_longbench(tiny, str(DATA), "dense", sampling_seed=5, steps=4)
+    assert [r.dataset for r in rows] == ["hotpotqa", "passage_retrieval_en", "trec"]
+    # hotpotqa, qa_f1: pred [on, mat, paragraph, 2] vs gold [on, mat]: P = 2/4, R = 1, F1 = 2/3
+    # passage_retrieval_en: the one integer of the prediction is the gold paragraph 2: 1.0
+    # trec scores the first line only, "on the mat": no label of all_classes in it: 0.0
+    assert [r.score for r in rows] == [pytest.approx(2 / 3), 1.0, 0.0]
+    # LongBench's response lengths (dataset2maxlen): hotpotqa 32, passage_retrieval_en 32, trec 64
+    assert [n for _, n, _ in calls] == [32, 32, 64] and {s for _, _, s in calls} == {5}
+    assert calls[0][0].endswith(
+        "Passage one. The cat sat on the mat all day.\n\nQuestion: Where did the cat sit?\nAnswer: "
+    )
+    assert rows[1].gold == "Paragraph 2" and rows[0].id == "a1" and rows[0].nfe == 7
+    assert rows[0].context_tokens == len("Passage one. The cat sat on the mat all day.")  # character-level model
+    assert len(ev.evaluate_longbench(tiny, str(DATA), limit=1, gen_length=4)) == 1 and calls[-1][1] == 4
+
+
+def test_evaluate_longbench_rejects_unsupported_sets_before_decoding(tiny, tmp_path, monkeypatch):
+    import dllm.evaluation as ev
+
+    monkeypatch.setattr(ev, "generate", lambda *a, **k: pytest.fail("decoded before the check"))
+    rec = json.loads(DATA.read_text().splitlines()[0])
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "dataset": "dureader"}) + "\n")
+    with pytest.raises(ValueError, match="jieba"):
+        ev.evaluate_longbench(tiny, str(path))
+    with pytest.raises(ValueError, match="no LongBench examples"):
+        ev.evaluate_longbench(tiny, str(DATA), limit=0)
+
+
+def test_cli_eval_longbench_writes_scored_rows(tmp_path, capsys):
+    import csv
+
+    from dllm.cli import main
+
+    out = tmp_path / "lb.csv"
+    argv = ["eval", "longbench", "--data", str(DATA), "--gen-length", "4", "--steps", "2", "--out", str(out)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["dataset"] for r in rows] == ["hotpotqa", "passage_retrieval_en", "trec"]
+    cases = load_longbench(str(DATA))
+    for r, case in zip(rows, cases):  # each row's score is its dataset's metric on its own answer
+        assert float(r["score"]) == pytest.approx(
+            score_longbench(r["dataset"], r["answer"], case.answers, case.all_classes)
+        )
+        assert r["method"] == "dense" and int(r["nfe"]) >= 2
+    printed = capsys.readouterr().out
+    assert "| dataset | method | score x100 | cases | mean s |" in printed and "| trec | dense |" in printed
+
+
+@pytest.mark.parametrize("argv", [["eval", "longbench"], ["eval", "passkey", "--data", str(DATA)]])
+def test_cli_data_goes_with_longbench_only(argv, capsys):
+    from dllm.cli import main
+
+    assert main(argv) == 2 and "--data FILE.jsonl" in capsys.readouterr().err

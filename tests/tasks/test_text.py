@@ -63,7 +63,7 @@ def test_split_sentences():
 
 
 def test_essay_split_is_fixed_and_disjoint(essays_available):
-    from dllm.tasks.needle import EVAL_ESSAYS, essay_names, load_essays
+    from dllm.tasks.essays import EVAL_ESSAYS, essay_names, load_essays
 
     ev, tr = essay_names("eval"), essay_names("train")
     assert set(ev) == set(EVAL_ESSAYS) and len(ev) == 9

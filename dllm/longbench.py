@@ -1,32 +1,18 @@
-"""LongBench: load its JSONL files from a local path and score predictions.
+"""LongBench (Bai et al., 2023): load its JSONL files from a local path and score predictions.
 
-LongBench (Bai et al., 2023) cannot be downloaded here; point
-:func:`load_longbench` at a local copy of one of its ``<dataset>.jsonl``
-files. Each line is an object with ``input`` (the question, may be empty),
+LongBench cannot be downloaded here; point :func:`load_longbench` at a local
+copy of one of its ``<dataset>.jsonl`` files (``python -m dllm eval longbench
+--data FILE.jsonl`` runs one through :func:`dllm.evaluation.evaluate_longbench`).
+Each line is an object with ``input`` (the question, may be empty),
 ``context`` (the long text), ``answers`` (list of gold strings),
-``all_classes`` (list of labels for classification sets, else null),
-``length`` (LongBench's length of the example, in words for English and
-characters for Chinese) and ``dataset``; ``_id`` and ``language`` are optional.
+``all_classes`` (labels of the classification sets, else null), ``length``
+(words for English, characters for Chinese) and ``dataset``; ``_id`` and
+``language`` are optional.
 
-The metrics are written from their definitions; each returns a float in
-[0, 1] (LongBench reports 100 times the mean):
-
-- :func:`qa_f1`: token-level F1 after SQuAD-style normalisation (lowercase,
-  strip punctuation and the articles a/an/the, split on whitespace);
-- :func:`rouge_l`: ROUGE-L F1 from the longest common subsequence of
-  lowercased alphanumeric tokens (sentence-level LCS, beta = 1);
-- :func:`classification`: the labels of ``all_classes`` found in the
-  prediction, minus those that are proper substrings of the gold label; 1/k
-  when the gold label is among the k left, else 0;
-- :func:`retrieval`: the share of the integers in the prediction that equal
-  the gold paragraph number ("Paragraph 7" -> 7); :func:`retrieval_zh` is the
-  same for Chinese gold labels ("段落7");
-- :func:`count`: the share of the integers in the prediction that equal the gold count;
-- :func:`code_sim`: similarity (``difflib`` ratio) between the gold line and
-  the prediction's first line that is not a comment or code fence.
-
-Chinese ``qa_f1_zh`` and ``rouge_zh`` (multifieldqa_zh, dureader, vcsum) need
-the jieba word segmenter and are not supported: :func:`metric_for` raises.
+The metrics are written from their definitions (:data:`DATASET_METRICS`
+names each dataset's); each returns a float in [0, 1] (LongBench reports 100
+times the mean). The Chinese ``qa_f1_zh`` and ``rouge_zh`` (multifieldqa_zh,
+dureader, vcsum) need the jieba word segmenter and are not supported.
 """
 
 from __future__ import annotations
@@ -50,8 +36,11 @@ __all__ = [
     "retrieval_zh",
     "count",
     "code_sim",
+    "DATASETS",
     "DATASET_METRICS",
     "FIRST_LINE_DATASETS",
+    "MAX_NEW_TOKENS",
+    "base_name",
     "metric_for",
     "score_longbench",
 ]
@@ -256,20 +245,21 @@ def _share_equal(prediction: str, gold: str) -> float:
     return sum(n == gold for n in numbers) / len(numbers)
 
 
+def _paragraph(ground_truth: str, label: str) -> str:
+    m = re.search(label + r"(\d+)", ground_truth)
+    return m.group(1) if m else ground_truth.strip()
+
+
 def retrieval(prediction: str, ground_truth: str, **_: object) -> float:
     """LongBench ``retrieval_score`` (passage_retrieval_en): the gold paragraph
     number is read from "Paragraph N" in ``ground_truth``; the score is the
     share of integers in ``prediction`` equal to N (0 when none)."""
-    m = re.search(r"Paragraph (\d+)", ground_truth)
-    gold = m.group(1) if m else ground_truth.strip()
-    return _share_equal(prediction, gold)
+    return _share_equal(prediction, _paragraph(ground_truth, "Paragraph "))
 
 
 def retrieval_zh(prediction: str, ground_truth: str, **_: object) -> float:
     """As :func:`retrieval` for passage_retrieval_zh, whose gold labels read "段落N"."""
-    m = re.search(r"段落(\d+)", ground_truth)
-    gold = m.group(1) if m else ground_truth.strip()
-    return _share_equal(prediction, gold)
+    return _share_equal(prediction, _paragraph(ground_truth, "段落"))
 
 
 def count(prediction: str, ground_truth: str, **_: object) -> float:
@@ -295,27 +285,18 @@ def code_sim(prediction: str, ground_truth: str, **_: object) -> float:
     return difflib.SequenceMatcher(None, line, ground_truth).ratio()
 
 
-DATASET_METRICS: dict[str, Callable[..., float]] = {
-    "narrativeqa": qa_f1,
-    "qasper": qa_f1,
-    "multifieldqa_en": qa_f1,
-    "hotpotqa": qa_f1,
-    "2wikimqa": qa_f1,
-    "musique": qa_f1,
-    "triviaqa": qa_f1,
-    "gov_report": rouge_l,
-    "qmsum": rouge_l,
-    "multi_news": rouge_l,
-    "samsum": rouge_l,
-    "trec": classification,
-    "lsht": classification,
-    "passage_retrieval_en": retrieval,
-    "passage_retrieval_zh": retrieval_zh,
-    "passage_count": count,
-    "lcc": code_sim,
-    "repobench-p": code_sim,
-}
-"""LongBench's metric per dataset (LongBench-E names with ``_e`` map the same way)."""
+DATASETS: dict[str, tuple[Callable[..., float], int]] = {
+    # dataset: (metric, response length in tokens: LongBench's dataset2maxlen)
+    "narrativeqa": (qa_f1, 128), "qasper": (qa_f1, 128), "multifieldqa_en": (qa_f1, 64),
+    "hotpotqa": (qa_f1, 32), "2wikimqa": (qa_f1, 32), "musique": (qa_f1, 32), "triviaqa": (qa_f1, 32),
+    "gov_report": (rouge_l, 512), "qmsum": (rouge_l, 512), "multi_news": (rouge_l, 512), "samsum": (rouge_l, 128),
+    "trec": (classification, 64), "lsht": (classification, 64),
+    "passage_retrieval_en": (retrieval, 32), "passage_retrieval_zh": (retrieval_zh, 32), "passage_count": (count, 32),
+    "lcc": (code_sim, 64), "repobench-p": (code_sim, 64),
+}  # fmt: skip
+"""The LongBench datasets this module scores (LongBench-E names with ``_e`` map the same way)."""
+DATASET_METRICS: dict[str, Callable[..., float]] = {name: metric for name, (metric, _) in DATASETS.items()}
+MAX_NEW_TOKENS: dict[str, int] = {name: n for name, (_, n) in DATASETS.items()}
 
 FIRST_LINE_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 """Datasets for which LongBench scores only the prediction's first line."""
@@ -323,7 +304,8 @@ FIRST_LINE_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 _UNSUPPORTED = {"multifieldqa_zh": "qa_f1_zh", "dureader": "rouge_zh", "vcsum": "rouge_zh"}
 
 
-def _base_name(dataset: str) -> str:
+def base_name(dataset: str) -> str:
+    """The LongBench name of a LongBench-E dataset (``hotpotqa_e`` -> ``hotpotqa``)."""
     return dataset[:-2] if dataset.endswith("_e") else dataset
 
 
@@ -334,7 +316,7 @@ def metric_for(dataset: str) -> Callable[..., float]:
         ValueError: unknown dataset, or a Chinese set whose metric needs jieba
             (multifieldqa_zh, dureader, vcsum).
     """
-    base = _base_name(dataset)
+    base = base_name(dataset)
     if base in _UNSUPPORTED:
         raise ValueError(f"LongBench dataset {dataset!r} uses {_UNSUPPORTED[base]}, which needs jieba; unsupported")
     try:
@@ -365,7 +347,7 @@ def score_longbench(
         ValueError: see :func:`metric_for`; classification without all_classes.
     """
     metric = metric_for(dataset)
-    if _base_name(dataset) in FIRST_LINE_DATASETS:
+    if base_name(dataset) in FIRST_LINE_DATASETS:
         prediction = prediction.lstrip("\n").split("\n")[0]
     golds = [answers] if isinstance(answers, str) else list(answers)
     return max((metric(prediction, g, all_classes=all_classes) for g in golds), default=0.0)

@@ -1,0 +1,60 @@
+"""Digit needles in repeated noise (InfiniteBench ``passkey`` and ``number_string``).
+
+InfiniteBench hides a number in five short sentences repeated many times
+("The grass is green. The sky is blue. The sun is yellow. Here we go. There and
+back again."): the canonical filler here. The random phrasing draws from a
+larger pool of such sentences, i.i.d. or as a repeated random block, so a model
+trained on it does not key on one template. No filler sentence holds a digit,
+so the number occurs only in the needle; its first digit is never 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .case import WORDING, Wording, pick
+from .haystack import FilledContext, fill_context
+
+__all__ = ["CANONICAL_NOISE", "NOISE_POOL", "noise_units", "DigitTask", "PASSKEY", "NUMBER_STRING", "make_digits"]
+
+CANONICAL_NOISE: tuple[str, ...] = tuple(WORDING["noise"]["canonical"])
+NOISE_POOL: tuple[str, ...] = CANONICAL_NOISE + tuple(WORDING["noise"]["more"])
+
+
+def noise_units(rng: random.Random, canonical: bool) -> Iterator[str]:
+    """Endless filler sentences: the five InfiniteBench ones in a cycle
+    (canonical), else, by a coin of ``rng``, a repeated random block of 3-7
+    sentences of :data:`NOISE_POOL` or i.i.d. draws from it."""
+    if canonical:
+        return itertools.cycle(CANONICAL_NOISE)
+    if rng.random() < 0.5:
+        return itertools.cycle(rng.sample(NOISE_POOL, rng.randint(3, 7)))
+    return (rng.choice(NOISE_POOL) for _ in itertools.count())
+
+
+@dataclass(frozen=True)
+class DigitTask:
+    """A digit-needle task: its name, number of digits and wording (``{x}`` is the number)."""
+
+    task: str
+    n_digits: int
+    wording: Wording
+
+
+PASSKEY = DigitTask("passkey", 5, Wording.of("passkey"))
+NUMBER_STRING = DigitTask("number_string", 10, Wording.of("number_string"))
+
+
+def make_digits(
+    spec: DigitTask, rng: random.Random, length: int, depth: float, tokenizer: Any, canonical: bool, split: str
+) -> tuple[str, FilledContext, str, str]:
+    """The passkey / number_string generator (the protocol of :data:`dllm.tasks.TASKS`)."""
+    answer = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(spec.n_digits - 1))
+    w = spec.wording
+    needle, prefix, query = (pick(rng, options, canonical) for options in (w.needles, w.prefixes, w.queries))
+    units = noise_units(random.Random(rng.getrandbits(64)), canonical)
+    return prefix, fill_context(units, needle.format(x=answer), length, depth, tokenizer, task=spec.task), query, answer
