@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+from dllm.generate import METHODS
 from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
 from dllm.tasks import TASKS
 from dllm.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
@@ -57,11 +58,17 @@ doc.txt holds a few thousand characters of "The grass is green. The sky is blue.
 hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
 bundled model does not answer it).""",
 }
+
+
+def _examples(*commands: str) -> str:
+    return "\n".join("  " + line for command in commands for line in EXAMPLES[command])
+
+
 DESCRIPTION = f"""\
 Long-context inference of diffusion LMs (Dream, LLaDA) with Prefilling-dLLM.
 
 examples (each runs as written on the bundled tiny model):
-  {chr(10).join("  " + x for cmd in EXAMPLES.values() for x in cmd).strip()}
+{_examples("generate", "eval")}
 
 {EXAMPLE_FILES["generate"]}
 {EXAMPLE_FILES["eval"]}
@@ -166,13 +173,11 @@ def _existing_file(text: str) -> str:
 
 
 def _add_common_args(p):
-    from dllm.loader import default_model_dir
-
     p.add_argument(
         "--model",
         type=_existing_dir,
         default=None,
-        help=f"checkpoint directory, Dream or LLaDA layout (default: the bundled tiny model, {default_model_dir()})",
+        help="checkpoint directory, Dream or LLaDA layout (default: the bundled tiny model, dllm/assets/tiny-dream)",
     )
     p.add_argument(
         "--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
@@ -187,7 +192,12 @@ def _add_common_args(p):
 
 
 def _add_decode_args(p, gen_length_default: int | None):
-    p.add_argument("--method", default="dense", choices=["dense", "prefix_cache", "prefilling"], help="cache policy")
+    p.add_argument(
+        "--method",
+        default="dense",
+        choices=METHODS,
+        help="dense (recompute all every step), prefix_cache (Fast-dLLM style) or prefilling (Prefilling-dLLM)",
+    )
     gen_help = "response tokens" + ("" if gen_length_default else " (default: the answer's tokens + 4, per case)")
     p.add_argument("--gen-length", type=_positive_int, default=gen_length_default, help=gen_help)
     p.add_argument("--steps", type=_positive_int, default=None, help="denoising steps in all (default: the gen length)")
@@ -237,8 +247,20 @@ def _add_decode_args(p, gen_length_default: int | None):
         metavar="B|all",
         help="B, tokens kept per chunk, 1 <= B <= C, or 'all' (default: all)",
     )
-    g.add_argument("--position-mode", default=None, choices=POSITION_MODES, help=f"(default: {d.position_mode})")
-    g.add_argument("--cache-mode", default=None, choices=CACHE_MODES, help=f"(default: {d.cache_mode})")
+    g.add_argument(
+        "--position-mode",
+        default=None,
+        choices=POSITION_MODES,
+        help="where the kept chunks sit: back to back after the prefix (continuous), all right after it (reuse) "
+        f"or where they were in the prompt (absolute) (default: {d.position_mode})",
+    )
+    g.add_argument(
+        "--cache-mode",
+        default=None,
+        choices=CACHE_MODES,
+        help="decode over the prefill's chunk caches (independent) or re-encode the kept chunks together once "
+        f"(joint) (default: {d.cache_mode})",
+    )
     g.add_argument(
         "--score-mode",
         default=None,
@@ -487,7 +509,7 @@ def cmd_eval(args) -> int:
 
 
 def _epilog(command: str) -> str:
-    return "examples:\n" + "\n".join("  " + x for x in EXAMPLES[command]) + "\n\n" + EXAMPLE_FILES[command]
+    return f"examples:\n{_examples(command)}\n\n{EXAMPLE_FILES[command]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
