@@ -28,6 +28,7 @@ def warm_up(model, methods, length: int, *, prefilling=None, task: str = "passke
         methods: method names (dense / prefix_cache / prefilling).
         length: context length in tokens (use the grid's first, so the same shapes come first).
         prefilling: the grid's :class:`~dllm.prefilling.PrefillingConfig` (for ``prefilling``).
+        task: the task of the warm-up case (a seed no grid uses, depth 0.5).
         gen_kwargs: forwarded to :func:`dllm.evaluation.run_case` (gen_length, steps, ...).
 
     Returns:
@@ -43,12 +44,13 @@ def warm_up(model, methods, length: int, *, prefilling=None, task: str = "passke
     return seconds
 
 
-def startup_line(load_s: float, warmup_s: dict, length: int) -> str:
-    """One line for the results files: model load and warm-up seconds, which the tables leave out."""
+def startup_line(load_s: float, warmup_s: dict, length: int, per: str = "method") -> str:
+    """One line for the results files: model load and warm-up seconds (``{method: s}``), which the tables
+    leave out; ``per`` says what got one warm-up case each."""
     warm = ", ".join(f"{m} {s:.2f} s" for m, s in warmup_s.items())
     return (
         f"Start-up, not in the table: model load {load_s:.2f} s; one untimed warm-up case of {length} tokens "
-        f"per method: {warm}."
+        f"per {per}: {warm}."
     )
 
 
