@@ -23,7 +23,8 @@ setup(
         # A range, not a pin: on a GPU machine the CUDA torch already there satisfies it.
         "torch>=2.6",
         "triton>=3.2",
-        "transformers>=4.46",
+        # The range CI tests: make test (newest allowed) and make test-compat (4.46.3, the oldest).
+        "transformers>=4.46.3,<=5.24.0",
         "safetensors>=0.4",
         "tqdm>=4.60",
         "matplotlib>=3.7",

@@ -1,4 +1,4 @@
-"""Command line of prefilling-dllm: ``python -m dllm generate|eval`` (installed as ``dllm`` too).
+"""Command line of prefilling-dllm: ``python -m dllm generate|eval|info`` (installed as ``dllm`` too).
 
 :func:`main` is the entry point; ``python -m dllm --help`` prints the runnable examples of :data:`EXAMPLES`.
 """
@@ -32,8 +32,9 @@ _PREFILLING_OPTIONS = {
 # Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
 EXAMPLES = {
     "generate": (
-        "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling "
-        "--chunk-size 256 --score-terms draft_contrast --gen-length 8",
+        "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --gen-length 8",
+        "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 128 "
+        "--top-k 8 --gen-length 8",
     ),
     "eval": (
         "python -m dllm eval passkey --method prefilling",
@@ -42,6 +43,7 @@ EXAMPLES = {
         "python -m dllm eval number_string --lengths 1024 --depths 0.5 --samples 2 --method prefix_cache",
         "python -m dllm eval longbench --data hotpotqa.jsonl --limit 2 --method prefilling",
     ),
+    "info": ("python -m dllm info", "python -m dllm info --json"),
 }
 EXAMPLE_FILES = {  # what the examples' input files hold
     "generate": """\
@@ -57,6 +59,7 @@ doc.txt holds a few thousand characters of "The grass is green. The sky is blue.
     "eval": """\
 hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
 bundled model does not answer it).""",
+    "info": "With no --model, info describes the bundled tiny model.",
 }
 
 
@@ -68,7 +71,7 @@ DESCRIPTION = f"""\
 Long-context inference of diffusion LMs (Dream, LLaDA) with Prefilling-dLLM.
 
 examples (each runs as written on the bundled tiny model):
-{_examples("generate", "eval")}
+{_examples("generate", "eval", "info")}
 
 {EXAMPLE_FILES["generate"]}
 {EXAMPLE_FILES["eval"]}
@@ -192,6 +195,8 @@ def _add_common_args(p):
 
 
 def _add_decode_args(p, gen_length_default: int | None):
+    from dllm.loader import default_model_dir
+
     p.add_argument(
         "--method",
         default="dense",
@@ -225,7 +230,13 @@ def _add_decode_args(p, gen_length_default: int | None):
     p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
     p.add_argument("--seed", type=int, default=None, help="seeds the sampling RNG (default: unseeded)")
     d = _PREFILLING_DEFAULTS
-    g = p.add_argument_group("prefilling (with --method prefilling; defaults: the checkpoint's, else the library's)")
+    tuned = ", ".join(
+        f"{k}={v}" for k, v in PrefillingConfig.from_pretrained(default_model_dir()).changed_fields().items()
+    )
+    g = p.add_argument_group(
+        "prefilling (with --method prefilling; the defaults shown are the library's; a checkpoint's "
+        f"prefilling_config.json overrides them, the bundled model's with {tuned or 'nothing'})"
+    )
     g.add_argument(
         "--chunk-size",
         type=_positive_int,
@@ -306,8 +317,8 @@ def _unmasking_check(args, gen_length: int | None) -> None:
 def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
     """The PrefillingConfig of the command line, or None for the other methods.
 
-    Base: the checkpoint's recommended settings (``PrefillingConfig.from_pretrained``, where this
-    version has it), else the library defaults; the options given override it.
+    Base: the checkpoint's tuned settings (``prefilling_config.json``, read by
+    ``PrefillingConfig.from_pretrained``), else the library defaults; the options given override it.
     """
     given = {f: getattr(args, f) for f in _PREFILLING_OPTIONS if getattr(args, f) is not None}
     if args.method != "prefilling":
@@ -315,10 +326,9 @@ def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
             names = ", ".join(_PREFILLING_OPTIONS[f] for f in given)
             raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
         return None
-    from_pretrained = getattr(PrefillingConfig, "from_pretrained", None)
-    base = from_pretrained(model_dir) if from_pretrained is not None else PrefillingConfig()
     given = {f: None if v == _ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
-    try:
+    base = PrefillingConfig.from_pretrained(model_dir)  # its errors name the file
+    try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
         return dataclasses.replace(base, **given)
     except ValueError as exc:
         raise UserError(f"prefilling options: {exc}") from exc
@@ -407,14 +417,21 @@ def cmd_generate(args) -> int:
     if cfg is not None:
         from dllm.prefilling import split_prompt
 
-        parts = split_prompt(model, template, context=context, query_window=cfg.query_window)
+        parts = split_prompt(
+            model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
+        )
         cfg = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
         res = dllm.generate(
             model, prompt=parts, method="prefilling", prefilling=cfg, seed=args.seed, progress=True, **kw
         )
     else:
         text = template if context is None else template.replace("{context}", context)
-        ids = encode_text(model, text, bos=True)[None]
+        if args.chat:  # the chat template decides the leading special tokens
+            from dllm.prefilling.prompt import render_chat
+
+            ids = encode_text(model, render_chat(model, text))[None]
+        else:
+            ids = encode_text(model, text, bos=True)[None]
         res = dllm.generate(model, ids, method=args.method, seed=args.seed, progress=True, **kw)
     print(res.text[0] if res.text is not None else res.tokens[0].tolist())
     stats = {
@@ -505,6 +522,18 @@ def cmd_eval(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- info
+
+
+def cmd_info(args) -> int:
+    """``info``: the checkpoint's family, size, dtype, KV cost and the prefilling defaults that will be used."""
+    from dllm.checkpoint_info import checkpoint_info, format_info
+
+    info = checkpoint_info(args.model, device=args.device, dtype=args.dtype)
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
 # ---------------------------------------------------------------- parser and entry point
 
 
@@ -536,6 +565,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_existing_file,
         default=None,
         help="UTF-8 text put into the prompt's {context} slot, read as is (default: none)",
+    )
+    g.add_argument(
+        "--chat",
+        action="store_true",
+        help="instruct checkpoints: the prompt (context slot inside) is the user turn of the tokenizer's chat template",
     )
     _add_common_args(g)
     _add_decode_args(g, 32)
@@ -579,6 +613,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common_args(e)
     _add_decode_args(e, None)
     e.set_defaults(func=cmd_eval)
+
+    i = sub.add_parser(
+        "info",
+        help="describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults",
+        description="Describe a checkpoint (no weights are loaded): family, size, dtype, KV bytes per 1K tokens,\n"
+        "and the prefilling defaults dllm would use for it.",
+        epilog=_epilog("info"),
+        formatter_class=_HelpFormatter,
+    )
+    _add_common_args(i)
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    i.set_defaults(func=cmd_info)
     return p
 
 

@@ -6,8 +6,11 @@ Families (DESIGN section 4):
   untied head, **shifted** logits (token i is predicted from position i-1).
 - ``llada``: OLMo/Llama layout (LLaDA-8B). No bias, RoPE, SwiGLU, **unshifted** logits.
 
-The file is parsed with ``transformers.PretrainedConfig.from_json_file`` (no remote
-code is run) and mapped onto :class:`ModelConfig`.
+The checkpoint's own ``config.json`` fields are read as plain JSON (no remote code,
+no transformers config class: transformers 5.x would move ``rope_theta`` and
+``rope_scaling`` into ``rope_parameters`` on the way) and mapped onto
+:class:`ModelConfig`. A config saved by transformers 5.x (``rope_parameters`` only)
+is read as well. RoPE scaling: the static variants of :mod:`dllm.rope`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import contextlib
 import json
 import os
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 FAMILIES = ("dream", "llada")
 
@@ -42,14 +45,18 @@ class ModelConfig:
         num_heads: query heads (Hq).
         num_kv_heads: key/value heads (Hkv); ``num_heads % num_kv_heads == 0`` (GQA).
         head_dim: per-head width D (``hidden_size // num_heads``).
-        rope_theta: RoPE base.
+        rope_theta: RoPE base (the checkpoint's, or the ``rope_theta=`` override of :func:`load_config`).
         rms_norm_eps: RMSNorm epsilon.
         qkv_bias: whether q/k/v projections carry a bias (Dream: yes, LLaDA: no).
         tie_word_embeddings: LM head shares the embedding matrix.
         shift_logits: Dream-style shift (token i predicted at position i-1).
         mask_token_id: id of the [MASK] token used for diffusion.
         bos_token_id / eos_token_id / pad_token_id: special ids (may be None).
-        max_position_embeddings: the positions the model was trained for (informational).
+        max_position_embeddings: the positions the model was trained for (Dream
+            ``max_position_embeddings``, LLaDA ``max_sequence_length``); YaRN/llama3 scaling reads it
+            when ``rope_scaling`` has no ``original_max_position_embeddings``.
+        rope_scaling: the checkpoint's ``rope_scaling`` dict of a static variant (``linear``, ``yarn``,
+            ``llama3``; see :mod:`dllm.rope`), or None for plain RoPE.
     """
 
     family: str
@@ -70,6 +77,7 @@ class ModelConfig:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     max_position_embeddings: int | None = None
+    rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -83,6 +91,16 @@ class ModelConfig:
             raise ConfigError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads} (GQA)")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
+        if not self.rope_theta > 0:
+            raise ConfigError(f"rope_theta must be > 0, got {self.rope_theta}")
+        from dllm.rope import scaled_inv_frequencies
+
+        try:  # the frequencies themselves are computed again by the model; this only validates
+            scaled_inv_frequencies(
+                self.head_dim, self.rope_theta, self.rope_scaling, max_position_embeddings=self.max_position_embeddings
+            )
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
 
     @property
     def gqa_group(self) -> int:
@@ -91,6 +109,34 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def rope_fields(raw: dict, default_theta: float) -> tuple[float, dict | None]:
+    """``(rope_theta, rope_scaling)`` from a raw config dict.
+
+    Reads the classic top-level ``rope_theta`` / ``rope_scaling`` fields (what Dream and LLaDA
+    checkpoints carry), else transformers 5.x's ``rope_parameters`` dict (which holds the theta
+    too). The returned scaling never holds ``rope_theta``; a scaling of type ``default`` is None.
+
+    Raises:
+        ConfigError: a ``rope_scaling`` that is not a JSON object.
+    """
+    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    scaling = raw.get("rope_scaling")
+    if scaling is None and params:
+        scaling = params
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ConfigError(f"rope_scaling must be a JSON object or null, got {scaling!r}")
+    theta = raw.get("rope_theta")
+    if theta is None:
+        theta = (scaling or {}).get("rope_theta", default_theta)
+    scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
+    if scaling:
+        from dllm.rope import rope_type_of
+
+        if rope_type_of(scaling) == "default":
+            scaling = None
+    return float(theta), (scaling or None)
 
 
 def _require(raw: dict, key: str, path: str):
@@ -126,8 +172,7 @@ def _dream_config(raw: dict, path: str) -> ModelConfig:
     heads = int(_require(raw, "num_attention_heads", path))
     if raw.get("use_sliding_window"):
         raise ConfigError(f"{path}: sliding-window attention is not supported (use_sliding_window=true)")
-    if raw.get("rope_scaling"):
-        raise ConfigError(f"{path}: rope_scaling {raw['rope_scaling']!r} is not supported")
+    theta, scaling = rope_fields(raw, 1e6)
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{path}: hidden_act {act!r} is not supported (SwiGLU with silu only)")
@@ -140,7 +185,7 @@ def _dream_config(raw: dict, path: str) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(raw.get("head_dim") or hidden // heads),
-        rope_theta=float(raw.get("rope_theta", 1e6)),
+        rope_theta=theta,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         qkv_bias=True,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -150,6 +195,7 @@ def _dream_config(raw: dict, path: str) -> ModelConfig:
         eos_token_id=raw.get("eos_token_id"),
         pad_token_id=raw.get("pad_token_id"),
         max_position_embeddings=raw.get("max_position_embeddings"),
+        rope_scaling=scaling,
     )
 
 
@@ -172,6 +218,7 @@ def _llada_config(raw: dict, path: str) -> ModelConfig:
     heads = int(_require(raw, "n_heads", path))
     mlp = raw.get("mlp_hidden_size") or int(raw.get("mlp_ratio", 4)) * d_model
     vocab = int(raw.get("embedding_size") or _require(raw, "vocab_size", path))
+    theta, scaling = rope_fields(raw, 10000.0)
     return ModelConfig(
         family="llada",
         vocab_size=vocab,
@@ -181,7 +228,7 @@ def _llada_config(raw: dict, path: str) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(raw.get("n_kv_heads") or heads),
         head_dim=d_model // heads,
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rope_theta=theta,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
         qkv_bias=bool(raw.get("include_qkv_bias", False)),
         tie_word_embeddings=bool(raw.get("weight_tying", False)),
@@ -191,6 +238,7 @@ def _llada_config(raw: dict, path: str) -> ModelConfig:
         eos_token_id=raw.get("eos_token_id"),
         pad_token_id=raw.get("pad_token_id"),
         max_position_embeddings=raw.get("max_sequence_length"),
+        rope_scaling=scaling,
     )
 
 
@@ -211,50 +259,69 @@ def quiet_transformers():
 
 
 def read_raw_config(model_dir: str) -> dict:
-    """The checkpoint's config.json as a plain dict, parsed by transformers.
+    """The checkpoint's config.json as a plain dict, exactly as written (no transformers config class).
 
     Raises:
-        ConfigError: missing directory/file or invalid JSON.
+        ConfigError: missing directory/file, invalid JSON, or not a JSON object.
     """
     path = os.path.join(model_dir, "config.json")
     if not os.path.isdir(model_dir):
         raise ConfigError(f"model directory {model_dir!r} does not exist")
     if not os.path.isfile(path):
         raise ConfigError(f"{model_dir!r} has no config.json")
-    from transformers import PretrainedConfig
+    raw = _read_json(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+    return raw
 
+
+def _read_json(path: str):
     try:
-        with quiet_transformers():
-            return PretrainedConfig.from_json_file(path).to_dict()
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from e
 
 
-def load_config(model_dir: str) -> ModelConfig:
+def read_generation_config(model_dir: str) -> dict:
+    """``generation_config.json`` of a checkpoint as a dict ({} when absent).
+
+    Raises:
+        ConfigError: invalid JSON.
+    """
+    path = os.path.join(model_dir, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    raw = _read_json(path)
+    return raw if isinstance(raw, dict) else {}
+
+
+def load_config(model_dir: str, *, rope_theta: float | None = None) -> ModelConfig:
     """Read ``model_dir/config.json`` into a :class:`ModelConfig`.
 
     Args:
         model_dir: checkpoint directory (Dream or LLaDA layout).
+        rope_theta: override of the checkpoint's RoPE base (static NTK extrapolation beyond the
+            training window, e.g. LongLLaDA's larger theta for LLaDA); None keeps the checkpoint's.
 
     Raises:
         ConfigError: missing/invalid file, unknown family, missing required field,
-            or an architecture option this package does not implement.
+            or an architecture option this package does not implement (sliding window, a
+            dynamic/longrope ``rope_scaling``, ...).
     """
     raw = read_raw_config(model_dir)
     path = os.path.join(model_dir, "config.json")
     if raw.get("bos_token_id") is None:  # LLaDA keeps its BOS id in generation_config.json only
-        gen_path = os.path.join(model_dir, "generation_config.json")
-        if os.path.isfile(gen_path):
-            try:
-                with open(gen_path, encoding="utf-8") as f:
-                    raw["bos_token_id"] = json.load(f).get("bos_token_id")
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{gen_path} is not valid JSON: {e}") from e
+        raw["bos_token_id"] = read_generation_config(model_dir).get("bos_token_id")
+    if rope_theta is not None:
+        raw["rope_theta"] = rope_theta
     family = family_of(raw)
     build = _dream_config if family == "dream" else _llada_config
     try:
         return build(raw, path)
-    except ConfigError:
-        raise
+    except ConfigError as e:
+        if path in str(e):
+            raise
+        raise ConfigError(f"{path}: {e}") from e
     except (TypeError, ValueError) as e:  # e.g. "hidden_size": "big"
         raise ConfigError(f"{path}: invalid field value ({e})") from e

@@ -1,12 +1,21 @@
-"""``dllm.load_model``: a checkpoint directory -> a ready :class:`~dllm.modeling.DiffusionLM`."""
+"""``dllm.load_model``: a checkpoint directory -> a ready :class:`~dllm.modeling.DiffusionLM`.
+
+Loading is unattended and runs no code from the checkpoint: the config is read as JSON
+(:mod:`dllm.config`), the weights with safetensors, and the tokenizer through the
+transformers class its ``tokenizer_config.json`` names, with ``trust_remote_code=False``.
+(``AutoTokenizer`` would read the checkpoint's ``config.json`` and, seeing Dream's or LLaDA's
+``auto_map``, ask "Do you wish to run the custom code? [y/N]" on a terminal or wait on an open stdin.)
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 
 import torch
 
-from dllm.config import load_config, quiet_transformers
+from dllm.config import ConfigError, load_config, quiet_transformers
 from dllm.modeling import DiffusionLM
 from dllm.weights import load_weights_into
 
@@ -40,17 +49,93 @@ def resolve_dtype(dtype) -> torch.dtype:
     raise ValueError(f"unsupported dtype {dtype!r}; use float32, float16 or bfloat16")
 
 
-def load_tokenizer(path: str):
-    """``transformers.AutoTokenizer`` from a directory, or None if it holds no tokenizer files."""
+def _tokenizer_class(name: str | None, path: str, family: str | None):
+    """The transformers tokenizer class for a ``tokenizer_class`` name, never a remote-code one.
+
+    Order: the name's fast variant, the name itself, then for names transformers does not know
+    (a remote-code class such as Dream's ``DreamTokenizer``, or ``TokenizersBackend``, the 5.x name
+    4.46 lacks): ``PreTrainedTokenizerFast`` over ``tokenizer.json`` if present, else for the Dream
+    family the Qwen2 BPE (``vocab.json`` + ``merges.txt``; Dream's tokenizer is Qwen2's).
+    """
+    import transformers
+
+    base = transformers.PreTrainedTokenizerBase
+    if name:
+        for cand in [name] if name.endswith("Fast") else [name + "Fast", name]:
+            cls = getattr(transformers, cand, None)
+            if isinstance(cls, type) and issubclass(cls, base):
+                return cls
+    has = lambda f: os.path.isfile(os.path.join(path, f))
+    if has("tokenizer.json"):
+        fallback = transformers.PreTrainedTokenizerFast
+    elif family == "dream" and has("vocab.json") and has("merges.txt"):
+        fallback = transformers.Qwen2TokenizerFast
+    else:
+        raise ConfigError(
+            f"{path}: tokenizer class {name!r} is not part of transformers {transformers.__version__} and the "
+            "folder has no tokenizer.json; dllm never runs a checkpoint's own code (trust_remote_code=False)"
+        )
+    if name and name not in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        warnings.warn(
+            f"{path}: tokenizer class {name!r} is not in transformers (remote code, not run); "
+            f"loading the files with {fallback.__name__} instead",
+            stacklevel=3,
+        )
+    return fallback
+
+
+def resolve_device_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype :func:`load_model` uses: ``cuda`` when available, else ``cpu``; bfloat16 on
+    CUDA, float32 on CPU, unless given.
+
+    Raises:
+        ValueError: unsupported dtype.
+    """
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return device, resolve_dtype(dtype)
+
+
+def load_tokenizer(path: str, *, family: str | None = None):
+    """The HF tokenizer of a directory, or None if it holds no tokenizer files.
+
+    Loads through the class ``tokenizer_config.json`` names (see :func:`_tokenizer_class`) with
+    ``trust_remote_code=False``: never prompts, never runs checkpoint code, and reads both the
+    4.x and the 5.x file layouts.
+
+    Args:
+        path: directory with ``tokenizer.json`` and/or ``vocab.json`` + ``merges.txt``, and usually
+            ``tokenizer_config.json``.
+        family: ``"dream"`` / ``"llada"`` (enables the Qwen2 fallback for Dream's remote-code class).
+
+    Raises:
+        dllm.config.ConfigError: an unreadable ``tokenizer_config.json``, or a class transformers
+            lacks with no file a standard class could read.
+    """
     if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
-
+    name = None
+    cfg_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(cfg_path):
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                name = json.load(f).get("tokenizer_class")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise ConfigError(f"{cfg_path} is not a valid tokenizer config: {e}") from e
+    cls = _tokenizer_class(name, path, family)
     with quiet_transformers():
-        return AutoTokenizer.from_pretrained(path)
+        return cls.from_pretrained(path, trust_remote_code=False)
 
 
-def load_model(path: str | None = None, device=None, dtype=None, *, tokenizer_path: str | None = None) -> DiffusionLM:
+def load_model(
+    path: str | None = None,
+    device=None,
+    dtype=None,
+    *,
+    tokenizer_path: str | None = None,
+    rope_theta: float | None = None,
+) -> DiffusionLM:
     """Build a dLLM from a checkpoint directory's own ``config.json`` and safetensors.
 
     Args:
@@ -60,22 +145,24 @@ def load_model(path: str | None = None, device=None, dtype=None, *, tokenizer_pa
         dtype: float32 / float16 / bfloat16 (or their names). Default: bfloat16 on CUDA,
             float32 on CPU (CPU half precision is slow and inaccurate).
         tokenizer_path: directory of an HF tokenizer (default: ``path`` itself).
+        rope_theta: override of the checkpoint's RoPE base, for static NTK extrapolation past the
+            training window (LongLLaDA, Liu et al. 2025, scales LLaDA's theta this way). The keys of
+            cached chunks are re-positioned with the same frequencies.
 
     Returns:
         The model in eval mode with ``family``, ``mask_token_id``, ``shift_logits`` (from the
-        config) and ``tokenizer`` (an ``AutoTokenizer`` or None) attributes.
+        config) and ``tokenizer`` (a transformers tokenizer, see :func:`load_tokenizer`, or None) attributes.
 
     Raises:
-        dllm.config.ConfigError: missing/invalid config, unknown family.
-        dllm.weights.WeightError: missing/misnamed tensors, shape mismatch.
+        dllm.config.ConfigError: missing/invalid config, unknown family, unsupported RoPE scaling,
+            unusable tokenizer files.
+        dllm.weights.WeightError: missing/misnamed tensors, shape mismatch, an empty, truncated or
+            corrupt safetensors file (the message names the file).
         ValueError: unsupported dtype.
     """
     path = default_model_dir() if path is None else str(path)
-    cfg = load_config(path)
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype = resolve_dtype(dtype)
+    cfg = load_config(path, rope_theta=rope_theta)
+    device, dtype = resolve_device_dtype(device, dtype)
     with torch.device("meta"):
         model = DiffusionLM(cfg)
     model = model.to_empty(device=device).to(dtype)
@@ -84,6 +171,6 @@ def load_model(path: str | None = None, device=None, dtype=None, *, tokenizer_pa
     load_weights_into(model, path, cfg.family)
     model.eval()
     model.requires_grad_(False)
-    model.tokenizer = load_tokenizer(tokenizer_path or path)
+    model.tokenizer = load_tokenizer(tokenizer_path or path, family=cfg.family)
     model.model_dir = path
     return model

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import triton_kernels
 from dllm.config import ModelConfig
 from dllm.kv_cache import StaticKVCache
-from dllm.rope import apply_rope, rope_cos_sin
+from dllm.rope import RotaryEmbedding, apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -115,7 +115,8 @@ class DiffusionLM(nn.Module):
 
     Attributes set by :func:`dllm.load_model`: ``tokenizer`` (or None) and
     ``model_dir``. ``family``, ``mask_token_id`` and ``shift_logits`` come from
-    the config.
+    the config; ``rope`` (:class:`~dllm.rope.RotaryEmbedding`) holds the RoPE
+    frequencies, also used to re-position cached chunk keys (``model.rope.rotate_keys``).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -127,6 +128,9 @@ class DiffusionLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # RoPE frequencies (plain or a static scaling variant), fixed at build time; not a buffer, so
+        # building under a meta device (dllm.load_model) leaves them real.
+        self.rope = RotaryEmbedding.from_config(cfg)
         self.tokenizer = None
         self.model_dir = None
 
@@ -216,7 +220,7 @@ class DiffusionLM(nn.Module):
                 raise ValueError(f"attention_mask must be [B, L] or [B, L, L], got {tuple(attention_mask.shape)}")
 
         cfg = self.config
-        cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)  # [B, L, D]
+        cos, sin = self.rope.cos_sin(position_ids)  # [B, L, D] fp32, YaRN's attention factor included
         x = self.embed_tokens(input_ids)
         ks, vs = [], []
         # the cache's segment table was range-checked when it was built: skip the per-call host sync

@@ -1,8 +1,15 @@
-"""Text <-> token ids with a model's own HF tokenizer."""
+"""Text <-> token ids with a model's own HF tokenizer, and saving a tokenizer every supported transformers reads."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
+
+# Names transformers 5.x writes for a plain tokenizers-backed tokenizer; 4.x knows only the last.
+_PORTABLE_CLASS = "PreTrainedTokenizerFast"
+_5X_ONLY_CLASSES = ("TokenizersBackend",)
 
 
 def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
@@ -31,3 +38,27 @@ def decode_text(model, tokens: torch.Tensor) -> list | None:
         cut = next((i for i, t in enumerate(row) if t in stops), len(row))
         texts.append(tok.decode(row[:cut], skip_special_tokens=True))
     return texts
+
+
+def save_portable_tokenizer(tok, out_dir: str) -> None:
+    """``tok.save_pretrained(out_dir)``, then make ``tokenizer_config.json`` readable by transformers 4.46 too.
+
+    transformers 5.x saves a plain ``tokenizer.json`` tokenizer as ``"tokenizer_class": "TokenizersBackend"``
+    (plus a ``"backend"`` key), a class 4.x does not have ("does not exist or is not currently imported");
+    both versions read the same files as ``PreTrainedTokenizerFast``.
+
+    Args:
+        tok: a transformers fast tokenizer.
+        out_dir: directory (created).
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save_pretrained(out_dir)
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    if cfg.get("tokenizer_class") in _5X_ONLY_CLASSES:
+        cfg["tokenizer_class"] = _PORTABLE_CLASS
+    cfg.pop("backend", None)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")

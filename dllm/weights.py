@@ -4,17 +4,22 @@ Our module names follow the Qwen2 layout without the ``model.`` prefix
 (``layers.N.self_attn.q_proj.weight``...). Dream checkpoints use the Qwen2 names
 with the prefix; LLaDA checkpoints use OLMo names
 (``model.transformer.blocks.N.attn_out.weight``...), mapped below. The exact
-reference names are in ``shared/reference/*/weight_names.txt``.
+reference names are in ``tests/data/reference/*/weight_names.txt``.
+
+A file that safetensors cannot read (empty, truncated by an interrupted download,
+or not safetensors at all) raises :class:`WeightError` naming the file, never the
+library's own ``SafetensorError``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 # LLaDA (OLMo "llama" block) -> our names. ff_proj is the SwiGLU gate (activated),
 # up_proj the linear branch, ff_out the down projection; the top-level ff_out is the LM head.
@@ -43,6 +48,27 @@ _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary\.inv_freq)$")
 
 class WeightError(ValueError):
     """Checkpoint weights are missing, unreadable, misnamed or of the wrong shape."""
+
+
+@contextlib.contextmanager
+def open_safetensors(path: str):
+    """``safe_open(path)`` (torch framework) whose read errors become :class:`WeightError` naming ``path``.
+
+    Covers the header (empty, truncated or foreign files fail when opened) and every tensor read
+    inside the ``with`` block.
+
+    Raises:
+        WeightError: the file is empty or cannot be read as safetensors.
+    """
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        raise WeightError(f"{path}: the safetensors file is empty (0 bytes); re-download it")
+    try:
+        with safe_open(path, framework="pt") as f:
+            yield f
+    except (SafetensorError, OSError) as e:
+        raise WeightError(
+            f"{path}: not a readable safetensors file ({e}); it may be truncated or corrupt: re-download it"
+        ) from e
 
 
 def checkpoint_to_module_name(name: str, family: str) -> str | None:
@@ -127,7 +153,7 @@ def load_weights_into(model: torch.nn.Module, model_dir: str, family: str) -> No
     tied = model.lm_head.weight is model.embed_tokens.weight
     loaded: set[str] = set()
     for path in checkpoint_files(model_dir):
-        with safe_open(path, framework="pt") as f:
+        with open_safetensors(path) as f:
             for ck_name in f.keys():
                 name = checkpoint_to_module_name(ck_name, family)
                 if name is None:

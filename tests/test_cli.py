@@ -58,7 +58,8 @@ def test_generate_prints_answer_and_stats(files, method, capsys):
     assert "total" in stats["seconds"]
     if method == "prefilling":
         assert len(stats["selected_chunks"]) == 2 and stats["num_chunks"] == 12  # 2996 characters / 256
-        assert {"s_I", "s_P", "s_C"} <= set(stats)  # the default terms s_I + s_P, and s_C from s_P's pass
+        # the bundled model's prefilling_config.json scores with s_C - s_P: s_I is never computed, so not shown
+        assert {"s_P", "s_C"} <= set(stats) and "s_I" not in stats
     assert out.endswith("\n")
 
 
@@ -125,6 +126,11 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "missing longbench file": ("eval longbench --data nope.jsonl", "no such file"),
     "limit without longbench": ("eval passkey --limit 3", "--limit goes with the longbench task"),
     "longbench file that is not JSON": ("eval longbench --data prompt.txt", "not valid JSON"),
+    "chat without a chat template": (
+        "generate --prompt-file prompt.txt --context-file doc.txt --chat",
+        "has no chat template",
+    ),
+    "info of a missing model": ("info --model nope", "no such directory"),
     "no command": ("", "required: COMMAND"),
 }
 
@@ -193,12 +199,15 @@ def test_help_example_runs(tmp_path, monkeypatch, capsys, line):
     write_example_files(tmp_path)
     rc, out, err = run_cli(capsys, *shlex.split(line)[3:], *SMALLER.get(line, []))
     assert rc == 0, err
-    if " generate " in line:
+    command = shlex.split(line)[3]
+    if command == "generate":
         assert "12345" in out
-    else:  # eval writes into runs/ of the working directory and reports its start-up apart
+    elif command == "eval":  # it writes into runs/ of the working directory and reports its start-up apart
         written = re.search(r"wrote (\S+)", out).group(1)
         assert written.startswith("runs/") and (tmp_path / written).is_file()
         assert "start-up, not in the table" in out
+    else:
+        assert command == "info" and "dream" in out
 
 
 def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, capsys):

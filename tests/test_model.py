@@ -10,7 +10,9 @@ import dllm
 from dllm.config import ConfigError
 from dllm.weights import WeightError
 from tests.tiny_checkpoints import (
+    DREAM_TOKENIZER,
     REFERENCE,
+    hf_bidirectional_logits,
     write_dream_checkpoint,
     write_llada_checkpoint,
 )
@@ -21,6 +23,7 @@ def _ids(vocab, b=2, n=23, seed=1):
     return torch.randint(0, vocab - 3, (b, n), generator=g)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("shards", [1, 3])
 def test_dream_logits_equal_transformers_qwen2(tmp_path, shards):
     hf = write_dream_checkpoint(str(tmp_path), shards=shards)
@@ -28,49 +31,52 @@ def test_dream_logits_equal_transformers_qwen2(tmp_path, shards):
     assert model.family == "dream" and model.shift_logits and model.mask_token_id == 129
     ids = _ids(model.config.vocab_size)
     pos = torch.arange(ids.shape[1])
+    ref = hf_bidirectional_logits(hf, ids)
     with torch.no_grad():
-        ref = hf(input_ids=ids).logits
         ours = model(ids, pos).logits
     # Dream shifts: token i is predicted at position i-1, token 0 at itself.
     ref_shifted = torch.cat([ref[:, :1], ref[:, :-1]], dim=1)
     assert (ours - ref_shifted).abs().max().item() <= 1e-4
 
 
+@pytest.mark.compat
 def test_transformers_reference_is_bidirectional(tmp_path):
     """Guard: the reference we compare with must not be causal (else equality would mean nothing)."""
     hf = write_dream_checkpoint(str(tmp_path))
     ids = _ids(131, b=1, n=9)
-    with torch.no_grad():
-        full = hf(input_ids=ids).logits
-        prefix = hf(input_ids=ids[:, :5]).logits
+    full = hf_bidirectional_logits(hf, ids)
+    prefix = hf_bidirectional_logits(hf, ids[:, :5])
     # Under a causal mask the first 5 positions would not depend on later tokens.
     assert (full[:, :5] - prefix).abs().max().item() > 1e-3
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("shards", [1, 2])
 def test_llada_logits_equal_transformers_llama(tmp_path, shards):
     hf = write_llada_checkpoint(str(tmp_path), shards=shards)
     model = dllm.load_model(str(tmp_path), device="cpu", dtype="float32")
     assert model.family == "llada" and not model.shift_logits and model.mask_token_id == 95
     ids = _ids(model.config.vocab_size, n=31)
+    ref = hf_bidirectional_logits(hf, ids)
     with torch.no_grad():
-        ref = hf(input_ids=ids).logits
         ours = model(ids, torch.arange(31)).logits
     assert (ours - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.compat
 def test_llada_gqa_and_explicit_positions(tmp_path):
     """Non-contiguous explicit positions go through RoPE exactly as transformers does."""
     hf = write_llada_checkpoint(str(tmp_path), n_kv_heads=2)
     model = dllm.load_model(str(tmp_path), device="cpu", dtype=torch.float32)
     ids = _ids(97, b=1, n=12)
     pos = torch.tensor([[0, 1, 2, 3, 40, 41, 42, 43, 1000, 1001, 1002, 5000]])
+    ref = hf_bidirectional_logits(hf, ids, pos)
     with torch.no_grad():
-        ref = hf(input_ids=ids, position_ids=pos).logits
         ours = model(ids, pos).logits
     assert (ours - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.compat
 def test_checkpoint_names_match_reference(tmp_path):
     """The tiny checkpoints use exactly the reference weight-name patterns (layer 0 + top level)."""
     from safetensors import safe_open
@@ -138,6 +144,7 @@ def test_unknown_family(tmp_path):
         dllm.load_model(str(tmp_path))
 
 
+@pytest.mark.compat
 def test_missing_field_and_bad_gqa(tmp_path):
     write_dream_checkpoint(str(tmp_path))
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -152,6 +159,7 @@ def test_missing_field_and_bad_gqa(tmp_path):
         dllm.load_model(str(tmp_path))
 
 
+@pytest.mark.compat
 def test_weight_shape_mismatch(tmp_path):
     write_dream_checkpoint(str(tmp_path))
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -160,6 +168,7 @@ def test_weight_shape_mismatch(tmp_path):
         dllm.load_model(str(tmp_path))
 
 
+@pytest.mark.compat
 def test_missing_weights_and_foreign_names(tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -185,9 +194,9 @@ def test_bad_dtype(tmp_path):
         dllm.load_model(str(tmp_path), dtype=torch.int8)
 
 
+@pytest.mark.compat
 def test_dream_tokenizer_ids():
-    tok_dir = os.path.join(REFERENCE, "dream-v0-7b", "tokenizer")
-    tok = dllm.load_tokenizer(tok_dir)
+    tok = dllm.load_tokenizer(DREAM_TOKENIZER)
     assert tok.convert_tokens_to_ids("<|mask|>") == 151666
     assert tok.bos_token_id == 151665
     assert tok.mask_token_id == 151666

@@ -2,20 +2,23 @@
 
 Weights come from transformers' own Qwen2 / Llama modules (random init), so the
 tests can compare our decoder with theirs on the same numbers. The LLaDA name
-map is written out here, from shared/reference/llada-8b/weight_names.txt,
-independently of dllm.weights.
+map is written out here, from the real LLaDA-8B weight names
+(``tests/data/reference/llada-8b/weight_names.txt``), independently of dllm.weights.
+The reference files are vendored under ``tests/data/reference`` (see its README).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 
 import torch
 from safetensors.torch import save_file
 
-SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
-REFERENCE = os.path.join(SHARED, "reference")
+REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")
+DREAM_TOKENIZER = os.path.join(REFERENCE, "dream-v0-7b", "tokenizer")
 
 # Odd sizes on purpose; GQA ratio 7 for Dream (14 query heads over 2 KV heads).
 DREAM_TINY = dict(
@@ -47,13 +50,39 @@ LLADA_TINY = dict(
 LLADA_BOS = 93
 
 
+def reference_file(*parts: str) -> str:
+    """Path of a vendored reference file; skips the calling test (with the reason) when it is absent."""
+    path = os.path.join(REFERENCE, *parts)
+    if not os.path.exists(path):
+        import pytest
+
+        pytest.skip(f"vendored reference file {os.path.relpath(path)} is absent (see tests/data/reference/README.md)")
+    return path
+
+
 def reference_config(family: str) -> dict:
-    with open(os.path.join(REFERENCE, "dream-v0-7b" if family == "dream" else "llada-8b", "config.json")) as f:
+    """The real checkpoint's config.json (Dream-v0-7B or LLaDA-8B) as a dict."""
+    with open(reference_file("dream-v0-7b" if family == "dream" else "llada-8b", "config.json")) as f:
         return json.load(f)
 
 
+def hf_bidirectional_logits(hf, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits ``[B, L, V]`` of a transformers causal-LM class run without a causal mask, on 4.46 and 5.x alike.
+
+    A 4-D additive mask of zeros (every query sees every key) is taken as-is by both versions;
+    ``config.is_causal = False`` alone is ignored by 4.46's Qwen2/Llama.
+    """
+    b, n = ids.shape
+    mask = torch.zeros(b, 1, n, n, dtype=next(hf.parameters()).dtype)
+    with torch.no_grad():
+        return hf(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+
+
 def hf_dream(seed: int = 0, **over):
-    """A random transformers Qwen2ForCausalLM sized like DREAM_TINY, bidirectional (eager, is_causal=False)."""
+    """A random transformers Qwen2ForCausalLM sized like DREAM_TINY, bidirectional (eager, is_causal=False).
+
+    ``over`` may also set ``rope_scaling`` and ``max_position_embeddings`` (both go to the config.json
+    :func:`write_dream_checkpoint` writes, so transformers and dllm read the same RoPE variant)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     sizes = {**DREAM_TINY, **over}
@@ -65,6 +94,8 @@ def hf_dream(seed: int = 0, **over):
         num_key_value_heads=sizes["num_key_value_heads"],
         vocab_size=sizes["vocab_size"],
         rope_theta=sizes["rope_theta"],
+        rope_scaling=copy.deepcopy(sizes.get("rope_scaling")),  # transformers 5.x writes into the dict
+        max_position_embeddings=sizes.get("max_position_embeddings", 32768),
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         attn_implementation="eager",
@@ -80,7 +111,8 @@ def hf_dream(seed: int = 0, **over):
 
 
 def hf_llada(seed: int = 0, **over):
-    """A random transformers LlamaForCausalLM sized like LLADA_TINY, bidirectional."""
+    """A random transformers LlamaForCausalLM sized like LLADA_TINY, bidirectional (``over`` as for
+    :func:`hf_dream`, with LLaDA's ``max_sequence_length``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sizes = {**LLADA_TINY, **over}
@@ -92,6 +124,8 @@ def hf_llada(seed: int = 0, **over):
         num_key_value_heads=sizes["n_kv_heads"],
         vocab_size=sizes["vocab_size"],
         rope_theta=sizes["rope_theta"],
+        rope_scaling=copy.deepcopy(sizes.get("rope_scaling")),  # transformers 5.x writes into the dict
+        max_position_embeddings=sizes.get("max_sequence_length", 4096),
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         attention_bias=False,
@@ -176,3 +210,29 @@ def _save(tensors: dict, out_dir: str, shards: int):
         weight_map.update({n: fname for n in part})
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+# The real Dream-v0 vocabulary and special ids (config.json + tokenizer), with a tiny body.
+REAL_DREAM_TINY = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=1000000.0,
+)
+
+
+def write_real_dream_checkpoint(out_dir: str, seed: int = 0, shards: int = 1):
+    """A tiny random checkpoint in the real Dream-v0-Instruct layout: its config.json (``auto_map``, vocab
+    152064, mask 151666, bos = eos = pad = 151643) with only the body shrunk, and the real tokenizer files.
+    Returns the transformers model it came from."""
+    real = reference_config("dream")
+    keep = {k: real[k] for k in ("vocab_size", "mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id")}
+    hf = write_dream_checkpoint(out_dir, seed=seed, shards=shards, **REAL_DREAM_TINY, **keep)
+    tok_dir = os.path.dirname(reference_file("dream-v0-7b", "tokenizer", "tokenizer_config.json"))
+    for name in sorted(os.listdir(tok_dir)):
+        shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+    for name in ("generation_config.json",):
+        shutil.copyfile(reference_file("dream-v0-7b", name), os.path.join(out_dir, name))
+    return hf

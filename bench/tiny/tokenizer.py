@@ -8,8 +8,6 @@ loads it from ``tokenizer.json`` with no custom code.
 
 from __future__ import annotations
 
-import os
-
 SPECIALS = {"pad": "<|pad|>", "bos": "<|beginoftext|>", "eos": "<|endoftext|>", "mask": "<|mask|>"}
 CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 
@@ -37,7 +35,8 @@ def build_char_tokenizer():
 
 
 def save_char_tokenizer(out_dir: str):
+    from dllm.tokenization import save_portable_tokenizer  # readable by transformers 4.46 and 5.x
+
     tok = build_char_tokenizer()
-    os.makedirs(out_dir, exist_ok=True)
-    tok.save_pretrained(out_dir)
+    save_portable_tokenizer(tok, out_dir)
     return tok

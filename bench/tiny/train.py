@@ -62,7 +62,7 @@ ARCH = dict(
 
 
 def dream_config_json(vocab_size: int, window: int) -> dict:
-    """config.json in Dream-v0's own format (same fields as shared/reference/dream-v0-7b)."""
+    """config.json in Dream-v0's own format (same fields as tests/data/reference/dream-v0-7b)."""
     return {
         "architectures": ["DreamModel"],
         "model_type": "Dream",

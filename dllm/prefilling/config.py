@@ -1,14 +1,22 @@
-"""``PrefillingConfig``: the knobs of Prefilling-dLLM (arXiv 2606.10537), with the reference code's defaults."""
+"""``PrefillingConfig``: the knobs of Prefilling-dLLM (arXiv 2606.10537), with the reference code's defaults.
+
+A checkpoint directory may carry its own tuned defaults in ``prefilling_config.json``
+(:meth:`PrefillingConfig.from_pretrained`); explicit arguments override them. The chunk
+anchor id is chosen by :func:`resolve_anchor_token_id`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import asdict, dataclass, fields
 
 POSITION_MODES = ("reuse", "continuous", "absolute")
 CACHE_MODES = ("independent", "joint")
 SCORE_MODES = ("dllm", "causal")
 SCORE_TERMS = ("self_info", "pseudo_label", "answer_confidence", "draft_contrast")
 DEFAULT_TERMS = ("self_info", "pseudo_label")
+CONFIG_NAME = "prefilling_config.json"
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,9 @@ class PrefillingConfig:
         pool_kernel: odd max-pool width applied to token scores before the top-B choice.
         query_window: trailing query tokens used as scoring tokens (None = the whole query).
         prefill_batch: chunks encoded per forward during prefill (None = all at once).
+        anchor_token_id: the token put before every chunk (and looked for at the start of a
+            prompt given as ``input_ids``). None = :func:`resolve_anchor_token_id`'s choice: the
+            tokenizer's BOS, else the checkpoint's ``bos_token_id``.
     """
 
     chunk_size: int = 1024
@@ -53,6 +64,7 @@ class PrefillingConfig:
     pool_kernel: int = 7
     query_window: int | None = None
     prefill_batch: int | None = None
+    anchor_token_id: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
@@ -84,3 +96,93 @@ class PrefillingConfig:
             raise ValueError(f"query_window must be >= 1 or None, got {self.query_window}")
         if self.prefill_batch is not None and self.prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1 or None, got {self.prefill_batch}")
+        if self.anchor_token_id is not None and (not isinstance(self.anchor_token_id, int) or self.anchor_token_id < 0):
+            raise ValueError(f"anchor_token_id must be an int >= 0 or None, got {self.anchor_token_id!r}")
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | None, **overrides) -> PrefillingConfig:
+        """The checkpoint's tuned defaults (``model_dir/prefilling_config.json``), then ``overrides``.
+
+        A directory without the file (or ``model_dir=None``) gets the paper's defaults
+        (C=1024, K=4, s = s_I + s_P). Keyword overrides win over the file; None values are ignored
+        (so CLI flags that were not given fall through to the file).
+
+        Args:
+            model_dir: checkpoint directory, or None.
+            **overrides: any :class:`PrefillingConfig` field.
+
+        Raises:
+            ValueError: invalid JSON, a field name the dataclass does not have, or an invalid value
+                (the message names the file).
+        """
+        values = {}
+        path = os.path.join(model_dir, CONFIG_NAME) if model_dir else None
+        if path and os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    values = json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"{path} is not valid JSON: {e}") from e
+            if not isinstance(values, dict):
+                raise ValueError(f"{path} must hold a JSON object")
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(values) - known)
+            if unknown:
+                raise ValueError(f"{path}: unknown field(s) {unknown}; known: {sorted(known)}")
+            if "score_terms" in values and isinstance(values["score_terms"], list):
+                values["score_terms"] = tuple(values["score_terms"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path or 'PrefillingConfig'}: {e}") from e
+
+    def changed_fields(self) -> dict:
+        """The fields that differ from the paper's defaults (what :meth:`save_pretrained` writes)."""
+        base = asdict(PrefillingConfig())
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v != base[k]}
+
+    def save_pretrained(self, model_dir: str) -> str:
+        """Write :meth:`changed_fields` to ``model_dir/prefilling_config.json``; returns the path."""
+        path = os.path.join(model_dir, CONFIG_NAME)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.changed_fields(), f, indent=2)
+            f.write("\n")
+        return path
+
+
+def resolve_anchor_token_id(model_config, tokenizer, cfg: PrefillingConfig) -> tuple[int, str]:
+    """The chunk anchor id and where it came from.
+
+    Args:
+        model_config: the model's :class:`dllm.config.ModelConfig`.
+        tokenizer: its transformers tokenizer, or None.
+        cfg: the prefilling configuration (its ``anchor_token_id`` overrides).
+
+    Order: ``cfg.anchor_token_id`` (``"PrefillingConfig.anchor_token_id"``), then the tokenizer's
+    BOS (``"tokenizer"``; Dream: ``<|beginoftext|>`` 151665), then the checkpoint's ``bos_token_id``
+    (``"config"``: ``config.json``, else ``generation_config.json``; LLaDA: 126080). The tokenizer
+    comes first because Dream's ``config.json`` names 151643 ``<|endoftext|>``, which is also its
+    EOS and PAD: an anchor that reads as "end of text" before every chunk. The paper anchors each
+    chunk with the model's BOS (arXiv 2606.10537, chunked prefill).
+
+    Returns:
+        (token id, source).
+
+    Raises:
+        ValueError: no source defines one, or the id is outside the vocabulary or the mask id.
+    """
+    if cfg.anchor_token_id is not None:
+        anchor, source = cfg.anchor_token_id, "PrefillingConfig.anchor_token_id"
+    elif tokenizer is not None and tokenizer.bos_token_id is not None:
+        anchor, source = int(tokenizer.bos_token_id), "tokenizer"
+    elif model_config.bos_token_id is not None:
+        anchor, source = int(model_config.bos_token_id), "config"
+    else:
+        raise ValueError(
+            "the model defines no BOS token id (tokenizer, config.json, generation_config.json); chunks need an "
+            "anchor: pass PrefillingConfig(anchor_token_id=...)"
+        )
+    if not 0 <= anchor < model_config.vocab_size or anchor == model_config.mask_token_id:
+        raise ValueError(f"anchor token id {anchor} ({source}) is outside the vocabulary or is the mask token")
+    return anchor, source

@@ -15,11 +15,10 @@ import triton_kernels
 from dllm.devices import same_device
 from dllm.kv_cache import StaticKVCache
 from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, encode_segment
-from dllm.prefilling.config import PrefillingConfig
+from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import draft_pseudo_labels, score_chunks
-from dllm.rope import rotate_keys
 
 
 class PrefillingPolicy:
@@ -65,13 +64,12 @@ def _check_parts(model, parts: PromptParts) -> PromptParts:
     return parts
 
 
-def _parts_from_ids(model, input_ids, cfg: PrefillingConfig) -> PromptParts:
+def _parts_from_ids(model, input_ids, cfg: PrefillingConfig, bos: int) -> PromptParts:
     """Documented fallback when only ``input_ids`` are given: BOS (if first) = prefix, the last
     ``query_window`` (default 64) tokens = query, the rest = context."""
     ids = input_ids[0] if input_ids.dim() == 2 else input_ids
     if input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise ValueError("prefilling decodes one prompt at a time (batch size 1)")
-    bos = model.config.bos_token_id
     n_pre = 1 if bos is not None and ids.numel() and int(ids[0]) == bos else 0
     w = cfg.query_window or 64
     if ids.numel() - n_pre <= w:
@@ -125,8 +123,7 @@ def _independent_cache(model, parts, chunks: ChunkCache, kept, prefix_kv, scores
     starts, q_start = chunk_offsets(cfg.position_mode, parts.prefix.numel(), kept, sizes, cfg.chunk_size)
     idx = torch.tensor(kept, device=chunks.lens.device)
     delta = torch.tensor(starts, device=idx.device)[:, None]  # the BOS anchor was cached at local position 0
-    theta = model.config.rope_theta
-    k_layers = [rotate_keys(k.index_select(0, idx), delta, theta) for k in chunks.k]
+    k_layers = [model.rope.rotate_keys(k.index_select(0, idx), delta) for k in chunks.k]  # RoPE variant's inv_freq
     v_layers = [v.index_select(0, idx) for v in chunks.v]
     tok = None
     if scores is not None and scores.token_scores is not None:
@@ -194,31 +191,30 @@ def build_prefilling_policy(
         model: the dLLM.
         input_ids: used only when ``prompt`` is None (fallback split, see :func:`_parts_from_ids`).
         prompt: :class:`PromptParts` (prefix, context, query token ids).
-        cfg: :class:`PrefillingConfig` (None = defaults).
+        cfg: :class:`PrefillingConfig` (None = the checkpoint's ``prefilling_config.json``, else the
+            paper's defaults: :meth:`PrefillingConfig.from_pretrained`).
         timer: the generation's PhaseTimer (phases ``prefill`` and ``scoring``).
         gen_length: response length (joint mode encodes the initial masks with the prompt).
 
     Returns:
         (policy, batch size 1, stats extra dict: selected_chunks, chunk_scores, num_chunks,
         s_I / s_P / s_C of the kept chunks (each only when it was computed), pseudo_labels,
-        cached_tokens).
+        cached_tokens, anchor_token_id and its anchor_source, see :func:`resolve_anchor_token_id`).
 
     Raises:
         ValueError / TypeError: bad prompt parts (empty context or query, mask id, device),
             ``top_k`` larger than the number of chunks (raised before the chunked prefill).
     """
-    cfg = cfg or PrefillingConfig()
+    cfg = cfg or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None))
     if not isinstance(cfg, PrefillingConfig):
         raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
+    bos, anchor_source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
     if prompt is None:
         if input_ids is None:
             raise ValueError("method='prefilling' needs prompt=PromptParts(...) or input_ids")
-        prompt = _parts_from_ids(model, input_ids, cfg)
+        prompt = _parts_from_ids(model, input_ids, cfg, bos)
     parts = _check_parts(model, prompt)
     c = model.config
-    bos = c.bos_token_id if c.bos_token_id is not None else (model.tokenizer.bos_token_id if model.tokenizer else None)
-    if bos is None:
-        raise ValueError("the model defines no BOS token id; chunks need a BOS anchor")
     pad = c.pad_token_id if c.pad_token_id is not None else bos
     n_chunks = len(cut_chunks(parts.context.numel(), cfg.chunk_size))
     k = n_chunks if cfg.top_k is None else cfg.top_k
@@ -240,7 +236,7 @@ def build_prefilling_policy(
             nfe += 1
     need_select = k < n_chunks
     need_tokens = cfg.token_budget is not None and cfg.cache_mode == "independent"
-    extra = {"num_chunks": n_chunks}
+    extra = {"num_chunks": n_chunks, "anchor_token_id": bos, "anchor_source": anchor_source}
     with timer.phase("scoring"):
         scores = None
         if need_select or need_tokens:

@@ -1,4 +1,10 @@
-"""The three parts of a long-context prompt: prefix template, context, query."""
+"""The three parts of a long-context prompt: prefix template, context, query.
+
+Instruct checkpoints (``apply_chat_template=True``, CLI ``--chat``): the prompt text, context
+slot included, becomes the user turn of the tokenizer's own chat template (assistant turn
+opened); the rendered text is cut at the slot, so the system/user header is the prefix, the
+context alone is chunked, and the rest of the user turn plus the assistant header is the query.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +35,51 @@ class PromptParts:
         return torch.cat([self.prefix, self.context, self.query])
 
 
-def split_prompt(model, template: str, *, context: str | None = None, query_window: int | None = None) -> PromptParts:
+CONTEXT_SLOT = "{context}"
+
+
+def render_chat(model, user_message: str, *, system: str | None = None) -> str:
+    """``user_message`` as one user turn of the tokenizer's chat template, the assistant turn opened.
+
+    Args:
+        model: a dLLM with a tokenizer that has a ``chat_template`` (e.g. Dream-v0-Instruct's).
+        user_message: the user's text (may hold the ``{context}`` slot; Jinja leaves message text alone).
+        system: optional system message (default: whatever the template uses, e.g. Qwen2's
+            "You are a helpful assistant.").
+
+    Returns:
+        The rendered prompt text (special tokens as text; encode it without adding any).
+
+    Raises:
+        ValueError: no tokenizer, or a tokenizer without a chat template.
+    """
+    tok = model.tokenizer
+    if tok is None:
+        raise ValueError(f"model {model.model_dir!r} has no tokenizer: cannot apply a chat template")
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(
+            f"the tokenizer of {model.model_dir!r} has no chat template (a base model?): "
+            "drop apply_chat_template / --chat"
+        )
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_message}]
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def split_prompt(
+    model,
+    template: str,
+    *,
+    context: str | None = None,
+    query_window: int | None = None,
+    apply_chat_template: bool = False,
+    system: str | None = None,
+) -> PromptParts:
     """Split a prompt text into :class:`PromptParts` with the model's tokenizer.
+
+    With ``apply_chat_template=True`` (instruct checkpoints) ``template`` is the user message: it is
+    wrapped by :func:`render_chat` (with ``system``) and then cut at its ``{context}`` slot as in rule 1;
+    the chat template decides the leading special tokens (no BOS is added), and ``context`` and a slot
+    are required.
 
     Rules, in order:
       1. ``context`` given: ``template`` must hold one ``{context}`` slot; the text before it is
@@ -40,9 +89,22 @@ def split_prompt(model, template: str, *, context: str | None = None, query_wind
          prompt are the query, everything before them the context, and the prefix is BOS only.
 
     Raises:
-        ValueError: several slots, a slot without context, empty context or query.
+        ValueError: several slots, a slot without context, empty context or query; with
+            ``apply_chat_template``: no slot or context, or no chat template.
     """
-    n_slots = template.count("{context}")
+    n_slots = template.count(CONTEXT_SLOT)
+    if apply_chat_template:
+        if n_slots != 1 or context is None:
+            raise ValueError(
+                "apply_chat_template needs a context and one {context} slot in the prompt (the context goes "
+                "inside the user turn and is the only part that is chunked)"
+            )
+        rendered = render_chat(model, template, system=system)
+        if rendered.count(CONTEXT_SLOT) != 1:
+            raise ValueError("the chat template dropped or repeated the {context} slot of the user message")
+        before, after = rendered.split(CONTEXT_SLOT)
+        parts = PromptParts(encode_text(model, before), encode_text(model, context), encode_text(model, after))
+        return _checked(parts)
     if n_slots > 1:
         raise ValueError("the prompt template holds more than one {context} slot")
     if context is not None:
@@ -61,6 +123,10 @@ def split_prompt(model, template: str, *, context: str | None = None, query_wind
             raise ValueError(f"prompt of {ids.numel()} tokens is too short to split off a {w}-token query")
         bos = encode_text(model, "", bos=True)
         parts = PromptParts(bos, ids[:-w], ids[-w:])
+    return _checked(parts)
+
+
+def _checked(parts: PromptParts) -> PromptParts:
     if parts.context.numel() == 0:
         raise ValueError("the context is empty")
     if parts.query.numel() == 0:

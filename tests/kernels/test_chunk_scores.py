@@ -152,3 +152,131 @@ def test_row_mass_without_extra_keys_is_zero():
     assert torch.all(chunk_row_mass(q, k, None, None, backend="triton") == 0)
     assert torch.all(chunk_row_mass(q, k, None, k[:, :0], backend="triton") == 0)
     assert torch.all(R.chunk_row_mass(q, k, None, None) == 0)
+
+
+# ============================================================================ mass direction, by value
+# Closed-form cases whose masses differ by direction (issue 19): the mass a chunk key *receives*
+# (a column sum of the softmax matrix) is not the mass a row *sends* (every softmax row sums to 1),
+# so a row/column mix-up changes the values, not only the shape. The sizes make such mix-ups
+# shape-compatible: M * G = 96 query rows, so the kernels' query tile (BLOCK_M = 64) is as wide as their
+# key tile (BLOCK_N = 64); M = T + E for the received mass (a query row is as long as a key column) and
+# T = E for the sent mass (a chunk row's extra part is as long as a column of extra keys).
+# Expected values are the softmax written out by hand for logits that take two or three known values.
+# Self-contained section: its own imports and helpers.
+import math  # noqa: E402, F811
+
+import pytest  # noqa: E402, F811
+import torch  # noqa: E402, F811
+
+import triton_kernels  # noqa: E402
+
+DIR_N, DIR_HKV, DIR_G, DIR_D = 2, 2, 2, 16
+DIR_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+HUB_ROW_LOGIT = 3.0  # sm_scale = 1: q.k is the logit
+
+
+def _dir_logit(h: int) -> float:
+    """Logit a_h (b_h) of query head h on its target keys: unequal heads, so that a wrong GQA grouping shows."""
+    return 1.0 + 0.5 * h
+
+
+def _dir_axis(i: int) -> torch.Tensor:
+    e = torch.zeros(DIR_D)
+    e[i] = 1.0
+    return e
+
+
+def _dir_hub(n: int, kv: int) -> int:
+    """The one chunk key of (chunk n, KV head kv) that every pointing query looks at."""
+    return 3 + 5 * n + 11 * kv
+
+
+def _dir_keys(t: int, e: int):
+    """Chunk keys ``[N, t, Hkv, D]``: e0 at the hub of each (chunk, KV head), e1 elsewhere; extra keys
+    ``[N, e, Hkv, D]``: e2."""
+    k = _dir_axis(1).repeat(DIR_N, t, DIR_HKV, 1)
+    for n in range(DIR_N):
+        for kv in range(DIR_HKV):
+            k[n, _dir_hub(n, kv), kv] = _dir_axis(0)
+    return k, _dir_axis(2).repeat(DIR_N, e, DIR_HKV, 1)
+
+
+def _dir_lens(use_lens: bool, t: int):
+    return torch.tensor([t, 25], dtype=torch.int32) if use_lens else None
+
+
+def _dir_dev(x):
+    return None if x is None else x.to(DIR_DEVICE)
+
+
+def _dir_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert got.shape == want.shape, (tuple(got.shape), tuple(want.shape))
+    return (got.double().cpu() - want).abs().max().item()
+
+
+@pytest.mark.parametrize("use_lens", [False, True], ids=["full", "ragged"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_received_mass_is_a_column_sum_by_value(backend, use_lens):
+    """Queries m < M/2 of query head h put logit a_h on their KV head's hub key and 0 on every other
+    key; the rest (q = 0) attend uniformly. Over L = lens + E keys, with Z_h = e^(a_h) + L - 1, every
+    key receives M/2 / L per head from the uniform rows and M/2 / Z_h (the hub: M/2 e^(a_h) / Z_h) from
+    the pointing ones, summed over the G heads h = kv G .. kv G + G - 1 of its KV head."""
+    t, e, m = 32, 16, 48
+    k, k_extra = _dir_keys(t, e)
+    q = torch.zeros(DIR_N, m, DIR_HKV * DIR_G, DIR_D)
+    for h in range(DIR_HKV * DIR_G):
+        q[:, : m // 2, h] = _dir_logit(h) * _dir_axis(0)
+    lens = _dir_lens(use_lens, t)
+    mass, extra, lse = triton_kernels.chunk_attention_scores(
+        _dir_dev(q), _dir_dev(k), _dir_dev(lens), _dir_dev(k_extra), sm_scale=1.0, backend=backend
+    )
+    half = m // 2
+    want = torch.zeros(DIR_N, DIR_HKV, t, dtype=torch.float64)
+    want_extra = torch.zeros(DIR_N, DIR_HKV, e, dtype=torch.float64)
+    want_lse = torch.zeros(DIR_N, m, DIR_HKV * DIR_G, dtype=torch.float64)
+    for n in range(DIR_N):
+        ln = t if lens is None else int(lens[n])
+        n_keys = ln + e
+        for h in range(DIR_HKV * DIR_G):
+            kv, ea = h // DIR_G, math.exp(_dir_logit(h))
+            z = ea + n_keys - 1
+            want[n, kv, :ln] += half / n_keys + half / z
+            want[n, kv, _dir_hub(n, kv)] += half * (ea - 1) / z  # the hub's share above the others'
+            want_extra[n, kv] += half / n_keys + half / z
+            want_lse[n, :half, h] = math.log(z)
+            want_lse[n, half:, h] = math.log(n_keys)
+    err = _dir_err(mass, want)
+    assert err < 1e-4, f"received mass off by {err:.3e}"
+    assert _dir_err(extra, want_extra) < 1e-4
+    assert _dir_err(lse, want_lse) < 1e-5
+    # the directions differ: the hub receives over twice what other keys do, while every row sends 1 per head
+    assert want[0, 0, _dir_hub(0, 0)] > 2 * want[0, 0, 0]
+
+
+@pytest.mark.parametrize("use_lens", [False, True], ids=["full", "ragged"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sent_mass_is_a_row_sum_by_value(backend, use_lens):
+    """Chunk rows t % 3 == 0 of query head h put logit b_h on each of the E extra keys (0 on the chunk
+    keys): they send E e^(b_h) / (E e^(b_h) + lens) to the extra keys; the other rows put logit c on their
+    hub key and send E / (e^c + lens - 1 + E). Summed over the G heads of each KV head; 0 beyond lens."""
+    t = e = 48
+    k, k_extra = _dir_keys(t, e)
+    q = (HUB_ROW_LOGIT * _dir_axis(0)).repeat(DIR_N, t, DIR_HKV * DIR_G, 1)
+    for h in range(DIR_HKV * DIR_G):
+        q[:, ::3, h] = _dir_logit(h) * _dir_axis(2)
+    lens = _dir_lens(use_lens, t)
+    args = (_dir_dev(q), _dir_dev(k), _dir_dev(lens), _dir_dev(k_extra))
+    out = triton_kernels.chunk_row_mass(*args, sm_scale=1.0, backend=backend)
+    ec = math.exp(HUB_ROW_LOGIT)
+    want = torch.zeros(DIR_N, DIR_HKV, t, dtype=torch.float64)
+    for n in range(DIR_N):
+        ln = t if lens is None else int(lens[n])
+        for h in range(DIR_HKV * DIR_G):
+            kv, eb = h // DIR_G, math.exp(_dir_logit(h))
+            assert _dir_hub(n, kv) < ln  # every row's hub is a valid key
+            for row in range(ln):
+                want[n, kv, row] += e * eb / (e * eb + ln) if row % 3 == 0 else e / (ec + ln - 1 + e)
+    err = _dir_err(out, want)
+    assert err < 1e-5, f"sent mass off by {err:.3e}"
+    # the directions differ: rows send unequal amounts, while by symmetry every extra key receives the same
+    assert want[0, 0, 0] > 1.5 * want[0, 0, 1]

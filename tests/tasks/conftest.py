@@ -3,37 +3,20 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-
-def find_qwen_tokenizer() -> Path | None:
-    """The Dream (Qwen2) tokenizer folder: ``shared/reference/dream-v0-7b/tokenizer``
-    in a ``shared/`` folder beside the repository root or any folder above this
-    file (``/work/shared`` for developers, ``../shared`` in CI)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        cand = parent / "shared" / "reference" / "dream-v0-7b" / "tokenizer"
-        if cand.is_dir():
-            return cand
-        cand = parent.parent / "shared" / "reference" / "dream-v0-7b" / "tokenizer"
-        if cand.is_dir():
-            return cand
-    return None
+from tests.tiny_checkpoints import reference_file
 
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    path = find_qwen_tokenizer()
-    if path is None:
-        pytest.skip(
-            "Dream/Qwen2 tokenizer not found (expected shared/reference/dream-v0-7b/tokenizer "
-            "in a shared/ folder beside the repository)"
-        )
-    transformers = pytest.importorskip("transformers")
+    """The real Dream (Qwen2) tokenizer, vendored under tests/data/reference (skips if absent)."""
+    path = reference_file("dream-v0-7b", "tokenizer", "vocab.json")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return transformers.AutoTokenizer.from_pretrained(str(path))
+    from dllm.loader import load_tokenizer
+
+    return load_tokenizer(os.path.dirname(path))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,97 @@
+"""Model-specific prefilling defaults: ``prefilling_config.json`` in a checkpoint, overridden by arguments and flags."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import dllm
+from bench.demo import TINY_PREFILLING
+from dllm.cli import main
+from dllm.prefilling import PrefillingConfig, PromptParts
+from dllm.prefilling.config import CONFIG_NAME
+
+PAPER = PrefillingConfig(chunk_size=1024, top_k=4, score_terms=("self_info", "pseudo_label"))
+
+
+@pytest.mark.compat
+def test_bundled_file_holds_the_demo_configuration():
+    assert PrefillingConfig.from_pretrained(dllm.default_model_dir()) == TINY_PREFILLING
+
+
+def test_no_file_gives_the_papers_defaults(tmp_path):
+    assert PrefillingConfig.from_pretrained(str(tmp_path)) == PAPER == PrefillingConfig()
+    assert PrefillingConfig.from_pretrained(None) == PAPER
+
+
+def test_overrides_win_and_none_falls_through(tmp_path):
+    (tmp_path / CONFIG_NAME).write_text(json.dumps({"chunk_size": 64, "top_k": 2, "score_terms": ["self_info"]}))
+    cfg = PrefillingConfig.from_pretrained(str(tmp_path), top_k=3, token_budget=None, position_mode="reuse")
+    assert (cfg.chunk_size, cfg.top_k, cfg.score_terms, cfg.position_mode) == (64, 3, ("self_info",), "reuse")
+    assert cfg.token_budget is None and cfg.draft_tokens == PAPER.draft_tokens
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("{not json", "not valid JSON"),
+        ('["chunk_size"]', "must hold a JSON object"),
+        ('{"chunk_sizes": 64}', r"unknown field\(s\) \['chunk_sizes'\]"),
+        ('{"chunk_size": 0}', "chunk_size"),
+        ('{"token_budget": 99, "chunk_size": 8}', "token_budget"),
+    ],
+)
+def test_bad_files_name_the_file(tmp_path, content, match):
+    (tmp_path / CONFIG_NAME).write_text(content)
+    with pytest.raises(ValueError, match=match) as e:
+        PrefillingConfig.from_pretrained(str(tmp_path))
+    assert CONFIG_NAME in str(e.value)
+
+
+def test_save_pretrained_round_trip(tmp_path):
+    cfg = PrefillingConfig(chunk_size=128, top_k=2, token_budget=64, score_terms=("draft_contrast",))
+    path = cfg.save_pretrained(str(tmp_path))
+    assert json.loads(open(path).read()) == {
+        "chunk_size": 128,
+        "top_k": 2,
+        "token_budget": 64,
+        "score_terms": ["draft_contrast"],
+    }
+    assert PrefillingConfig.from_pretrained(str(tmp_path)) == cfg
+
+
+def _context_parts(model, n_ctx, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda n: torch.randint(5, 99, (n,), generator=g)
+    return PromptParts(torch.tensor([1]), rnd(n_ctx), rnd(6))
+
+
+@pytest.mark.compat
+def test_generate_without_prefilling_uses_the_checkpoints_file(tmp_path):
+    """The bundled model needs no prefilling arguments: C=256 and K=4 come from its file. A copy without
+    the file falls back to the paper's C=1024."""
+    tiny = dllm.load_model(device="cpu")
+    parts = _context_parts(tiny, 1100)
+    res = dllm.generate(tiny, method="prefilling", prompt=parts, gen_length=4, steps=2)
+    assert res.stats.extra["num_chunks"] == 5 and len(res.stats.extra["selected_chunks"]) == 4  # ceil(1100/256)
+    bare = tmp_path / "bare"
+    shutil.copytree(dllm.default_model_dir(), bare)
+    (bare / CONFIG_NAME).unlink()
+    plain = dllm.load_model(str(bare), device="cpu")
+    res = dllm.generate(plain, method="prefilling", prompt=parts, prefilling=PrefillingConfig(top_k=1), gen_length=2)
+    assert res.stats.extra["num_chunks"] == 2  # ceil(1100/1024)
+
+
+def test_cli_flags_override_the_file(tmp_path, capsys):
+    prompt, context = tmp_path / "p.txt", tmp_path / "c.txt"
+    prompt.write_text("Find the key.\n\n{context}\n\nThe key is ")
+    context.write_text("x" * 1100)
+    base = ["generate", "--prompt-file", str(prompt), "--context-file", str(context), "--method", "prefilling"]
+    base += ["--gen-length", "4", "--steps", "2"]
+    assert main(base) == 0
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["num_chunks"] == 5 and len(stats["selected_chunks"]) == 4  # the bundled file: C=256, K=4
+    assert main([*base, "--chunk-size", "512", "--top-k", "1"]) == 0
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["num_chunks"] == 3 and len(stats["selected_chunks"]) == 1
