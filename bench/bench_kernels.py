@@ -1,34 +1,36 @@
-"""Kernel microbenchmarks: split_s_attention, chunk_attention_scores, topb_gather vs torch baselines.
+"""Kernel microbenchmarks: every op of ``triton_kernels`` against the strongest torch baselines we know.
 
-    python -m bench.bench_kernels --out DIR [--device cuda|cpu] [--budget-s 240] [--full]
+    python -m bench.bench_kernels --out DIR [--device cuda|cpu] [--budget-s 240] [--no-flex]
 
-On a GPU (bf16, Dream-7B heads 28/4 and LLaDA-8B heads 32/32, D = 128):
+Cases come from the registry ``bench/kernel_cases.py`` (``gpu`` cases in bf16 on a GPU,
+``cpu`` cases in fp32 elsewhere), in priority order: the time budget cuts from the end.
+Per op, side by side in one run, after a warm-up:
 
-* ``split_s_attention`` (Triton) against
-  - ``flex_compiled``: vanilla ``torch.compile(flex_attention)`` with a cached
-    ``BlockMask`` over the same keys laid out as a padded pool (the K slots
-    flattened, the live block appended; built once, outside the timing);
+* ``split_s_attention``: ours (Triton on a GPU; on CPU the torch reference, which is what
+  CPU tensors dispatch to) against
+  - ``flex_compiled``: vanilla ``torch.compile(flex_attention)`` over the segments laid out
+    as a padded pool plus the live block, with a cached ``BlockMask`` (built untimed);
+  - ``flex_gqa_pad8`` (GPU, when G is not a power of two, e.g. Dream's 7): the same with each
+    KV head's query group zero-padded to 8 heads, so FlexAttention can take its decoding
+    kernel (power-of-two groups only); the pad and the un-pad are timed;
   - ``sdpa_pregathered``: ``scaled_dot_product_attention`` (``enable_gqa``) over a
-    contiguous copy of the selected keys + live keys (gather time excluded);
-  - ``sdpa_gather_included``: the same with the gather (advanced indexing + ``cat``) timed.
-* ``chunk_attention_scores`` (Triton) against a vectorised torch version that
-  materialises the ``[N, Hq, M, T + E]`` probabilities.
-* ``topb_gather`` (Triton gather) against torch selection + ``torch.gather``.
+    contiguous copy of the selected keys + live keys (gather untimed);
+  - ``sdpa_gather_included``: the same with the gather (indexing + ``cat``) timed.
+* ``merge_states``: ours against the torch reference and a plain ``torch.logsumexp`` merge.
+* ``chunk_attention_scores`` / ``chunk_row_mass``: ours against vectorised torch that
+  materialises the probabilities.
+* ``topb_gather``: ours against torch selection + ``torch.gather``.
 
-Timing: ``triton.testing.do_bench`` (median, 20th/80th percentiles). Every
-method's output is checked against the fp32 torch reference *before* it is
-timed (tolerance: 2 x the error of plain torch attention in the same dtype +
-a floor); a method whose check fails is still timed but gets no speedup.
-Reported: latency, achieved GB/s (bytes of Q, valid K/V read + outputs
-written, i.e. useful bytes) and TFLOP/s (4 * M * Hq * keys * D for attention).
+Every method's output is checked before it is timed, with the rule of
+:mod:`triton_kernels.testing` (error <= 2 x plain torch's error in the same dtype + a
+floor; top-B: exact). A method that fails its check is timed but ranks nowhere. Each row
+reports the median latency (``triton.testing.do_bench`` on a GPU), achieved GB/s and
+TFLOP/s of the op's minimal work (``bench/roofline.py``), on a GPU the percentage of the
+H200 lower bound, and ``speedup_vs_best``: the fastest passing baseline's time over ours
+(> 1: we are faster), naming that baseline.
 
-On CPU (no Triton compile; the interpreter is not a performance path) the same
-comparison runs between the torch paths at small fp32 shapes: the reference
-(``triton_kernels.reference``, what CPU tensors dispatch to), compiled
-FlexAttention on CPU, and SDPA; rows are labelled ``CPU``.
-
-Writes ``DIR/bench_kernels_{gpu,cpu}.csv`` (provenance columns on every row)
-and prints a summary table with ratios.
+Writes ``DIR/bench_kernels_{gpu,cpu}.csv`` (provenance columns on every row) and prints a
+summary table.
 """
 
 from __future__ import annotations
@@ -46,12 +48,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench import roofline
+from bench.kernel_cases import HEAD_DIM, Case, cases, make_inputs
 from bench.provenance import provenance, write_csv
 from triton_kernels import reference as R
-
-MODELS = {"dream7b": (28, 4), "llada8b": (32, 32)}  # (Hq, Hkv)
-FLOORS = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 4e-3}
-
+from triton_kernels.testing import check_rule, lowp_attention
 
 # ----------------------------------------------------------------------------- timing
 
@@ -74,21 +75,6 @@ def time_fn(fn, device: torch.device, rep_ms: int = 100) -> dict:
     return {"median_ms": statistics.median(times), "p20_ms": qs[0], "p80_ms": qs[-1]}
 
 
-def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    if torch.isnan(a).any() or torch.isnan(b).any():
-        return float("inf")
-    return float((a - b).abs().max()) if a.numel() else 0.0
-
-
-def lowp_attention(q, k, v, scale, dtype):
-    """Plain torch attention computed in ``dtype`` (the error budget). q [M,Hq,D], k/v [L,Hkv,D]."""
-    g = q.shape[1] // k.shape[1]
-    s = torch.einsum("mhd,lhd->hml", q.to(dtype), k.to(dtype).repeat_interleave(g, 1)) * scale
-    p = torch.softmax(s.float(), -1).to(dtype)
-    return torch.einsum("hml,lhd->mhd", p, v.to(dtype).repeat_interleave(g, 1)).float()
-
-
 @contextlib.contextmanager
 def _env(key: str, value: str):
     old = os.environ.get(key)
@@ -106,43 +92,62 @@ def _env(key: str, value: str):
 class Method:
     name: str
     fn: object  # () -> output tensor (or tuple whose [0] is compared)
-    compare: bool = True
+    ours: bool = False
     check: str | None = None  # a verdict decided by the caller (exact comparisons)
 
 
-def run_methods(case: dict, methods: list[Method], ref, budget_err: float, dtype, device, anchor: str) -> list[dict]:
-    """Check then time every method; speedups relative to ``anchor`` (only between passing checks)."""
+@dataclass
+class Bench:
+    """What one case needs: the methods, the fp32 reference and plain torch's low-precision output."""
+
+    methods: list
+    ref: torch.Tensor | None  # None: every method carries its own (exact) verdict
+    lowp: torch.Tensor | None
+
+
+def run_case(case: Case, bench: Bench, dtype, device) -> list[dict]:
+    """Check then time every method; rank the baselines; speedup of ours over the fastest."""
+    c = roofline.cost(case, torch.tensor([], dtype=dtype).element_size())
+    bound_us, limiter = roofline.bound_us(c)
+    base = dict(
+        op=case.op, case=case.name, model=case.model, dtype=str(dtype).replace("torch.", ""),
+        bytes=int(c.bytes), mma_flops=int(c.mma_flops), exps=int(c.exps),
+        h200_bound_us=f"{bound_us:.2f}", h200_limit=limiter,
+    )  # fmt: skip
     rows = []
-    floor = FLOORS[dtype]
-    for m in methods:
-        row = dict(case, method=m.name)
+    for m in bench.methods:
+        row = dict(base, method=m.name, ours=int(m.ours))
         try:
             out = m.fn()
             out = out[0] if isinstance(out, (tuple, list)) else out
             if m.check is not None:
                 row.update(check=m.check)
-            elif m.compare and ref is not None:
-                err = max_err(out, ref)
-                tol = 2 * budget_err + floor
-                row.update(max_err=f"{err:.3e}", tol=f"{tol:.3e}", check="ok" if err <= tol else "FAIL")
             else:
-                row.update(check="exact" if ref is None else "n/a")
+                ok, err, tol = check_rule(out, bench.ref, bench.lowp, dtype)
+                row.update(max_err=f"{err:.3e}", tol=f"{tol:.3e}", check="ok" if ok else "FAIL")
             # Timed without the per-call value checks (one host sync each): they ran just above.
             with _env("PREFILLING_DLLM_CHECK_VALUES", "0"):
                 row.update(time_fn(m.fn, device))
         except Exception as exc:  # a baseline that cannot run here is reported, not fatal
             row.update(check="ERROR", note=f"{type(exc).__name__}: {str(exc)[:160]}")
         rows.append(row)
-    good = ("ok", "exact", "n/a")
-    base = next((r for r in rows if r["method"] == anchor and r.get("check") in good), None)
-    base_ms = base["median_ms"] if base is not None else None
+    good = ("ok", "exact")
+    ours = next((r for r in rows if r["ours"] and r.get("check") in good and "median_ms" in r), None)
+    rivals = [r for r in rows if not r["ours"] and r.get("check") in good and "median_ms" in r]
+    best = min(rivals, key=lambda r: r["median_ms"], default=None)
     for r in rows:
         t = r.get("median_ms")
-        if t:
-            r["gbps"] = f"{case['bytes'] / (t * 1e-3) / 1e9:.1f}"
-            r["tflops"] = f"{case['flops'] / (t * 1e-3) / 1e12:.3f}"
-        if base_ms and t and r.get("check") in good:
-            r[f"time_over_{anchor}"] = f"{t / base_ms:.2f}"  # > 1: the anchor is faster
+        if not t:
+            continue
+        r["gbps"] = f"{c.bytes / (t * 1e-3) / 1e9:.1f}"
+        r["tflops"] = f"{(c.mma_flops + c.simt_flops) / (t * 1e-3) / 1e12:.3f}"
+        if device.type == "cuda":
+            r["pct_of_h200_bound"] = f"{100 * bound_us / (t * 1e3):.1f}"
+        if ours is not None and not r["ours"]:
+            r["time_over_ours"] = f"{t / ours['median_ms']:.2f}"
+    if ours is not None and best is not None:
+        ours["speedup_vs_best"] = f"{best['median_ms'] / ours['median_ms']:.2f}"
+        ours["best_baseline"] = best["method"]
     for r in rows:
         for k in ("median_ms", "p20_ms", "p80_ms"):
             if k in r:
@@ -153,65 +158,52 @@ def run_methods(case: dict, methods: list[Method], ref, budget_err: float, dtype
 # ----------------------------------------------------------------------------- split-S
 
 
-def bench_split_s(model, k_segs, seg_len, m, dtype, device, flex_cache) -> list[dict]:
+def _flex(flex_cache):
+    """A fresh ``torch.compile(flex_attention)`` per case (the recompile limit never drops it to eager)."""
+    if flex_cache.get("fn") is None:
+        return None
+    torch._dynamo.reset()
+    return torch.compile(flex_cache["fn"], dynamic=False)
+
+
+def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
     import triton_kernels as tk
 
-    hq, hkv = MODELS[model]
-    d = 128
-    gen = torch.Generator().manual_seed(k_segs * 1000 + seg_len + m)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-    q = rnd(1, m, hq, d)
-    k_pool, v_pool = rnd(k_segs, seg_len, hkv, d), rnd(k_segs, seg_len, hkv, d)
-    k_live, v_live = rnd(1, m, hkv, d), rnd(1, m, hkv, d)
-    slots = torch.randperm(k_segs, generator=gen).to(device=device, dtype=torch.int32)[None]  # any slot order
-    lens = torch.full((1, k_segs), seg_len, dtype=torch.int32, device=device)
-    scale = 1 / math.sqrt(d)
-    n_keys = k_segs * seg_len + m
-    elt = q.element_size()
-    case = dict(
-        op="split_s_attention", model=model, dtype=str(dtype).replace("torch.", ""), B=1, M=m, Hq=hq, Hkv=hkv,
-        D=d, K=k_segs, L=seg_len, keys=n_keys,
-        bytes=(2 * m * hq * d + 2 * n_keys * hkv * d) * elt + m * hq * 4,
-        flops=4 * m * hq * n_keys * d,
-    )  # fmt: skip
-
-    # References: fp32 torch reference, and the error budget of plain torch in this dtype.
+    a = make_inputs(case, device, dtype)
+    q, k_pool, v_pool, slots, lens, k_live, v_live = (
+        a[x] for x in ("q", "k_pool", "v_pool", "seg_slots", "seg_lens", "k_live", "v_live")
+    )
+    hq, hkv = case.heads
+    g = hq // hkv
+    m = q.shape[1]
+    scale = 1 / math.sqrt(HEAD_DIM)
     args32 = [x.float() for x in (q, k_pool, v_pool)] + [slots, lens, k_live.float(), v_live.float()]
     ref, _ = R.split_s_attention(*args32, sm_scale=scale)
     sel = slots[0].long()
     k_cat = torch.cat([k_pool[sel].flatten(0, 1), k_live[0]])  # [keys, Hkv, D]
     v_cat = torch.cat([v_pool[sel].flatten(0, 1), v_live[0]])
-    budget = max_err(lowp_attention(q[0], k_cat, v_cat, scale, dtype)[None], ref)
+    lowp = lowp_attention(q[0], k_cat, v_cat, scale, dtype)[0][None]
     del args32
 
-    methods = []
     if device.type == "cuda":
-        methods.append(
-            Method(
-                "split_s_triton",
-                lambda: tk.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live, backend="triton"),
-            )
+        ours = Method(
+            "split_s_triton",
+            lambda: tk.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live, backend="triton"),
+            ours=True,
         )
     else:
-        methods.append(
-            Method("torch_reference", lambda: R.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live))
+        ours = Method(
+            "torch_reference", lambda: R.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live), ours=True
         )
+    methods = [ours]
 
-    # FlexAttention over the padded pool: [slot 0 | slot 1 | ... | live], mask by per-slot length.
-    # A fresh compile per shape (after a dynamo reset) so the recompile limit never drops it to eager.
-    flex = None
-    if flex_cache.get("fn") is not None:
-        torch._dynamo.reset()
-        flex = torch.compile(flex_cache["fn"], dynamic=False)
+    flex = _flex(flex_cache)
     if flex is not None:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        p_slots, t = k_segs, seg_len
+        p_slots, t = k_pool.shape[0], k_pool.shape[1]
         slot_len = torch.zeros(p_slots, dtype=torch.int32, device=device)
-        slot_len[slots[0].long()] = lens[0]
+        slot_len[sel] = lens[0]
         kf = torch.cat([k_pool.flatten(0, 1), k_live[0]]).transpose(0, 1)[None]  # [1, Hkv, P*T + M, D]
         vf = torch.cat([v_pool.flatten(0, 1), v_live[0]]).transpose(0, 1)[None]
         qf = q.transpose(1, 2)  # [1, Hq, M, D]
@@ -227,6 +219,17 @@ def bench_split_s(model, k_segs, seg_len, m, dtype, device, flex_cache) -> list[
                 lambda: flex(qf, kf, vf, block_mask=block_mask, scale=scale, enable_gqa=True).transpose(1, 2),
             )
         )
+        g8 = 1 << (g - 1).bit_length()
+        if device.type == "cuda" and g8 != g:
+
+            def flex_pad():
+                qp = q.new_zeros(1, m, hkv, g8, HEAD_DIM)
+                qp[:, :, :, :g] = q.view(1, m, hkv, g, HEAD_DIM)
+                o = flex(qp.view(1, m, hkv * g8, HEAD_DIM).transpose(1, 2), kf, vf, block_mask=block_mask,
+                         scale=scale, enable_gqa=True)  # fmt: skip
+                return o.transpose(1, 2).reshape(1, m, hkv, g8, HEAD_DIM)[:, :, :, :g].reshape(1, m, hq, HEAD_DIM)
+
+            methods.append(Method("flex_gqa_pad8", flex_pad))
 
     kc, vc = k_cat.transpose(0, 1)[None], v_cat.transpose(0, 1)[None]  # [1, Hkv, keys, D] (views)
     qt = q.transpose(1, 2)
@@ -240,8 +243,35 @@ def bench_split_s(model, k_segs, seg_len, m, dtype, device, flex_cache) -> list[
         return F.scaled_dot_product_attention(qt, kg, vg, scale=scale, enable_gqa=True).transpose(1, 2)
 
     methods += [Method("sdpa_pregathered", sdpa_pre), Method("sdpa_gather_included", sdpa_gather)]
-    anchor = "split_s_triton" if device.type == "cuda" else "torch_reference"
-    return run_methods(case, methods, ref, budget, dtype, device, anchor)
+    return Bench(methods, ref, lowp)
+
+
+# ----------------------------------------------------------------------------- merge
+
+
+def torch_logsumexp_merge(o, lse):
+    """The textbook merge: weights exp(lse_i - logsumexp(lse)) (no -inf / +inf care)."""
+    total = torch.logsumexp(lse.float(), 0)
+    w = torch.exp(lse.float() - total)[..., None]
+    return (w * o.float()).sum(0).to(o.dtype), total
+
+
+def merge_bench(case: Case, dtype, device) -> Bench:
+    import triton_kernels as tk
+
+    a = make_inputs(case, device, dtype)
+    o, lse = a["o"], a["lse"]
+    ref, _ = R.merge_states(o.float(), lse)
+    lowp, _ = R.merge_states(o, lse)  # the same math, rounded to the dtype
+    ours = (
+        Method("merge_triton", lambda: tk.merge_states(o, lse, backend="triton"), ours=True)
+        if device.type == "cuda"
+        else Method("torch_reference", lambda: R.merge_states(o, lse), ours=True)
+    )
+    methods = [ours, Method("torch_logsumexp", lambda: torch_logsumexp_merge(o, lse))]
+    if device.type == "cuda":
+        methods.append(Method("torch_reference", lambda: R.merge_states(o, lse)))
+    return Bench(methods, ref, lowp)
 
 
 # ----------------------------------------------------------------------------- chunk scores
@@ -261,36 +291,38 @@ def torch_chunk_scores(q, k, k_extra, scale):
     return per_kv[..., :t], per_kv[..., t:], lse.transpose(1, 2)
 
 
-def bench_chunk_scores(model, n, t, m, dtype, device) -> list[dict]:
+def torch_row_mass(q, k, k_extra, scale):
+    """Vectorised torch: materialises [N, Hq, T, T + E] probabilities; mass on the extra keys per KV head."""
+    n, t, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    keys = torch.cat([k, k_extra], 1).repeat_interleave(g, 2)  # [N, L, Hq, D]
+    p = torch.softmax(torch.einsum("nthd,nlhd->nhtl", q, keys).float() * scale, -1)
+    return p[..., t:].sum(-1).view(n, hkv, g, t).sum(2)  # [N, Hkv, T]
+
+
+def scores_bench(case: Case, dtype, device) -> Bench:
     import triton_kernels as tk
 
-    hq, hkv = MODELS[model]
-    d = 128
-    gen = torch.Generator().manual_seed(n + t + m)
-    q = torch.randn(n, m, hq, d, generator=gen).to(device=device, dtype=dtype)
-    k = torch.randn(n, t, hkv, d, generator=gen).to(device=device, dtype=dtype)
-    x = torch.randn(n, m, hkv, d, generator=gen).to(device=device, dtype=dtype)
-    scale = 1 / math.sqrt(d)
-    elt = q.element_size()
-    case = dict(
-        op="chunk_attention_scores", model=model, dtype=str(dtype).replace("torch.", ""), B=n, M=m, Hq=hq,
-        Hkv=hkv, D=d, K=n, L=t, keys=t + m,
-        bytes=(n * m * hq * d + n * (t + m) * hkv * d) * elt + 4 * (n * hkv * (t + m) + n * m * hq),
-        flops=2 * n * m * hq * (t + m) * d,  # one Q K^T (the kernel computes it twice)
-    )  # fmt: skip
-    ref = R.chunk_attention_scores(q.float(), k.float(), None, x.float(), sm_scale=scale)[0]
-    low = torch_chunk_scores(q, k, x, scale)[0]
-    budget = max_err(low, ref)
-    methods = []
-    if device.type == "cuda":
-        methods.append(
-            Method("chunk_scores_triton", lambda: tk.chunk_attention_scores(q, k, None, x, backend="triton"))
-        )
+    a = make_inputs(case, device, dtype)
+    q, k, x = a["q"], a["k"], a["k_extra"]
+    scale = 1 / math.sqrt(HEAD_DIM)
+    if case.op == "chunk_attention_scores":
+        ref = R.chunk_attention_scores(q.float(), k.float(), None, x.float(), sm_scale=scale)[0]
+        lowp = torch_chunk_scores(q, k, x, scale)[0]
+        name, ours_fn, rival = "chunk_scores", tk.chunk_attention_scores, torch_chunk_scores
+        ref_fn = R.chunk_attention_scores
     else:
-        methods.append(Method("torch_reference", lambda: R.chunk_attention_scores(q, k, None, x)))
-    methods.append(Method("torch_vectorised", lambda: torch_chunk_scores(q, k, x, scale)))
-    anchor = "chunk_scores_triton" if device.type == "cuda" else "torch_reference"
-    return run_methods(case, methods, ref, budget, dtype, device, anchor)
+        ref = R.chunk_row_mass(q.float(), k.float(), None, x.float(), sm_scale=scale)
+        lowp = torch_row_mass(q, k, x, scale)
+        name, ours_fn, rival = "row_mass", tk.chunk_row_mass, torch_row_mass
+        ref_fn = R.chunk_row_mass
+    ours = (
+        Method(f"{name}_triton", lambda: ours_fn(q, k, None, x, backend="triton"), ours=True)
+        if device.type == "cuda"
+        else Method("torch_reference", lambda: ref_fn(q, k, None, x), ours=True)
+    )
+    return Bench([ours, Method("torch_vectorised", lambda: rival(q, k, x, scale))], ref, lowp)
 
 
 # ----------------------------------------------------------------------------- top-b gather
@@ -304,84 +336,48 @@ def torch_topb(scores, k, v, b):
     return torch.gather(k, 1, gi), torch.gather(v, 1, gi), idx, kept
 
 
-def bench_topb(model, n, t, b, dtype, device) -> list[dict]:
+def topb_bench(case: Case, dtype, device) -> Bench:
     import triton_kernels as tk
 
-    _, hkv = MODELS[model]
-    d = 128
-    gen = torch.Generator().manual_seed(n + t + b)
-    scores = torch.rand(n, hkv, t, generator=gen).to(device)
-    k = torch.randn(n, t, hkv, d, generator=gen).to(device=device, dtype=dtype)
-    v = torch.randn(n, t, hkv, d, generator=gen).to(device=device, dtype=dtype)
-    elt = k.element_size()
-    case = dict(
-        op="topb_gather", model=model, dtype=str(dtype).replace("torch.", ""), B=n, M=b, Hq="", Hkv=hkv, D=d,
-        K=n, L=t, keys=b, bytes=4 * n * b * hkv * d * elt + n * hkv * t * 4, flops=0,
-    )  # fmt: skip
+    a = make_inputs(case, device, dtype)
+    scores, k, v, b = a["scores"], a["k"], a["v"], a["b"]
     ref = R.topb_gather(scores, k, v, b)
-    methods = []
-    if device.type == "cuda":
-        methods.append(Method("topb_triton", lambda: tk.topb_gather(scores, k, v, b, backend="triton"), compare=False))
-    else:
-        methods.append(Method("torch_reference", lambda: R.topb_gather(scores, k, v, b), compare=False))
-    methods.append(Method("torch_gather", lambda: torch_topb(scores, k, v, b), compare=False))
+    ours = (
+        Method("topb_triton", lambda: tk.topb_gather(scores, k, v, b, backend="triton"), ours=True)
+        if device.type == "cuda"
+        else Method("torch_reference", lambda: R.topb_gather(scores, k, v, b), ours=True)
+    )
+    methods = [ours, Method("torch_gather", lambda: torch_topb(scores, k, v, b))]
     for m in methods:  # exact check: same indices, same gathered rows
-        got = m.fn()
-        m.check = "exact" if all(torch.equal(a, r) for a, r in zip(got, ref, strict=True)) else "FAIL"
-    anchor = "topb_triton" if device.type == "cuda" else "torch_reference"
-    return run_methods(case, methods, None, 0.0, dtype, device, anchor)
+        m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(), ref, strict=True)) else "FAIL"
+    return Bench(methods, None, None)
+
+
+BENCHES = {
+    "split_s_attention": split_s_bench,
+    "merge_states": merge_bench,
+    "chunk_attention_scores": scores_bench,
+    "chunk_row_mass": scores_bench,
+    "topb_gather": topb_bench,
+}
 
 
 # ----------------------------------------------------------------------------- driver
 
 
-def plan(device: torch.device, full: bool):
-    """(kind, args) in priority order: the budget cuts from the end."""
-    if device.type == "cuda":
-        dt = torch.bfloat16
-        split = [
-            ("dream7b", 16, 1024, 32), ("dream7b", 64, 1024, 32), ("dream7b", 4, 1024, 32),
-            ("dream7b", 16, 1024, 288), ("dream7b", 64, 256, 64), ("llada8b", 16, 1024, 32),
-            ("llada8b", 64, 1024, 288), ("dream7b", 4, 256, 64), ("llada8b", 4, 1024, 64),
-        ]  # fmt: skip
-        if full:
-            split += [
-                (mdl, k, ln, m)
-                for mdl in MODELS
-                for k in (4, 16, 64)
-                for ln in (256, 1024)
-                for m in (32, 64, 288)
-                if (mdl, k, ln, m) not in split
-            ]
-        jobs = [("split_s", (*s, dt)) for s in split[:3]]
-        jobs += [("chunk_scores", ("dream7b", 16, 1024, 64, dt)), ("topb", ("dream7b", 64, 1024, 256, dt))]
-        jobs += [("split_s", (*s, dt)) for s in split[3:]]
-        jobs += [("chunk_scores", ("llada8b", 16, 1024, 64, dt)), ("topb", ("llada8b", 64, 1024, 256, dt))]
-        return jobs
-    dt = torch.float32
-    split = [
-        ("dream7b", 4, 256, 32),
-        ("dream7b", 16, 256, 32),
-        ("dream7b", 64, 256, 32),
-        ("dream7b", 4, 256, 64),
-        ("dream7b", 4, 256, 288),
-        ("llada8b", 4, 256, 32),
-    ]
-    jobs = [("split_s", (*s, dt)) for s in split]
-    jobs += [("chunk_scores", ("dream7b", 4, 256, 32, dt)), ("topb", ("dream7b", 16, 1024, 256, dt))]
-    return jobs
-
-
 def summarise(rows: list[dict], device: torch.device) -> str:
     label = "GPU" if device.type == "cuda" else "CPU"
-    cols = ["op", "model", "K", "L", "M", "method", "median_ms", "gbps", "tflops", "check"]
-    ratio_cols = sorted({k for r in rows for k in r if k.startswith("time_over_")})
-    cols += ratio_cols
+    cols = ["op", "case", "method", "median_ms", "gbps", "tflops"]
+    cols += ["pct_of_h200_bound"] if device.type == "cuda" else []
+    cols += ["check", "speedup_vs_best", "best_baseline", "time_over_ours"]
     widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in cols}
     lines = [f"[{label}] " + " ".join(c.ljust(widths[c]) for c in cols)]
     for r in rows:
         lines.append(f"[{label}] " + " ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
-    lines.append(f"[{label}] time_over_X = time of this method / time of X (> 1: X is faster); blank = check failed")
+    lines.append(
+        f"[{label}] speedup_vs_best = fastest passing baseline's time / ours (> 1: ours is faster); "
+        "time_over_ours = that method's time / ours; pct_of_h200_bound = H200 lower bound / latency (bench/roofline.py)"
+    )
     return "\n".join(lines)
 
 
@@ -390,8 +386,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output directory for the CSV")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new cases after this many s")
-    ap.add_argument("--full", action="store_true", help="GPU: the whole K x L x M grid (long)")
-    ap.add_argument("--no-flex", action="store_true", help="skip the FlexAttention baseline (no compile)")
+    ap.add_argument("--no-flex", action="store_true", help="skip the FlexAttention baselines (no compile)")
     ap.add_argument(
         "--threads",
         type=int,
@@ -401,7 +396,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("bench_kernels: --device cuda but no CUDA device", file=sys.stderr)
+        print("bench_kernels: error: --device cuda but no CUDA device", file=sys.stderr)
         return 2
     if device.type == "cpu":
         torch.set_num_threads(max(1, args.threads))
@@ -414,31 +409,30 @@ def main(argv=None) -> int:
         try:
             from torch.nn.attention.flex_attention import flex_attention
 
-            flex_cache["fn"] = flex_attention  # compiled per case in bench_split_s
+            flex_cache["fn"] = flex_attention  # compiled per case in split_s_bench
         except Exception as exc:  # pragma: no cover - older torch
             print(f"[bench_kernels] FlexAttention unavailable: {exc}", flush=True)
 
-    out = Path(args.out) / f"bench_kernels_{'gpu' if device.type == 'cuda' else 'cpu'}.csv"
+    gpu = device.type == "cuda"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    out = Path(args.out) / f"bench_kernels_{'gpu' if gpu else 'cpu'}.csv"
     rows: list[dict] = []
     t_start = time.time()
-    for kind, a in plan(device, args.full):
+    for case in cases("gpu" if gpu else "cpu"):
         if rows and time.time() - t_start > args.budget_s:  # the first case always runs
-            print(f"[bench_kernels] budget {args.budget_s:.0f}s reached: skipping {kind}{a[:-1]}", flush=True)
-            rows.append(dict(op=kind, model=a[0], check="SKIPPED", note=f"time budget; args={a[:-1]}"))
+            print(f"[bench_kernels] budget {args.budget_s:.0f}s reached: skipping {case.op} {case.name}", flush=True)
+            rows.append(dict(op=case.op, case=case.name, check="SKIPPED", note="time budget"))
             continue
         t0 = time.time()
-        if kind == "split_s":
-            new = bench_split_s(*a, device, flex_cache)
-        elif kind == "chunk_scores":
-            new = bench_chunk_scores(*a, device)
-        else:
-            new = bench_topb(*a, device)
+        make = BENCHES[case.op]
+        bench = make(case, dtype, device, flex_cache) if case.op == "split_s_attention" else make(case, dtype, device)
+        new = run_case(case, bench, dtype, device)
         for r in new:
-            r["device_label"] = "GPU" if device.type == "cuda" else "CPU"
+            r["device_label"] = "GPU" if gpu else "CPU"
         rows += new
-        print(f"[bench_kernels] {kind}{a[:-1]} done in {time.time() - t0:.1f}s", flush=True)
+        print(f"[bench_kernels] {case.op} {case.name} done in {time.time() - t0:.1f}s", flush=True)
         write_csv(out, rows, str(device))  # rewritten after every case: a killed run keeps its rows
-        if device.type == "cuda":
+        if gpu:
             torch.cuda.empty_cache()
 
     write_csv(out, rows, str(device))

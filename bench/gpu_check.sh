@@ -80,12 +80,14 @@ PY
 sed 's/^/    [env] /' "$OUT_DIR/env.txt"
 
 # Stage 1: kernel tests, compiled. addopts is overridden because pyproject's
-# --benchmark-disable needs pytest-benchmark, which the GPU image may lack.
+# --benchmark-disable needs pytest-benchmark, which the GPU image may lack. The AOT compile
+# gate (test_gpu_compile.py) is left to `make test`: here the kernels compile for the real GPU.
 stage tests "$TEST_TIMEOUT_S" "$OUT_DIR/tests.log" \
     "$PYTHON" -m pytest tests/kernels -q -o addopts="-ra" -p no:cacheprovider \
-    --junitxml="$OUT_DIR/tests.xml" --durations=15
+    --ignore=tests/kernels/test_gpu_compile.py --junitxml="$OUT_DIR/tests.xml" --durations=15
 
-# Stage 2: microbenchmarks (runs even if tests failed; it re-checks correctness itself).
+# Stage 2: microbenchmarks (runs even if tests failed; it re-checks correctness itself). On a GPU
+# each latency is also given as a percentage of the H200 lower bound of bench/roofline.py.
 stage bench "$BENCH_TIMEOUT_S" "$OUT_DIR/bench.log" \
     "$PYTHON" -m bench.bench_kernels --out "$OUT_DIR" --budget-s "$BENCH_BUDGET_S"
 

@@ -1,7 +1,10 @@
 """Fused ops for long-context dLLM inference (Prefilling-dLLM).
 
 Public API (DESIGN section 3): ``split_s_attention``, ``merge_states``,
-``chunk_attention_scores``, ``chunk_row_mass``, ``topb_gather``.
+``chunk_attention_scores``, ``chunk_row_mass``, ``topb_gather``; for a KV-cache
+owner, ``check_segment_table`` (validate once) and ``skip_value_checks`` (then skip
+the per-call checks). :mod:`triton_kernels.plan` holds the launch plans,
+:mod:`triton_kernels.testing` the accuracy oracle the tests and benchmarks share.
 
 Each op validates its inputs, then dispatches (see :mod:`triton_kernels._dispatch`):
 CUDA tensors -> Triton kernels, other devices -> the torch references of
@@ -13,7 +16,7 @@ CUDA tensors -> Triton kernels, other devices -> the torch references of
 from triton_kernels._dispatch import skip_value_checks
 from triton_kernels.chunk_scores import chunk_attention_scores, chunk_row_mass
 from triton_kernels.merge import merge_states
-from triton_kernels.split_s import split_s_attention
+from triton_kernels.split_s import check_segment_table, split_s_attention
 from triton_kernels.topb import topb_gather
 
 __all__ = [
@@ -22,5 +25,6 @@ __all__ = [
     "chunk_attention_scores",
     "chunk_row_mass",
     "topb_gather",
+    "check_segment_table",
     "skip_value_checks",
 ]

@@ -109,22 +109,38 @@ def _flags(*conds: torch.Tensor) -> list[bool]:
     return [bool(x) for x in torch.stack([c.reshape(()) for c in conds]).tolist()]
 
 
-def check_segment_table_values(op: str, seg_slots: torch.Tensor, seg_lens: torch.Tensor, p: int, t: int) -> None:
-    """seg_slots in [-1, P) and seg_lens in [0, T]."""
-    if seg_slots.numel() == 0:
-        return
-    slot_lo, slot_hi, len_lo, len_hi = _flags(
-        (seg_slots < -1).any(), (seg_slots >= p).any(), (seg_lens < 0).any(), (seg_lens > t).any()
-    )
-    if slot_lo or slot_hi:
+def check_segment_table_values(
+    op: str,
+    seg_slots: torch.Tensor,
+    seg_lens: torch.Tensor,
+    p: int,
+    t: int,
+    live_lens: torch.Tensor | None = None,
+    m: int = 0,
+) -> None:
+    """seg_slots in [-1, P), seg_lens in [0, T] and live_lens in [0, M], with one host sync."""
+    conds = []
+    if seg_slots.numel():
+        conds += [(seg_slots < -1).any(), (seg_slots >= p).any(), (seg_lens < 0).any(), (seg_lens > t).any()]
+    if live_lens is not None and live_lens.numel():
+        conds += [(live_lens < 0).any() | (live_lens > m).any()]
+    flags = _flags(*conds)
+    if seg_slots.numel():
+        slot_lo, slot_hi, len_lo, len_hi = flags[:4]
+        if slot_lo or slot_hi:
+            raise ValueError(
+                f"{op}: seg_slots out of range: every entry must be -1 (no segment) or a slot in [0, P={p}); "
+                f"got min {int(seg_slots.min())}, max {int(seg_slots.max())}"
+            )
+        if len_lo or len_hi:
+            raise ValueError(
+                f"{op}: seg_lens out of range: every entry must be in [0, T={t}]; "
+                f"got min {int(seg_lens.min())}, max {int(seg_lens.max())}"
+            )
+    if live_lens is not None and live_lens.numel() and flags[-1]:
         raise ValueError(
-            f"{op}: seg_slots out of range: every entry must be -1 (no segment) or a slot in [0, P={p}); "
-            f"got min {int(seg_slots.min())}, max {int(seg_slots.max())}"
-        )
-    if len_lo or len_hi:
-        raise ValueError(
-            f"{op}: seg_lens out of range: every entry must be in [0, T={t}]; "
-            f"got min {int(seg_lens.min())}, max {int(seg_lens.max())}"
+            f"{op}: live_lens out of range: every entry must be in [0, M={m}] (M = q.shape[1]); "
+            f"got min {int(live_lens.min())}, max {int(live_lens.max())}"
         )
 
 
@@ -137,4 +153,26 @@ def check_lens_values(op: str, lens: torch.Tensor | None, t: int) -> None:
         raise ValueError(
             f"{op}: lens out of range: every entry must be in [0, T={t}]; "
             f"got min {int(lens.min())}, max {int(lens.max())}"
+        )
+
+
+def check_scores_values(op: str, scores: torch.Tensor, lens: torch.Tensor | None) -> None:
+    """lens in [0, T] and no NaN among the valid tokens' scores (NaN has no rank), with one host sync."""
+    t = scores.shape[-1]
+    valid = None if lens is None else torch.arange(t, device=scores.device)[None, :] < lens[:, None]  # [N, T]
+    nan = torch.isnan(scores)  # [N, Hkv, T]
+    if valid is not None:
+        nan = nan & valid[:, None, :]
+    conds = [nan.any()] + ([] if lens is None else [(lens < 0).any(), (lens > t).any()])
+    flags = _flags(*conds)
+    if lens is not None and (flags[1] or flags[2]):
+        raise ValueError(
+            f"{op}: lens out of range: every entry must be in [0, T={t}]; "
+            f"got min {int(lens.min())}, max {int(lens.max())}"
+        )
+    if flags[0]:
+        n, h, tok = (int(x) for x in nan.nonzero()[0])
+        raise ValueError(
+            f"{op}: scores hold NaN at {int(nan.sum())} valid token(s) (first: chunk {n}, KV head {h}, "
+            f"token {tok}); NaN has no rank. Fix the scores' source or clean them (torch.nan_to_num)."
         )

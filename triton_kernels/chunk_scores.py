@@ -9,9 +9,10 @@ the top-B (:mod:`triton_kernels.topb`). Two directions, one file:
   (valid chunk keys + extra keys), summed over the queries and the ``G`` query
   heads of its KV group. Two passes so that no ``[M, T]`` probability matrix per
   head ever reaches global memory: pass 1 (``_row_lse_kernel``) computes every
-  query row's LSE over all its keys with an online max/sum; pass 2
-  (``_column_mass_kernel``) recomputes ``Q K^T`` one key tile at a time and sums
-  ``exp(s - lse_row)`` down the columns.
+  query row's LSE over all its keys with an online max/sum (split over the keys
+  when there are few chunks, :func:`triton_kernels.plan.plan_chunk_scores`);
+  pass 2 (``_column_mass_kernel``) combines the split LSEs, recomputes ``Q K^T``
+  one key tile at a time and sums ``exp(s - lse_row)`` down the columns.
 * :func:`chunk_row_mass` (chunk tokens -> scoring tokens): for every chunk row,
   the mass it sends to the extra keys when attending over (valid chunk keys +
   extra keys) = ``exp(lse_extra - lse_all)``, summed over the G heads
@@ -35,17 +36,16 @@ import triton.language as tl
 
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
-from triton_kernels._dispatch import LN2_C as LN2
+from triton_kernels._constants import LN2, LOG2E
 from triton_kernels._dispatch import (
-    LOG2E,
     alloc,
+    call_op,
     check_values_enabled,
     compute_dtype,
-    next_pow2,
     require_runnable,
     resolve_backend,
 )
-from triton_kernels._dispatch import LOG2E_C as LOG2E_K
+from triton_kernels.plan import attention_tiles, cdiv, gpu_spec, plan_chunk_scores
 
 # ----------------------------------------------------------------------------- kernels
 
@@ -57,7 +57,8 @@ def _lse_range(
     q,  # [BLOCK_M, BLOCK_D] query tile, COMPUTE dtype
     k_base,  # pointer to key token 0 of this (chunk, KV head)
     stride_kt,
-    n_keys,  # keys [0, n_keys) are valid
+    lo,  # keys [lo, hi) are read
+    hi,
     qk_scale,  # sm_scale * log2(e)
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -68,16 +69,18 @@ def _lse_range(
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     d_ok = offs_d < HEAD_DIM
-    k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-    for start in tl.range(0, n_keys, BLOCK_N):
-        n_ok = (start + offs_n) < n_keys  # [BLOCK_N]
+    tok = (lo + offs_n).to(tl.int64)  # [BLOCK_N] 64-bit: token * stride may pass 2**31
+    k_ptrs = k_base + tok[:, None] * stride_kt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    step = BLOCK_N * (stride_kt + tl.zeros([], tl.int64))
+    for start in tl.range(lo, hi, BLOCK_N):
+        n_ok = (start + offs_n) < hi  # [BLOCK_N]
         k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M] finite: the block has a valid key
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
         m_i = m_new
-        k_ptrs += BLOCK_N * stride_kt
+        k_ptrs += step
     return m_i, l_i
 
 
@@ -87,15 +90,17 @@ def _row_lse_kernel(
     k_ptr,  # [N, T, Hkv, D] chunk keys
     x_ptr,  # [N, E, Hkv, D] extra keys (k again when E == 0: never read)
     lens_ptr,  # [N] int valid chunk keys (unused when HAS_LENS is False)
-    lse_ptr,  # [N, M, Hq] fp32 out, natural log
+    lse_ptr,  # [NS, N, M, Hq] fp32 out: LSE of each key split, natural log
     M,
     T,
     E,
+    split_len,  # chunk keys per split; the last split also reads the E extra keys
+    n_splits,
     qk_scale,
     stride_qn, stride_qm, stride_qh,
     stride_kn, stride_kt, stride_kh,
     stride_xn, stride_xt, stride_xh,
-    stride_ln, stride_lm, stride_lh,
+    stride_ls, stride_ln, stride_lm, stride_lh,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_LENS: tl.constexpr,
@@ -106,12 +111,13 @@ def _row_lse_kernel(
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     pid_mh = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(1)
+    n = tl.program_id(2).to(tl.int64)
     n_mtiles = tl.cdiv(M * GROUP, BLOCK_M)
-    h = pid_mh // n_mtiles
+    h = (pid_mh // n_mtiles).to(tl.int64)
     rows = (pid_mh % n_mtiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head)
     row_ok = rows < M * GROUP
-    m_idx = rows // GROUP
+    m_idx = (rows // GROUP).to(tl.int64)
     hq = h * GROUP + rows % GROUP
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     q_ptrs = q_ptr + n * stride_qn + m_idx[:, None] * stride_qm + hq[:, None] * stride_qh + offs_d[None, :]
@@ -120,19 +126,40 @@ def _row_lse_kernel(
     n_chunk = T
     if HAS_LENS:
         n_chunk = tl.load(lens_ptr + n).to(tl.int32)
+    lo = split * split_len
+    hi = tl.minimum(n_chunk, lo + split_len)
+    e_hi = tl.where(split == n_splits - 1, E, 0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # [BLOCK_M]
     l_i = tl.zeros([BLOCK_M], tl.float32)  # [BLOCK_M]
     m_i, l_i = _lse_range(
-        m_i, l_i, q, k_ptr + n * stride_kn + h * stride_kh, stride_kt, n_chunk, qk_scale,
+        m_i, l_i, q, k_ptr + n * stride_kn + h * stride_kh, stride_kt, lo, hi, qk_scale,
         HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
     )  # fmt: skip
     m_i, l_i = _lse_range(
-        m_i, l_i, q, x_ptr + n * stride_xn + h * stride_xh, stride_xt, E, qk_scale,
+        m_i, l_i, q, x_ptr + n * stride_xn + h * stride_xh, stride_xt, 0, e_hi, qk_scale,
         HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
     )  # fmt: skip
     live = l_i > 0
     lse = tl.where(live, (m_i + tl.log2(tl.where(live, l_i, 1.0))) * LN2, float("-inf"))  # [BLOCK_M]
-    tl.store(lse_ptr + n * stride_ln + m_idx * stride_lm + hq * stride_lh, lse, mask=row_ok)
+    x_ptrs = lse_ptr + split.to(tl.int64) * stride_ls + n * stride_ln + m_idx * stride_lm + hq * stride_lh
+    tl.store(x_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def _row_lse2(lse_ptr, stride_ls, offs, row_ok, KEY_SPLITS: tl.constexpr):
+    """Base-2 LSE of each row over all its keys, from the KEY_SPLITS LSEs of pass 1 (one pass)."""
+    mx = tl.load(lse_ptr + offs, mask=row_ok, other=float("-inf")) * LOG2E  # [BLOCK_M]
+    if KEY_SPLITS > 1:
+        step = stride_ls + tl.zeros([], tl.int64)
+        tot = tl.where(mx == float("-inf"), 0.0, 1.0)  # sum of exp2(lse2_s - mx)
+        for s in tl.static_range(1, KEY_SPLITS):
+            x = tl.load(lse_ptr + s * step + offs, mask=row_ok, other=float("-inf")) * LOG2E
+            m_new = tl.maximum(mx, x)
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            tot = tot * tl.exp2(mx - shift) + tl.exp2(x - shift)
+            mx = m_new
+        mx = tl.where(tot > 0, mx + tl.log2(tl.where(tot > 0, tot, 1.0)), float("-inf"))
+    return mx
 
 
 @triton.jit
@@ -140,18 +167,22 @@ def _column_mass_kernel(
     q_ptr,  # [N, M, Hq, D] scoring queries
     k_ptr,  # [N, L, Hkv, D] the key set scored by this launch (chunk keys or extra keys)
     lens_ptr,  # [N] int valid keys of the set (unused when HAS_LENS is False: all L valid)
-    lse_ptr,  # [N, M, Hq] fp32 row LSEs over *all* keys (pass 1)
+    lse_ptr,  # [NS, N, M, Hq] fp32 row LSEs of pass 1, one per key split
+    lse_out_ptr,  # [N, M, Hq] fp32 combined row LSEs (written when WRITE_LSE)
     mass_ptr,  # [N, Hkv, L] fp32 out
     M,
     L,
     qk_scale,
     stride_qn, stride_qm, stride_qh,
     stride_kn, stride_kt, stride_kh,
-    stride_ln, stride_lm, stride_lh,
+    stride_ls, stride_ln, stride_lm, stride_lh,
+    stride_yn, stride_ym, stride_yh,
     stride_mn, stride_mh, stride_mt,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_LENS: tl.constexpr,
+    KEY_SPLITS: tl.constexpr,  # LSE splits of pass 1
+    WRITE_LSE: tl.constexpr,  # programs of key tile 0 store the combined LSEs (once per row)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -159,7 +190,7 @@ def _column_mass_kernel(
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     pid_t = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)
     n = tl.program_id(2).to(tl.int64)
     n_valid = L
     if HAS_LENS:
@@ -170,24 +201,38 @@ def _column_mass_kernel(
     d_ok = offs_d < HEAD_DIM
     mass = tl.zeros([BLOCK_N], tl.float32)  # [BLOCK_N]
 
+    if WRITE_LSE:
+        if pid_t == 0:
+            for r0 in range(0, M * GROUP, BLOCK_M):
+                rows = r0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head)
+                row_ok = rows < M * GROUP
+                m_idx = (rows // GROUP).to(tl.int64)
+                hq = h * GROUP + rows % GROUP
+                lse2 = _row_lse2(
+                    lse_ptr, stride_ls, n * stride_ln + m_idx * stride_lm + hq * stride_lh, row_ok, KEY_SPLITS
+                )
+                tl.store(lse_out_ptr + n * stride_yn + m_idx * stride_ym + hq * stride_yh, lse2 * LN2, mask=row_ok)
+
     if pid_t * BLOCK_N < n_valid:  # tiles past the valid length only write zeros
-        k_ptrs = k_ptr + n * stride_kn + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
+        tok = offs_n.to(tl.int64)
+        k_ptrs = k_ptr + n * stride_kn + h * stride_kh + tok[:, None] * stride_kt + offs_d[None, :]
         k = tl.load(k_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)  # [BLOCK_N, BLOCK_D]
         # Every row of every query tile: p = exp2(s - lse2), summed down the columns.
         for r0 in tl.range(0, M * GROUP, BLOCK_M):
             rows = r0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head)
             row_ok = rows < M * GROUP
-            m_idx = rows // GROUP
+            m_idx = (rows // GROUP).to(tl.int64)
             hq = h * GROUP + rows % GROUP
             q_ptrs = q_ptr + n * stride_qn + m_idx[:, None] * stride_qm + hq[:, None] * stride_qh + offs_d[None, :]
-            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)  # [BLOCK_M, BLOCK_D]
-            lse2 = tl.load(lse_ptr + n * stride_ln + m_idx * stride_lm + hq * stride_lh, mask=row_ok, other=0.0)
-            lse2 = lse2 * LOG2E_K  # [BLOCK_M] base-2; finite for every row that has a key
+            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0).to(COMPUTE)  # [BLOCK_M, BLOCK_D]
+            lse2 = _row_lse2(
+                lse_ptr, stride_ls, n * stride_ln + m_idx * stride_lm + hq * stride_lh, row_ok, KEY_SPLITS
+            )  # [BLOCK_M] base 2; finite for every row that has a key
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
             p = tl.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N] softmax probabilities
             p = tl.where(row_ok[:, None] & col_ok[None, :], p, 0.0)
             mass += tl.sum(p, 0)
-    tl.store(mass_ptr + n * stride_mn + h * stride_mh + offs_n * stride_mt, mass, mask=offs_n < L)
+    tl.store(mass_ptr + n * stride_mn + h * stride_mh + offs_n.to(tl.int64) * stride_mt, mass, mask=offs_n < L)
 
 
 @triton.jit
@@ -214,13 +259,14 @@ def _row_mass_kernel(
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     pid_t = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)
     n = tl.program_id(2).to(tl.int64)
     n_valid = T
     if HAS_LENS:
         n_valid = tl.load(lens_ptr + n).to(tl.int32)
     rows = pid_t * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] chunk tokens (one head at a time)
     row_ok = rows < n_valid
+    rows64 = rows.to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     qd_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_M, BLOCK_D]
     k_base = k_ptr + n * stride_kn + h * stride_kh
@@ -232,35 +278,24 @@ def _row_mass_kernel(
         # heads then stays in registers (G = 7 would not reshape into a tile).
         for g in range(GROUP):
             hq = h * GROUP + g
-            q_ptrs = q_ptr + n * stride_qn + rows[:, None] * stride_qt + hq * stride_qh + offs_d[None, :]
+            q_ptrs = q_ptr + n * stride_qn + rows64[:, None] * stride_qt + hq * stride_qh + offs_d[None, :]
             q = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(COMPUTE)  # [BLOCK_M, BLOCK_D]
             m_c = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_c = tl.zeros([BLOCK_M], tl.float32)
             m_c, l_c = _lse_range(
-                m_c,
-                l_c,
-                q,
-                k_base,
-                stride_kt,
-                n_valid,
-                qk_scale,
-                HEAD_DIM,
-                BLOCK_N,
-                BLOCK_D,
-                COMPUTE,
-                DOT_PREC,
+                m_c, l_c, q, k_base, stride_kt, 0, n_valid, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC
             )  # [BLOCK_M] each: LSE over the valid chunk keys
             m_x = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_x = tl.zeros([BLOCK_M], tl.float32)
             m_x, l_x = _lse_range(
-                m_x, l_x, q, x_base, stride_xt, E, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC
+                m_x, l_x, q, x_base, stride_xt, 0, E, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC
             )  # [BLOCK_M] each: LSE over the extra keys (E > 0, so finite)
             mm = tl.maximum(m_c, m_x)  # finite
             w_c = l_c * tl.exp2(m_c - mm)
             w_x = l_x * tl.exp2(m_x - mm)
             total += w_x / (w_c + w_x)  # = exp(lse_extra - lse_all)
     tl.store(
-        out_ptr + n * stride_on + h * stride_oh + rows * stride_ot,
+        out_ptr + n * stride_on + h * stride_oh + rows64 * stride_ot,
         tl.where(row_ok, total, 0.0),
         mask=rows < T,
     )
@@ -269,66 +304,66 @@ def _row_mass_kernel(
 # ----------------------------------------------------------------------------- launchers
 
 
-def _tiles(d: int, rows: int):
-    block_d = next_pow2(d)
-    block_m = min(64, max(16, next_pow2(rows)))
-    block_n = 64 if block_d <= 128 else 32
-    return block_m, block_n, block_d
+def _dot_prec(comp) -> str:
+    return "ieee" if comp == tl.float32 else "tf32"
 
 
 def chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_n=None):
-    """Pass 1 (row LSEs) then pass 2 (column sums) on validated inputs.
+    """Pass 1 (row LSEs, split over keys per the plan) then pass 2 (column sums) on validated inputs.
 
     Returns ``(mass [N, Hkv, T], extra_mass [N, Hkv, E], lse [N, M, Hq])``, all fp32.
     """
     require_runnable(_row_lse_kernel, q.device, "chunk_attention_scores")
     n, m, hq, d = q.shape
     t, hkv = k.shape[1], k.shape[2]
-    g = hq // hkv
     e = 0 if k_extra is None else k_extra.shape[1]
-    bm, bn, block_d = _tiles(d, m * g)
-    block_m = bm if block_m is None else block_m
-    block_n = bn if block_n is None else block_n
     mass = alloc((n, hkv, t), torch.float32, q.device)
     extra_mass = alloc((n, hkv, e), torch.float32, q.device)
     lse = alloc((n, m, hq), torch.float32, q.device)
     if n == 0:
         return mass, extra_mass, lse
     if m == 0:  # no scoring query: no mass anywhere
-        mass.zero_()
-        extra_mass.zero_()
-        return mass, extra_mass, lse
+        return mass.zero_(), extra_mass.zero_(), lse
 
+    plan = plan_chunk_scores(n, m, hq, hkv, d, t, q.element_size(), gpu_spec(q.device), block_m, block_n)
+    split = plan.n_splits > 1
+    lse_part = alloc((plan.n_splits, n, m, hq), torch.float32, q.device) if split else lse.unsqueeze(0)
     x = k if k_extra is None else k_extra
     lens_arg = lens if lens is not None else k  # dummy pointer when HAS_LENS is False
     comp = compute_dtype(_row_lse_kernel, q.dtype)
-    prec = "ieee" if comp == tl.float32 else "tf32"
-    qk_scale = float(sm_scale) * LOG2E
-    _row_lse_kernel[(hkv * triton.cdiv(m * g, block_m), n)](
-        q, k, x, lens_arg, lse,
-        m, t, e, qk_scale,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        x.stride(0), x.stride(1), x.stride(2),
-        lse.stride(0), lse.stride(1), lse.stride(2),
-        GROUP=g, HEAD_DIM=d, HAS_LENS=lens is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp, DOT_PREC=prec,
-        num_warps=4,
+    qk_scale = float(sm_scale) * LOG2E.value
+    common = dict(
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+        COMPUTE=comp, DOT_PREC=_dot_prec(comp), num_warps=plan.num_warps,
     )  # fmt: skip
+    q_strides = dict(stride_qn=q.stride(0), stride_qm=q.stride(1), stride_qh=q.stride(2))
+    part_strides = dict(
+        stride_ls=lse_part.stride(0), stride_ln=lse_part.stride(1), stride_lm=lse_part.stride(2),
+        stride_lh=lse_part.stride(3),
+    )  # fmt: skip
+    _row_lse_kernel[plan.lse_grid](
+        q_ptr=q, k_ptr=k, x_ptr=x, lens_ptr=lens_arg, lse_ptr=lse_part,
+        M=m, T=t, E=e, split_len=plan.split_len, n_splits=plan.n_splits, qk_scale=qk_scale,
+        stride_kn=k.stride(0), stride_kt=k.stride(1), stride_kh=k.stride(2),
+        stride_xn=x.stride(0), stride_xt=x.stride(1), stride_xh=x.stride(2),
+        HAS_LENS=lens is not None, **q_strides, **part_strides, **common,
+    )  # fmt: skip
+    write_lse = split  # with splits, the first column launch stores the combined LSEs
     for keys, n_keys, has_lens, out in ((k, t, lens is not None, mass), (k_extra, e, False, extra_mass)):
         if n_keys == 0:
             continue
-        _column_mass_kernel[(triton.cdiv(n_keys, block_n), hkv, n)](
-            q, keys, lens_arg, lse, out,
-            m, n_keys, qk_scale,
-            q.stride(0), q.stride(1), q.stride(2),
-            keys.stride(0), keys.stride(1), keys.stride(2),
-            lse.stride(0), lse.stride(1), lse.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
-            GROUP=g, HEAD_DIM=d, HAS_LENS=has_lens,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp, DOT_PREC=prec,
-            num_warps=4,
+        _column_mass_kernel[(cdiv(n_keys, plan.block_n), hkv, n)](
+            q_ptr=q, k_ptr=keys, lens_ptr=lens_arg, lse_ptr=lse_part, lse_out_ptr=lse, mass_ptr=out,
+            M=m, L=n_keys, qk_scale=qk_scale,
+            stride_kn=keys.stride(0), stride_kt=keys.stride(1), stride_kh=keys.stride(2),
+            stride_yn=lse.stride(0), stride_ym=lse.stride(1), stride_yh=lse.stride(2),
+            stride_mn=out.stride(0), stride_mh=out.stride(1), stride_mt=out.stride(2),
+            HAS_LENS=has_lens, KEY_SPLITS=plan.n_splits, WRITE_LSE=write_lse,
+            **q_strides, **part_strides, **common,
         )  # fmt: skip
+        write_lse = False
+    if write_lse:  # no key at all (T = E = 0): nothing was attended
+        lse.fill_(float("-inf"))
     return mass, extra_mass, lse
 
 
@@ -337,9 +372,8 @@ def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_
     require_runnable(_row_mass_kernel, q.device, "chunk_row_mass")
     n, t, hq, d = q.shape
     hkv = k.shape[2]
-    g = hq // hkv
     e = 0 if k_extra is None else k_extra.shape[1]
-    bm, bn, block_d = _tiles(d, t)
+    bm, bn, block_d = attention_tiles(d, t)
     block_m = bm if block_m is None else block_m
     block_n = bn if block_n is None else block_n
     out = alloc((n, hkv, t), torch.float32, q.device)
@@ -350,16 +384,15 @@ def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_
     x = k_extra
     lens_arg = lens if lens is not None else k
     comp = compute_dtype(_row_mass_kernel, q.dtype)
-    _row_mass_kernel[(triton.cdiv(t, block_m), hkv, n)](
-        q, k, x, lens_arg, out,
-        t, e, float(sm_scale) * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        GROUP=g, HEAD_DIM=d, HAS_LENS=lens is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp,
-        DOT_PREC="ieee" if comp == tl.float32 else "tf32",
+    _row_mass_kernel[(cdiv(t, block_m), hkv, n)](
+        q_ptr=q, k_ptr=k, x_ptr=x, lens_ptr=lens_arg, out_ptr=out,
+        T=t, E=e, qk_scale=float(sm_scale) * LOG2E.value,
+        stride_qn=q.stride(0), stride_qt=q.stride(1), stride_qh=q.stride(2),
+        stride_kn=k.stride(0), stride_kt=k.stride(1), stride_kh=k.stride(2),
+        stride_xn=x.stride(0), stride_xt=x.stride(1), stride_xh=x.stride(2),
+        stride_on=out.stride(0), stride_oh=out.stride(1), stride_ot=out.stride(2),
+        GROUP=hq // hkv, HEAD_DIM=d, HAS_LENS=lens is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp, DOT_PREC=_dot_prec(comp),
         num_warps=4,
     )  # fmt: skip
     return out
@@ -391,31 +424,29 @@ def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> No
     V.check_scale(op, sm_scale)
 
 
-def _scale(q, sm_scale) -> float:
-    return 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-
-
 # ----------------------------------------------------------------------------- public ops
+# The two ops share their signature (q, k, lens, k_extra, sm_scale, backend), their checks and
+# their dispatch; they differ in the reference, the launcher and the output shapes.
+
+_SIGNATURE = "(Tensor q, Tensor k, Tensor? lens, Tensor? k_extra, float sm_scale, str backend)"
 
 
-@torch.library.custom_op("prefilling_dllm::chunk_attention_scores", mutates_args=())
-def _chunk_scores_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    lens: torch.Tensor | None,
-    k_extra: torch.Tensor | None,
-    sm_scale: float,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if check_values_enabled():
-        V.check_lens_values("chunk_attention_scores", lens, k.shape[1])
-    if backend == "torch":
-        return _ref.chunk_attention_scores(q, k, lens, k_extra, sm_scale=sm_scale)
-    return chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale)
+def _register(name: str, returns: str, reference, launch, fake):
+    """``(impl, op)`` for one scoring op: value checks, then the torch reference or the launcher."""
+
+    def impl(q, k, lens, k_extra, sm_scale, backend):
+        if check_values_enabled():
+            V.check_lens_values(name, lens, k.shape[1])
+        if backend == "torch":
+            return reference(q, k, lens, k_extra, sm_scale=sm_scale)
+        return launch(q, k, lens, k_extra, sm_scale)
+
+    op = torch.library.custom_op(f"prefilling_dllm::{name}", impl, mutates_args=(), schema=_SIGNATURE + returns)
+    op.register_fake(fake)
+    return impl, op
 
 
-@_chunk_scores_op.register_fake
-def _(q, k, lens, k_extra, sm_scale, backend):
+def _scores_fake(q, k, lens, k_extra, sm_scale, backend):
     n, m, hq, _ = q.shape
     t, hkv = k.shape[1], k.shape[2]
     e = 0 if k_extra is None else k_extra.shape[1]
@@ -425,6 +456,31 @@ def _(q, k, lens, k_extra, sm_scale, backend):
         q.new_empty((n, hkv, e), dtype=f32),
         q.new_empty((n, m, hq), dtype=f32),
     )
+
+
+def _row_mass_fake(q, k, lens, k_extra, sm_scale, backend):
+    return q.new_empty((k.shape[0], k.shape[2], k.shape[1]), dtype=torch.float32)
+
+
+_scores_impl, _chunk_scores_op = _register(
+    "chunk_attention_scores",
+    " -> (Tensor, Tensor, Tensor)",
+    _ref.chunk_attention_scores,
+    chunk_attention_scores_launch,
+    _scores_fake,
+)
+_row_mass_impl, _chunk_row_mass_op = _register(
+    "chunk_row_mass", " -> Tensor", _ref.chunk_row_mass, chunk_row_mass_launch, _row_mass_fake
+)
+
+
+def _run(op_name, op, impl, q, k, lens, k_extra, sm_scale, backend, q_tokens_are_chunk):
+    _validate(op_name, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk)
+    backend = resolve_backend(backend, q.device)
+    if backend == "triton":  # the torch reference takes any D
+        V.check_head_dim(op_name, q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    return call_op(op, impl, q, k, lens, k_extra, scale, backend)
 
 
 def chunk_attention_scores(
@@ -466,36 +522,12 @@ def chunk_attention_scores(
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk scoring; FlashAttention-2 online
-    softmax for the row LSEs (pass 1), then a column pass that recomputes
-    ``Q K^T`` per key tile and sums ``exp(s - lse)`` (as FlashAttention's backward
-    recomputes P). Never stores an ``[M, T]`` score matrix; costs two ``Q K^T``.
+    softmax for the row LSEs (pass 1, split over the keys when N is small), then a
+    column pass that recomputes ``Q K^T`` per key tile and sums ``exp(s - lse)`` (as
+    FlashAttention's backward recomputes P). Never stores an ``[M, T]`` score matrix;
+    costs two ``Q K^T``.
     """
-    _validate("chunk_attention_scores", q, k, lens, k_extra, sm_scale, q_tokens_are_chunk=False)
-    backend = resolve_backend(backend, q.device)
-    if backend == "triton":  # the torch reference takes any D
-        V.check_head_dim("chunk_attention_scores", q.shape[-1])
-    return _chunk_scores_op(q, k, lens, k_extra, _scale(q, sm_scale), backend)
-
-
-@torch.library.custom_op("prefilling_dllm::chunk_row_mass", mutates_args=())
-def _chunk_row_mass_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    lens: torch.Tensor | None,
-    k_extra: torch.Tensor | None,
-    sm_scale: float,
-    backend: str,
-) -> torch.Tensor:
-    if check_values_enabled():
-        V.check_lens_values("chunk_row_mass", lens, k.shape[1])
-    if backend == "torch":
-        return _ref.chunk_row_mass(q, k, lens, k_extra, sm_scale=sm_scale)
-    return chunk_row_mass_launch(q, k, lens, k_extra, sm_scale)
-
-
-@_chunk_row_mass_op.register_fake
-def _(q, k, lens, k_extra, sm_scale, backend):
-    return q.new_empty((k.shape[0], k.shape[2], k.shape[1]), dtype=torch.float32)
+    return _run("chunk_attention_scores", _chunk_scores_op, _scores_impl, q, k, lens, k_extra, sm_scale, backend, False)
 
 
 def chunk_row_mass(
@@ -533,8 +565,4 @@ def chunk_row_mass(
     two FlashAttention-2 online-softmax LSEs per row (chunk keys, extra keys),
     combined as ``l_x 2^(m_x - m) / (l_c 2^(m_c - m) + l_x 2^(m_x - m))``.
     """
-    _validate("chunk_row_mass", q, k, lens, k_extra, sm_scale, q_tokens_are_chunk=True)
-    backend = resolve_backend(backend, q.device)
-    if backend == "triton":  # the torch reference takes any D
-        V.check_head_dim("chunk_row_mass", q.shape[-1])
-    return _chunk_row_mass_op(q, k, lens, k_extra, _scale(q, sm_scale), backend)
+    return _run("chunk_row_mass", _chunk_row_mass_op, _row_mass_impl, q, k, lens, k_extra, sm_scale, backend, True)

@@ -8,9 +8,17 @@ state over the union of the key subsets is
 
 Source: the split-K reduction of flash-decoding, with the math of FlashInfer's
 ``merge_states`` (there in base 2; here natural log to match the rest of the
-package). Associative and commutative; a partial with ``lse_i = -inf`` (no keys)
-has weight exactly 0 and its ``o_i`` is never read into the sum (so it may hold
-anything, even NaN). Rows whose partials are all -inf get ``o = 0``, ``lse = -inf``.
+package). Associative and commutative. Special LSE values, the same on both backends:
+
+* ``-inf`` (no keys): weight exactly 0, and its ``o_i`` is never read into the sum
+  (it may hold anything, even NaN). Rows whose partials are all -inf get ``o = 0``,
+  ``lse = -inf``.
+* ``+inf`` (an overflowed partial: infinite mass): it outweighs every finite partial,
+  so the row gets ``lse = +inf`` and ``o`` = the mean of the +inf partials' ``o_i``
+  (the limit of the formula as their LSEs grow together); never NaN.
+
+The kernel makes one pass: each step issues the loads of up to 16 partials at once
+(addresses do not depend on loaded data) and folds them in with a running max.
 """
 
 from __future__ import annotations
@@ -23,9 +31,9 @@ import triton.language as tl
 
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
-from triton_kernels._dispatch import LN2_C as LN2
-from triton_kernels._dispatch import LOG2E_C as LOG2E
-from triton_kernels._dispatch import alloc, next_pow2, require_runnable, resolve_backend
+from triton_kernels._constants import LN2, LOG2E
+from triton_kernels._dispatch import alloc, call_op, require_runnable, resolve_backend
+from triton_kernels.plan import gpu_spec, plan_merge
 
 # ----------------------------------------------------------------------------- kernel
 
@@ -46,44 +54,51 @@ def _merge_states_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    N_UNROLL: tl.constexpr,  # partials per unrolled step (== N when N <= 16: one step)
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
-
-    # Pass 1: row max of the partial LSEs (base 2), so every weight below is <= 1.
-    # Pointers advance by the partial stride each step (64-bit pointer math, no int32 overflow).
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)  # [BLOCK_R]
-    lse_ptrs = lse_ptr + rows64 * stride_lr  # [BLOCK_R]
-    for _ in range(n_parts):
-        lse_i = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
-        m = tl.maximum(m, lse_i.to(tl.float32) * LOG2E)
-        lse_ptrs += stride_ln
-    # All partials empty -> m = -inf; use 0 as the shift so exp2(-inf - 0) = 0 instead of NaN.
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # [BLOCK_R]
-
-    # Pass 2: weighted sum. Select (not multiply) so a zero-weight partial's o (maybe NaN) is ignored.
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)  # [BLOCK_R, BLOCK_D]
-    den = tl.zeros([BLOCK_R], tl.float32)  # [BLOCK_R]
     o_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_R, BLOCK_D]
-    lse_ptrs = lse_ptr + rows64 * stride_lr  # [BLOCK_R]
-    o_ptrs = o_ptr + rows64[:, None] * stride_or + offs_d[None, :]  # [BLOCK_R, BLOCK_D]
-    for _ in range(n_parts):
-        lse_i = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
-        w = tl.exp2(lse_i.to(tl.float32) * LOG2E - m_safe)  # [BLOCK_R], 0 for empty partials
-        # Skip the read of dead partials entirely (empty segments are common in split-S).
-        o_i = tl.load(o_ptrs, mask=o_mask & (w[:, None] > 0), other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_D]
-        acc += tl.where(w[:, None] > 0, w[:, None] * o_i, 0.0)
-        den += w
-        lse_ptrs += stride_ln
-        o_ptrs += stride_on
+    lse_base = lse_ptr + rows64 * stride_lr  # [BLOCK_R]
+    o_base = o_ptr + rows64[:, None] * stride_or + offs_d[None, :]  # [BLOCK_R, BLOCK_D]
 
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)  # running max of the finite base-2 LSEs
+    den = tl.zeros([BLOCK_R], tl.float32)  # sum of exp2(lse2_i - m) over finite partials
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)  # sum of exp2(lse2_i - m) * o_i
+    n_inf = tl.zeros([BLOCK_R], tl.float32)  # +inf partials seen
+    acc_inf = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)  # sum of their o_i
+    for n0 in range(0, n_parts, N_UNROLL):
+        for i in tl.static_range(N_UNROLL):
+            n = n0 + i + tl.zeros([], tl.int64)
+            # Masks depend on shapes only, so all loads of the step are in flight together. (A
+            # [BLOCK_R] vector, not a scalar: the interpreter cannot AND a scalar into a mask.)
+            ok = row_ok & (tl.zeros([BLOCK_R], tl.int64) + n < n_parts)  # [BLOCK_R]
+            lse_i = tl.load(lse_base + n * stride_ln, mask=ok, other=float("-inf"))
+            lse_i = lse_i.to(tl.float32) * LOG2E  # [BLOCK_R] base 2
+            o_i = tl.load(o_base + n * stride_on, mask=ok[:, None] & o_mask, other=0.0).to(tl.float32)
+            is_inf = lse_i == float("inf")
+            fin = tl.where(is_inf, float("-inf"), lse_i)
+            m_new = tl.maximum(m, fin)
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # exp2(-inf - 0) = 0, not NaN
+            scale = tl.exp2(m - shift)  # [BLOCK_R] rescales what was summed so far
+            w = tl.exp2(fin - shift)  # [BLOCK_R], 0 for empty partials
+            # Select, not multiply: a zero-weight partial's o (maybe NaN) is ignored.
+            acc = acc * scale[:, None] + tl.where(w[:, None] > 0, w[:, None] * o_i, 0.0)
+            den = den * scale + w
+            acc_inf += tl.where(is_inf[:, None], o_i, 0.0)
+            n_inf += is_inf.to(tl.float32)
+            m = m_new
+
+    has_inf = n_inf > 0
     live = den > 0
     den_safe = tl.where(live, den, 1.0)
-    out = acc / den_safe[:, None]  # [BLOCK_R, BLOCK_D], exactly 0 for dead rows
-    out_lse = tl.where(live, (m_safe + tl.log2(den_safe)) * LN2, float("-inf"))  # [BLOCK_R]
+    out = tl.where(live[:, None], acc / den_safe[:, None], 0.0)  # [BLOCK_R, BLOCK_D], 0 for dead rows
+    out = tl.where(has_inf[:, None], acc_inf / tl.maximum(n_inf, 1.0)[:, None], out)
+    out_lse = tl.where(live, (m + tl.log2(den_safe)) * LN2, float("-inf"))  # [BLOCK_R]
+    out_lse = tl.where(has_inf, float("inf"), out_lse)
     tl.store(
         out_ptr + rows64[:, None] * stride_outr + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -95,11 +110,12 @@ def _merge_states_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
-def merge_states_launch(o: torch.Tensor, lse: torch.Tensor, out_dtype: torch.dtype | None = None):
+def merge_states_launch(o: torch.Tensor, lse: torch.Tensor, out_dtype: torch.dtype | None = None, *, plan=None):
     """Run the merge kernel on validated inputs.
 
     o [N, R, D] (last dim contiguous), lse [N, R] -> (out [R, D] in ``out_dtype``
-    (default o.dtype), lse [R] fp32). Used by ``split_s_attention`` for its phase 2.
+    (default o.dtype), lse [R] fp32). ``plan``: a :class:`triton_kernels.plan.MergePlan`
+    for these shapes (``split_s_attention`` passes the one of its own plan), else planned here.
     """
     require_runnable(_merge_states_kernel, o.device, "merge_states")
     n, r, d = o.shape
@@ -109,18 +125,15 @@ def merge_states_launch(o: torch.Tensor, lse: torch.Tensor, out_dtype: torch.dty
     if r == 0:
         return out, out_lse
     if n == 0:
-        out.zero_()
-        out_lse.fill_(float("-inf"))
-        return out, out_lse
-    block_d = next_pow2(d)
-    block_r = max(1, min(64, 2048 // block_d))  # ~2K elements per program: enough loads in flight
-    grid = (triton.cdiv(r, block_r),)
-    _merge_states_kernel[grid](
-        o, lse, out, out_lse,
-        n, r,
-        o.stride(0), o.stride(1), lse.stride(0), lse.stride(1), out.stride(0),
-        HEAD_DIM=d, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=4,
+        return out.zero_(), out_lse.fill_(float("-inf"))
+    plan = plan_merge(n, r, d, gpu_spec(o.device)) if plan is None else plan
+    _merge_states_kernel[plan.grid](
+        o_ptr=o, lse_ptr=lse, out_ptr=out, out_lse_ptr=out_lse,
+        n_parts=n, n_rows=r,
+        stride_on=o.stride(0), stride_or=o.stride(1), stride_ln=lse.stride(0), stride_lr=lse.stride(1),
+        stride_outr=out.stride(0),
+        HEAD_DIM=d, BLOCK_R=plan.block_r, BLOCK_D=plan.block_d, N_UNROLL=plan.n_unroll,
+        num_warps=plan.num_warps,
     )  # fmt: skip
     return out, out_lse
 
@@ -144,8 +157,7 @@ def _validate(o, lse) -> None:
 # ----------------------------------------------------------------------------- public op
 
 
-@torch.library.custom_op("prefilling_dllm::merge_states", mutates_args=())
-def _merge_states_op(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _merge_states_impl(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     if backend == "torch":
         return _ref.merge_states(o, lse)
     n = o.shape[0]
@@ -155,6 +167,9 @@ def _merge_states_op(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[
     l2 = lse.reshape(n, rows)
     out, out_lse = merge_states_launch(o3, l2)
     return out.view(*rest, o.shape[-1]), out_lse.view(*rest)
+
+
+_merge_states_op = torch.library.custom_op("prefilling_dllm::merge_states", _merge_states_impl, mutates_args=())
 
 
 @_merge_states_op.register_fake
@@ -170,12 +185,15 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
             contiguous). ``*`` is any number of leading dims (e.g. ``B, M``).
         lse: ``[N, *, H]`` their log-sum-exps, natural log (fp32 recommended).
             ``-inf`` marks a partial with no keys: it weighs nothing and its ``o`` is ignored.
+            ``+inf`` marks an overflowed partial: see the module docstring (never NaN).
+            NaN LSEs are not supported.
         backend: ``"triton"``, ``"torch"`` or ``None`` (auto, see :mod:`triton_kernels._dispatch`).
 
     Returns:
         ``(o [*, H, D] in o.dtype, lse [*, H] fp32)`` with
         ``lse = log(sum_i exp(lse_i))`` and ``o = sum_i exp(lse_i - lse) * o_i``;
-        rows with no live partial get ``o = 0`` and ``lse = -inf`` (never NaN).
+        rows with no live partial get ``o = 0`` and ``lse = -inf``; rows with +inf
+        partials get the mean of those partials' ``o`` and ``lse = +inf``.
 
     Raises:
         TypeError: non-tensor input or unsupported dtype.
@@ -184,8 +202,7 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: flash-decoding split-K reduction; FlashInfer ``merge_states`` math in
-    natural log. The kernel reads the LSEs twice (max, then weights) and each
-    partial output once, computing in fp32.
+    natural log, folded in one pass with a running max (online softmax) in fp32.
     """
     _validate(o, lse)
-    return _merge_states_op(o, lse, resolve_backend(backend, o.device))
+    return call_op(_merge_states_op, _merge_states_impl, o, lse, resolve_backend(backend, o.device))

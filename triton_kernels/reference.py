@@ -54,39 +54,53 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor):
     lse = lse.float()
     if lse.shape[0] == 0:  # nothing to merge: no keys at all
         return o.new_zeros(o.shape[1:]), lse.new_full(lse.shape[1:], NEG_INF)
-    m = lse.max(dim=0).values
+    zero = torch.zeros((), device=o.device)
+    # +inf partials (overflowed mass) outweigh all finite ones: their plain mean, lse = +inf.
+    is_inf = lse == float("inf")
+    n_inf = is_inf.sum(dim=0)
+    inf_mean = torch.where(is_inf[..., None], o.float(), zero).sum(dim=0) / n_inf.clamp(min=1)[..., None]
+    fin = lse.masked_fill(is_inf, NEG_INF)
+    m = fin.max(dim=0).values
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w = torch.exp(lse - m_safe)  # exp(-inf) = 0: empty partials weigh nothing
+    w = torch.exp(fin - m_safe)  # exp(-inf) = 0: empty partials weigh nothing
     total = w.sum(dim=0)
     live = total > 0
     out_lse = torch.where(live, m_safe + torch.log(torch.where(live, total, torch.ones_like(total))), NEG_INF)
     # Partials with zero weight may hold anything (even NaN): select, do not multiply.
-    contrib = torch.where((w > 0)[..., None], w[..., None] * o.float(), torch.zeros((), device=o.device))
+    contrib = torch.where((w > 0)[..., None], w[..., None] * o.float(), zero)
     out = contrib.sum(dim=0) / torch.where(live, total, torch.ones_like(total))[..., None]
+    out = torch.where((n_inf > 0)[..., None], inf_mean, out)
+    out_lse = torch.where(n_inf > 0, float("inf"), out_lse)
     return out.to(o.dtype), out_lse
 
 
-def split_s_attention(q, k_pool, v_pool, seg_slots, seg_lens, k_live=None, v_live=None, *, sm_scale=None):
+def split_s_attention(
+    q, k_pool, v_pool, seg_slots, seg_lens, k_live=None, v_live=None, *, sm_scale=None, live_lens=None
+):
     """Reference of :func:`triton_kernels.split_s_attention`.
 
-    Gathers, per batch row, the valid keys of every segment plus the live keys
+    Gathers, per batch row, the valid keys of every segment plus the row's real live keys
     into one contiguous tensor and runs plain attention over it.
     q [B, M, Hq, D]; k_pool/v_pool [P, T, Hkv, D]; seg_slots/seg_lens [B, S] int;
-    k_live/v_live [B, M, Hkv, D] or None -> out [B, M, Hq, D] (q.dtype), lse [B, M, Hq] fp32.
+    k_live/v_live [B, M, Hkv, D] or None; live_lens [B] int or None (all M)
+    -> out [B, M, Hq, D] (q.dtype), lse [B, M, Hq] fp32; padded query rows
+    (m >= live_lens[b]) get out = 0, lse = -inf.
     """
     scale = _scale(sm_scale, q.shape[-1])
+    bsz, m = q.shape[0], q.shape[1]
     outs, lses = [], []
     slots = seg_slots.tolist()
     lens = seg_lens.tolist()
-    for b in range(q.shape[0]):
+    n_live = [m] * bsz if live_lens is None else live_lens.tolist()
+    for b in range(bsz):
         ks, vs = [], []
         for slot, n in zip(slots[b], lens[b], strict=True):
             if slot >= 0 and n > 0:
                 ks.append(k_pool[slot, :n])
                 vs.append(v_pool[slot, :n])
         if k_live is not None:
-            ks.append(k_live[b])
-            vs.append(v_live[b])
+            ks.append(k_live[b, : n_live[b]])
+            vs.append(v_live[b, : n_live[b]])
         if ks:
             k = torch.cat(ks, dim=0)
             v = torch.cat(vs, dim=0)
@@ -94,6 +108,8 @@ def split_s_attention(q, k_pool, v_pool, seg_slots, seg_lens, k_live=None, v_liv
             k = k_pool.new_zeros(0, k_pool.shape[2], k_pool.shape[3])
             v = k
         o, lse = _attend(q[b], k, v, scale)
+        o[n_live[b] :] = 0
+        lse[n_live[b] :] = NEG_INF
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs).to(q.dtype), torch.stack(lses)

@@ -34,18 +34,17 @@ import triton.language as tl
 
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
-from triton_kernels._dispatch import LN2_C as LN2
+from triton_kernels._constants import LN2, LOG2E
 from triton_kernels._dispatch import (
-    LOG2E,
     alloc,
+    call_op,
     check_values_enabled,
     compute_dtype,
-    next_pow2,
     require_runnable,
     resolve_backend,
-    sm_count,
 )
 from triton_kernels.merge import merge_states_launch
+from triton_kernels.plan import gpu_spec, plan_split_s
 
 # ----------------------------------------------------------------------------- kernels
 
@@ -58,7 +57,7 @@ def _attend_range(
     q,  # [BLOCK_M, BLOCK_D] query tile in COMPUTE dtype
     k_base,  # pointer to key token 0 of this (slot, KV head)
     v_base,
-    stride_kt,
+    stride_kt,  # int64 token strides
     stride_vt,
     lo,  # first key token (inclusive)
     hi,  # last key token (exclusive); hi <= lo means no keys
@@ -72,8 +71,9 @@ def _attend_range(
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     d_ok = offs_d < HEAD_DIM  # all-true (folded away) when D is a power of two
-    k_ptrs = k_base + (lo + offs_n)[:, None] * stride_kt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-    v_ptrs = v_base + (lo + offs_n)[:, None] * stride_vt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    tok = (lo + offs_n).to(tl.int64)  # [BLOCK_N] 64-bit: token * stride may pass 2**31
+    k_ptrs = k_base + tok[:, None] * stride_kt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    v_ptrs = v_base + tok[:, None] * stride_vt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     for start in tl.range(lo, hi, BLOCK_N):
         n_ok = (start + offs_n) < hi  # [BLOCK_N]; every block holds >= 1 valid key
         kv_mask = n_ok[:, None] & d_ok[None, :]  # [BLOCK_N, BLOCK_D]
@@ -97,15 +97,19 @@ def _split_s_partial_kernel(
     q_ptr,  # [B, M, Hq, D]
     kp_ptr,  # [P, T, Hkv, D] key pool
     vp_ptr,  # [P, T, Hkv, D] value pool
-    kl_ptr,  # [B, M, Hkv, D] live keys (the pool again when there are none: never read)
+    kl_ptr,  # [B, M, Hkv, D] live keys (the pool again when HAS_LIVE = 0: never read)
     vl_ptr,
     slots_ptr,  # [B, S] int
     lens_ptr,  # [B, S] int
+    live_lens_ptr,  # [B] int valid live tokens per row (read only when HAS_LIVE_LENS)
     o_ptr,  # [NP, B, M, Hq, D] partial outputs (fp32, or the final dtype when NP == 1)
     lse_ptr,  # [NP, B, M, Hq] fp32 partial LSEs, natural log
     M,
     S,
-    n_seg_parts,  # partials that read segments; partial n_seg_parts is the live block
+    split_len,  # tokens of one segment per partial (multiple of BLOCK_N)
+    n_splits,  # pieces per segment
+    segs_per_prog,  # consecutive segments per partial (1 when split, 0 without segments)
+    n_parts,  # partials per (row, tile); the last one also reads the live block
     qk_scale,
     stride_qb, stride_qm, stride_qh,
     stride_kp, stride_kt, stride_kh,
@@ -118,67 +122,75 @@ def _split_s_partial_kernel(
     stride_xp, stride_xb, stride_xm, stride_xh,
     GROUP: tl.constexpr,  # G = Hq // Hkv
     HEAD_DIM: tl.constexpr,
+    HAS_LIVE: tl.constexpr,  # 1: live keys k_live/v_live are attended, 0: none
+    HAS_LIVE_LENS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # packed (token, head) rows per tile
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    SPLIT_LEN: tl.constexpr,  # tokens of one segment per partial (multiple of BLOCK_N)
-    N_SPLITS: tl.constexpr,  # cdiv(T, SPLIT_LEN)
-    SEGS_PER_PROG: tl.constexpr,  # consecutive segments per partial (1 when N_SPLITS > 1)
     COMPUTE: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     pid_mh = tl.program_id(0)  # query tile fastest: tiles of one KV head share K/V in L2
     part = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(2).to(tl.int64)  # 64-bit from here on: b * stride_qb may pass 2**31
     n_mtiles = tl.cdiv(M * GROUP, BLOCK_M)
-    h = pid_mh // n_mtiles
+    h = (pid_mh // n_mtiles).to(tl.int64)
     mt = pid_mh % n_mtiles
+    n_live = M  # real query rows (and live keys) of this batch row; the rest is padding
+    if HAS_LIVE_LENS:
+        n_live = tl.load(live_lens_ptr + b).to(tl.int32)
 
     rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head-in-group)
-    row_ok = rows < M * GROUP
-    m_idx = rows // GROUP  # [BLOCK_M] query token
-    hq = h * GROUP + rows % GROUP  # [BLOCK_M] query head
+    row_in = rows < M * GROUP  # rows of the output tensor
+    row_ok = rows < n_live * GROUP  # real query rows
+    tile_live = mt * BLOCK_M < n_live * GROUP  # a tile of padding rows attends nothing
+    m_idx = (rows // GROUP).to(tl.int64)  # [BLOCK_M] query token
+    hq = h * GROUP + rows % GROUP  # [BLOCK_M] query head (int64)
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    qd_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_M, BLOCK_D]
+    d_ok = offs_d[None, :] < HEAD_DIM
     q_ptrs = q_ptr + b * stride_qb + m_idx[:, None] * stride_qm + hq[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(COMPUTE)  # [BLOCK_M, BLOCK_D]; padded rows are 0
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0).to(COMPUTE)  # [BLOCK_M, BLOCK_D]
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # [BLOCK_M, BLOCK_D]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # [BLOCK_M]
     l_i = tl.zeros([BLOCK_M], tl.float32)  # [BLOCK_M]
 
-    # One inlined copy of the key loop serves both kinds of partial: a second copy (an
+    # One inlined copy of the key loop serves segments and the live block: a second copy (an
     # if/else around two calls) would double the shared memory of its software pipeline.
-    is_live = part >= n_seg_parts  # the last partial reads the live block, as one "segment"
-    seg0 = (part // N_SPLITS) * SEGS_PER_PROG
-    lo_seg = (part % N_SPLITS) * SPLIT_LEN
-    for j in range(SEGS_PER_PROG):
+    # Iterations 0..segs_per_prog-1 read segments; iteration segs_per_prog (HAS_LIVE) reads the
+    # live block, in the last partial only.
+    seg0 = (part // n_splits) * segs_per_prog
+    lo_seg = (part % n_splits) * split_len
+    live_hi = tl.where(part == n_parts - 1, n_live, 0)
+    for j in range(segs_per_prog + HAS_LIVE):
+        is_live = j == segs_per_prog
         seg = seg0 + j
-        in_table = (seg < S) & (part < n_seg_parts)
+        in_table = (seg < S) & (j < segs_per_prog)
         slot = tl.load(slots_ptr + b * stride_sb + seg * stride_ss, mask=in_table, other=-1)
         n_valid = tl.load(lens_ptr + b * stride_nb + seg * stride_ns, mask=in_table, other=0)
         n_valid = tl.where(slot >= 0, n_valid, 0)  # slot -1: no segment, whatever its length says
-        slot64 = tl.maximum(slot, 0).to(tl.int64)  # 64-bit: P * T * Hkv * D may exceed 2**31
+        slot64 = tl.maximum(slot, 0).to(tl.int64)
         k_base = kp_ptr + slot64 * stride_kp + h * stride_kh
         v_base = vp_ptr + slot64 * stride_vp + h * stride_vh
-        s_kt = stride_kt
-        s_vt = stride_vt
+        s_kt = stride_kt + tl.zeros([], tl.int64)  # int64 in both branches (scf.if needs one type)
+        s_vt = stride_vt + tl.zeros([], tl.int64)
         if is_live:
-            k_base = kl_ptr + b.to(tl.int64) * stride_klb + h * stride_klh
-            v_base = vl_ptr + b.to(tl.int64) * stride_vlb + h * stride_vlh
-            s_kt = stride_klm
-            s_vt = stride_vlm
+            k_base = kl_ptr + b * stride_klb + h * stride_klh
+            v_base = vl_ptr + b * stride_vlb + h * stride_vlh
+            s_kt = stride_klm + tl.zeros([], tl.int64)
+            s_vt = stride_vlm + tl.zeros([], tl.int64)
         lo = tl.where(is_live, 0, lo_seg)
-        hi = tl.where(is_live, tl.where(j == 0, M, 0), tl.minimum(n_valid, lo_seg + SPLIT_LEN)).to(tl.int32)
+        hi = tl.where(is_live, live_hi, tl.minimum(n_valid, lo_seg + split_len)).to(tl.int32)
+        hi = tl.where(tile_live, hi, lo)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, lo, hi, qk_scale,
             HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
         )  # fmt: skip
 
-    # No keys (empty segment / split past the end): l_i = 0 -> o = 0, lse = -inf, no NaN.
-    live = l_i > 0
+    # No keys (empty segment / split past the end) or a padding row: o = 0, lse = -inf, no NaN.
+    live = (l_i > 0) & row_ok
     l_safe = tl.where(live, l_i, 1.0)
-    out = acc / l_safe[:, None]  # [BLOCK_M, BLOCK_D]
+    out = tl.where(live[:, None], acc / l_safe[:, None], 0.0)  # [BLOCK_M, BLOCK_D]
     lse = tl.where(live, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))  # [BLOCK_M] natural log
 
     part64 = part.to(tl.int64)
@@ -186,82 +198,42 @@ def _split_s_partial_kernel(
         o_ptr + part64 * stride_op + b * stride_ob + m_idx[:, None] * stride_om + hq[:, None] * stride_oh
         + offs_d[None, :]
     )  # fmt: skip
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=qd_mask)
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_in[:, None] & d_ok)
     x_ptrs = lse_ptr + part64 * stride_xp + b * stride_xb + m_idx * stride_xm + hq * stride_xh
-    tl.store(x_ptrs, lse, mask=row_ok)
+    tl.store(x_ptrs, lse, mask=row_in)
 
 
 # ----------------------------------------------------------------------------- launcher
 
 
-def plan_partials(b, m, g, hkv, s, t, has_live, block_m, block_n, device, split_len=None, segs_per_prog=None):
-    """Choose how segments map to partials; returns (split_len, n_splits, segs_per_prog, n_seg_parts).
-
-    Default on CUDA: aim for ~4 programs per SM. Too few programs (few long
-    segments, small M) -> split each segment into ``n_splits`` pieces; far more
-    partials than needed (many segments, large M) -> let one program walk
-    ``segs_per_prog`` consecutive segments, which shrinks the fp32 partial buffer
-    that phase 2 reads back. Elsewhere: one partial per segment (the plain Split-S grid).
-    """
-    n_tok_blocks = max(1, triton.cdiv(t, block_n))
-    if s == 0:
-        return n_tok_blocks * block_n, 1, 1, 0
-    if split_len is None and segs_per_prog is None and device.type == "cuda":
-        tiles = b * hkv * triton.cdiv(m * g, block_m)
-        want = triton.cdiv(4 * sm_count(device), max(tiles, 1))  # partials per (row, tile, head)
-        if want > s + int(has_live):
-            split_len = triton.cdiv(n_tok_blocks, min(triton.cdiv(want, s), n_tok_blocks)) * block_n
-        elif s >= 2 * want:
-            segs_per_prog = s // want
-    if split_len is None:
-        split_len = n_tok_blocks * block_n
-    if split_len <= 0 or split_len % block_n:
-        raise ValueError(f"split_len must be a positive multiple of BLOCK_N={block_n}, got {split_len}")
-    n_splits = triton.cdiv(max(t, 1), split_len)
-    segs_per_prog = 1 if segs_per_prog is None else int(segs_per_prog)
-    if segs_per_prog < 1 or (segs_per_prog > 1 and n_splits > 1):
-        raise ValueError("segs_per_prog must be >= 1, and 1 when segments are split")
-    n_seg_parts = triton.cdiv(s, segs_per_prog) * n_splits
-    return split_len, n_splits, segs_per_prog, n_seg_parts
-
-
 def split_s_launch(
-    q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, *,
+    q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens=None, *,
     block_m=None, block_n=None, split_len=None, segs_per_prog=None,
 ):  # fmt: skip
-    """Run phase 1 (+ phase 2 when there is more than one partial) on validated inputs.
+    """Run phase 1 (+ the merge when the plan has more than one partial) on validated inputs.
 
-    Shapes as in :func:`split_s_attention`; ``sm_scale`` is a float. The keyword
-    arguments override the tile sizes and the partial plan (tests use them to
-    force splits and multi-segment partials on small shapes).
+    Shapes as in :func:`split_s_attention`; ``sm_scale`` is a float. The plan comes from
+    :func:`triton_kernels.plan.plan_split_s` for the tensors' device (memoised per shape);
+    the keyword arguments override it (tests force splits and grouped partials with them).
     Returns ``(out [B, M, Hq, D] q.dtype, lse [B, M, Hq] fp32)``.
     """
     require_runnable(_split_s_partial_kernel, q.device, "split_s_attention")
     bsz, m, hq, d = q.shape
-    p_slots, t, hkv, _ = k_pool.shape
+    t, hkv = k_pool.shape[1], k_pool.shape[2]
     s = seg_slots.shape[1]
-    g = hq // hkv
     has_live = k_live is not None
-    out = alloc((bsz, m, hq, d), q.dtype, q.device)
-    lse = alloc((bsz, m, hq), torch.float32, q.device)
-    if out.numel() == 0:
-        return out, lse
-
-    block_d = next_pow2(d)
-    if block_m is None:
-        block_m = min(64, max(16, next_pow2(m * g)))
-    if block_n is None:
-        block_n = 64 if block_d <= 128 else 32
-    split_len, n_splits, spp, n_seg_parts = plan_partials(
-        bsz, m, g, hkv, s, t, has_live, block_m, block_n, q.device, split_len, segs_per_prog
-    )
-    n_parts = n_seg_parts + int(has_live)
-    if n_parts == 0:  # no segment columns and no live block: nothing to attend to
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
-
-    if n_parts == 1:  # a single partial is already the answer: skip phase 2
+    plan = plan_split_s(
+        bsz, m, hq, hkv, d, s, t, has_live, q.element_size(), gpu_spec(q.device),
+        block_m, block_n, split_len, segs_per_prog,
+    )  # fmt: skip
+    n_parts = plan.n_parts
+    if n_parts <= 1 or q.numel() == 0:  # a single partial is already the answer: no merge
+        out = alloc((bsz, m, hq, d), q.dtype, q.device)
+        lse = alloc((bsz, m, hq), torch.float32, q.device)
+        if out.numel() == 0:
+            return out, lse
+        if n_parts == 0:  # no segment columns and no live block: nothing to attend to
+            return out.zero_(), lse.fill_(float("-inf"))
         o_part, lse_part = out.unsqueeze(0), lse.unsqueeze(0)
     else:
         o_part = alloc((n_parts, bsz, m, hq, d), torch.float32, q.device)
@@ -270,34 +242,38 @@ def split_s_launch(
     kl = k_live if has_live else k_pool
     vl = v_live if has_live else v_pool
     comp = compute_dtype(_split_s_partial_kernel, q.dtype)
-    grid = (hkv * triton.cdiv(m * g, block_m), n_parts, bsz)
-    _split_s_partial_kernel[grid](
-        q, k_pool, v_pool, kl, vl, seg_slots, seg_lens, o_part, lse_part,
-        m, s, n_seg_parts, float(sm_scale) * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
-        kl.stride(0), kl.stride(1), kl.stride(2),
-        vl.stride(0), vl.stride(1), vl.stride(2),
-        seg_slots.stride(0), seg_slots.stride(1),
-        seg_lens.stride(0), seg_lens.stride(1),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),
-        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2), lse_part.stride(3),
-        GROUP=g, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT_LEN=split_len, N_SPLITS=n_splits, SEGS_PER_PROG=spp,
+    sq, skp, svp, skl, svl = q.stride(), k_pool.stride(), v_pool.stride(), kl.stride(), vl.stride()
+    ss, sn, so, sx = seg_slots.stride(), seg_lens.stride(), o_part.stride(), lse_part.stride()
+    _split_s_partial_kernel[plan.grid](
+        q_ptr=q, kp_ptr=k_pool, vp_ptr=v_pool, kl_ptr=kl, vl_ptr=vl,
+        slots_ptr=seg_slots, lens_ptr=seg_lens, live_lens_ptr=q if live_lens is None else live_lens,
+        o_ptr=o_part, lse_ptr=lse_part,
+        M=m, S=s, split_len=plan.split_len, n_splits=plan.n_splits, segs_per_prog=plan.segs_per_prog,
+        n_parts=n_parts, qk_scale=float(sm_scale) * LOG2E.value,
+        stride_qb=sq[0], stride_qm=sq[1], stride_qh=sq[2],
+        stride_kp=skp[0], stride_kt=skp[1], stride_kh=skp[2],
+        stride_vp=svp[0], stride_vt=svp[1], stride_vh=svp[2],
+        stride_klb=skl[0], stride_klm=skl[1], stride_klh=skl[2],
+        stride_vlb=svl[0], stride_vlm=svl[1], stride_vlh=svl[2],
+        stride_sb=ss[0], stride_ss=ss[1],
+        stride_nb=sn[0], stride_ns=sn[1],
+        stride_op=so[0], stride_ob=so[1], stride_om=so[2], stride_oh=so[3],
+        stride_xp=sx[0], stride_xb=sx[1], stride_xm=sx[2], stride_xh=sx[3],
+        GROUP=hq // hkv, HEAD_DIM=d, HAS_LIVE=int(has_live), HAS_LIVE_LENS=live_lens is not None,
+        BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         COMPUTE=comp, DOT_PREC="ieee" if comp == tl.float32 else "tf32",
-        num_warps=4 if block_m * block_d <= 64 * 128 else 8,
-        num_stages=2 if q.element_size() <= 2 else 1,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
     )  # fmt: skip
     if n_parts == 1:
         return out, lse
+    rows = bsz * m * hq
     merged, merged_lse = merge_states_launch(
-        o_part.view(n_parts, bsz * m * hq, d), lse_part.view(n_parts, bsz * m * hq), out_dtype=q.dtype
+        o_part.view(n_parts, rows, d), lse_part.view(n_parts, rows), out_dtype=q.dtype, plan=plan.merge
     )
     return merged.view(bsz, m, hq, d), merged_lse.view(bsz, m, hq)
 
 
-def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale) -> None:
+def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens) -> None:
     op = "split_s_attention"
     V.check_ndim(op, "q", q, 4, "[B, M, Hq, D]")
     V.check_ndim(op, "k_pool", k_pool, 4, "[P, T, Hkv, D]")
@@ -320,6 +296,8 @@ def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale) 
         V.check_ndim(op, "k_live", k_live, 4, "[B, M, Hkv, D]")
         V.check_shape(op, "k_live", k_live, (bsz, m, hkv, d), "[B, M, Hkv, D]")
         V.check_shape(op, "v_live", v_live, (bsz, m, hkv, d), "[B, M, Hkv, D]")
+    if live_lens is not None:
+        V.check_index_tensor(op, "live_lens", live_lens, (bsz,), "[B] with B = q.shape[0]")
     V.check_device(
         op,
         q=q,
@@ -329,19 +307,16 @@ def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale) 
         seg_lens=seg_lens,
         k_live=k_live,
         v_live=v_live,
+        live_lens=live_lens,
     )
     V.check_last_dim_contiguous(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
     V.check_scale(op, sm_scale)
-    # Offsets inside one slot are 32-bit in the kernel (the slot offset itself is 64-bit).
-    if t * max(abs(k_pool.stride(1)), abs(v_pool.stride(1)), 1) >= 2**31:
-        raise ValueError(f"{op}: one slot of k_pool/v_pool spans >= 2**31 elements; use smaller slots")
 
 
 # ----------------------------------------------------------------------------- public op
 
 
-@torch.library.custom_op("prefilling_dllm::split_s_attention", mutates_args=())
-def _split_s_op(
+def _split_s_impl(
     q: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
@@ -349,18 +324,25 @@ def _split_s_op(
     seg_lens: torch.Tensor,
     k_live: torch.Tensor | None,
     v_live: torch.Tensor | None,
+    live_lens: torch.Tensor | None,
     sm_scale: float,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if check_values_enabled():
-        V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, k_pool.shape[0], k_pool.shape[1])
+        p, t = k_pool.shape[0], k_pool.shape[1]
+        V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
     if backend == "torch":
-        return _ref.split_s_attention(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale=sm_scale)
-    return split_s_launch(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale)
+        return _ref.split_s_attention(
+            q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale=sm_scale, live_lens=live_lens
+        )
+    return split_s_launch(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+
+
+_split_s_op = torch.library.custom_op("prefilling_dllm::split_s_attention", _split_s_impl, mutates_args=())
 
 
 @_split_s_op.register_fake
-def _(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, backend):
+def _(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale, backend):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -373,6 +355,7 @@ def split_s_attention(
     k_live: torch.Tensor | None = None,
     v_live: torch.Tensor | None = None,
     *,
+    live_lens: torch.Tensor | None = None,
     sm_scale: float | None = None,
     backend: str | None = None,
 ):
@@ -380,39 +363,79 @@ def split_s_attention(
 
     Every query of batch row ``b`` sees every valid key of that row's segments
     (``k_pool[seg_slots[b, s], :seg_lens[b, s]]`` for each ``s`` with a slot >= 0)
-    and, if given, all ``M`` live keys ``k_live[b]``. No causal mask.
+    and, if given, the live keys ``k_live[b, :live_lens[b]]``. No causal mask.
 
     Args:
         q: ``[B, M, Hq, D]`` live-block queries (RoPE applied), fp32/fp16/bf16.
         k_pool, v_pool: ``[P, T, Hkv, D]`` static segment keys/values, same dtype as q.
         seg_slots: ``[B, S]`` int32 (or int64) slot of each segment per row; ``-1`` = none.
         seg_lens: ``[B, S]`` same dtype, valid tokens ``0..T`` of that segment (0 allowed).
-        k_live, v_live: ``[B, M, Hkv, D]`` the live block's own K/V (all valid), or None.
+        k_live, v_live: ``[B, M, Hkv, D]`` the live block's own K/V, or None.
+        live_lens: ``[B]`` int32/int64 real live tokens per row, each in ``0..M``, for a batch of
+            ragged live blocks padded to the longest (None: all M). Row ``b``'s live keys past
+            ``live_lens[b]`` are masked out for every query, and its padded query rows
+            ``m >= live_lens[b]`` get ``out = 0`` and ``lse = -inf``.
         sm_scale: softmax scale, default ``1/sqrt(D)``.
         backend: ``"triton"``, ``"torch"`` or None (auto; see :mod:`triton_kernels._dispatch`).
 
     Only the last dim of q/k/v must be contiguous; other strides are free
-    (e.g. K/V views of a fused QKV projection). ``Hq = G * Hkv`` with any G.
+    (e.g. K/V views of a fused QKV projection), and offsets are 64-bit. ``Hq = G * Hkv`` with any G.
 
     Returns:
-        ``(out [B, M, Hq, D] in q.dtype, lse [B, M, Hq] fp32, natural log)``. A row
+        ``(out [B, M, Hq, D] in q.dtype, lse [B, M, Hq] fp32, natural log)``. A query row
         with no valid key at all gets ``out = 0`` and ``lse = -inf`` (never NaN).
 
     Raises:
-        TypeError: dtype not fp32/fp16/bf16 or q/k/v dtypes differ; segment tables
-            not int32/int64 or of different dtypes; sm_scale not a number.
+        TypeError: dtype not fp32/fp16/bf16 or q/k/v dtypes differ; segment tables or live_lens
+            not int32/int64, or seg_slots and seg_lens of different dtypes; sm_scale not a number.
         ValueError: wrong ranks or shapes, device mismatch, ``Hq % Hkv != 0``,
             unsupported D for the Triton kernels (a multiple of 16 in 16..256), last dim not contiguous,
-            only one of k_live/v_live, slot outside ``[-1, P)``, length outside ``[0, T]``.
+            only one of k_live/v_live, slot outside ``[-1, P)``, length outside ``[0, T]``,
+            live length outside ``[0, M]`` (the value checks: see :func:`check_segment_table`).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM Split-S attention (per-segment programs + LSE
     merge); FlashAttention-2 online softmax in base 2; flash-decoding split-K for
-    long segments; FlashInfer merge_states math. Partials are fp32.
+    long segments; FlashInfer merge_states math. Partials are fp32; the partition of
+    the keys into partials is planned per shape (:func:`triton_kernels.plan.plan_split_s`).
     """
-    _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale)
+    _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
     backend = resolve_backend(backend, q.device)
     if backend == "triton":  # the torch reference takes any D
         V.check_head_dim("split_s_attention", q.shape[-1])
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    return _split_s_op(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, scale, backend)
+    args = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, scale, backend)
+    return call_op(_split_s_op, _split_s_impl, *args)
+
+
+def check_segment_table(
+    seg_slots: torch.Tensor,
+    seg_lens: torch.Tensor,
+    num_slots: int,
+    slot_len: int,
+    live_lens: torch.Tensor | None = None,
+    live_capacity: int = 0,
+) -> None:
+    """Check a segment table's values once, for a cache that then calls the ops without checks.
+
+    ``split_s_attention`` checks the same ranges on every call, at the price of one
+    device-to-host sync on CUDA. A KV-cache owner calls this when its table changes, then
+    runs its decode loop inside :func:`triton_kernels.skip_value_checks`.
+
+    Args:
+        seg_slots, seg_lens: ``[B, S]`` int32/int64 tables as for :func:`split_s_attention`.
+        num_slots: ``P``, the pool's slot count; slots must be -1 or in ``[0, P)``.
+        slot_len: ``T``, tokens per slot; lengths must be in ``[0, T]``.
+        live_lens: ``[B]`` live lengths or None; each must be in ``[0, live_capacity]``.
+        live_capacity: ``M``, the padded live-block length.
+
+    Raises:
+        TypeError / ValueError: as :func:`split_s_attention` for the same tables.
+    """
+    op = "check_segment_table"
+    V.check_ndim(op, "seg_slots", seg_slots, 2, "[B, S]")
+    V.check_index_tensor(op, "seg_lens", seg_lens, tuple(seg_slots.shape), "seg_slots.shape [B, S]")
+    V.check_index_tensor(op, "seg_slots", seg_slots, tuple(seg_slots.shape), "[B, S]")
+    if live_lens is not None:
+        V.check_index_tensor(op, "live_lens", live_lens, (seg_slots.shape[0],), "[B]")
+    V.check_segment_table_values(op, seg_slots, seg_lens, int(num_slots), int(slot_len), live_lens, int(live_capacity))

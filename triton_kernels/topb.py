@@ -16,7 +16,11 @@ Split of the work, and why:
   the token index packed into the sort key for stability; not worth it here.
 * **Gather in Triton** (``_gather_rows_kernel``): copies the selected rows of
   K and V into the compact pool ``[N, b, Hkv, D]`` in one pass (padding rows are
-  written as zeros), reading only the selected rows, from any row strides.
+  written as zeros), reading only the selected rows, from any row strides
+  (64-bit offsets).
+
+NaN scores have no rank (a sort would place them arbitrarily), so the value
+checks reject NaN among the valid tokens' scores with a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import triton.language as tl
 
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
-from triton_kernels._dispatch import alloc, check_values_enabled, next_pow2, require_runnable, resolve_backend
+from triton_kernels._dispatch import alloc, call_op, check_values_enabled, require_runnable, resolve_backend
+from triton_kernels.plan import cdiv, next_pow2
 
 # ----------------------------------------------------------------------------- kernel
 
@@ -50,14 +55,15 @@ def _gather_rows_kernel(
     BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid_b = tl.program_id(0)
-    h = tl.program_id(1)
-    n = tl.program_id(2).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(2).to(tl.int64)  # 64-bit offsets throughout: n * stride_kn may pass 2**31
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)  # [BLOCK_B] output rows
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     b_ok = offs_b < n_out
+    offs_b = offs_b.to(tl.int64)
     tok = tl.load(idx_ptr + n * stride_in + h * stride_ih + offs_b * stride_ib, mask=b_ok, other=-1)  # [BLOCK_B]
     sel = tok >= 0
-    tok = tl.where(sel, tok, 0)
+    tok = tl.where(sel, tok, 0).to(tl.int64)
     d_ok = offs_d[None, :] < HEAD_DIM
     src_mask = sel[:, None] & d_ok  # [BLOCK_B, BLOCK_D]: padding rows read nothing...
     dst_mask = b_ok[:, None] & d_ok  # ...but are written (as zeros)
@@ -117,13 +123,13 @@ def gather_rows_launch(idx, k, v):
         return k_out, v_out
     block_d = next_pow2(d)
     block_b = max(1, min(64, 4096 // block_d, next_pow2(b)))
-    _gather_rows_kernel[(triton.cdiv(b, block_b), h, n)](
-        idx, k, v, k_out, v_out, b,
-        idx.stride(0), idx.stride(1), idx.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        k_out.stride(0), k_out.stride(1), k_out.stride(2),
-        v_out.stride(0), v_out.stride(1), v_out.stride(2),
+    _gather_rows_kernel[(cdiv(b, block_b), h, n)](
+        idx_ptr=idx, k_ptr=k, v_ptr=v, ko_ptr=k_out, vo_ptr=v_out, n_out=b,
+        stride_in=idx.stride(0), stride_ih=idx.stride(1), stride_ib=idx.stride(2),
+        stride_kn=k.stride(0), stride_kt=k.stride(1), stride_kh=k.stride(2),
+        stride_vn=v.stride(0), stride_vt=v.stride(1), stride_vh=v.stride(2),
+        stride_kon=k_out.stride(0), stride_kob=k_out.stride(1), stride_koh=k_out.stride(2),
+        stride_von=v_out.stride(0), stride_vob=v_out.stride(1), stride_voh=v_out.stride(2),
         HEAD_DIM=d, BLOCK_B=block_b, BLOCK_D=block_d,
         num_warps=4,
     )  # fmt: skip
@@ -160,8 +166,7 @@ def _validate(scores, k, v, b, lens, pool_kernel, keep_first) -> None:
 # ----------------------------------------------------------------------------- public op
 
 
-@torch.library.custom_op("prefilling_dllm::topb_gather", mutates_args=())
-def _topb_op(
+def _topb_impl(
     scores: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -172,12 +177,15 @@ def _topb_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if check_values_enabled():
-        V.check_lens_values("topb_gather", lens, k.shape[1])
+        V.check_scores_values("topb_gather", scores, lens)
     if backend == "torch":
         return _ref.topb_gather(scores, k, v, b, lens=lens, pool_kernel=pool_kernel, keep_first=keep_first)
     idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
     k_out, v_out = gather_rows_launch(idx, k, v)
     return k_out, v_out, idx, kept
+
+
+_topb_op = torch.library.custom_op("prefilling_dllm::topb_gather", _topb_impl, mutates_args=())
 
 
 @_topb_op.register_fake
@@ -227,7 +235,8 @@ def topb_gather(
         TypeError: non-float scores, unsupported/mismatched K/V dtypes, ``b`` /
             ``pool_kernel`` not int, ``keep_first`` not bool, lens not int32/int64.
         ValueError: bad ranks or shapes, ``b < 1``, even or non-positive
-            ``pool_kernel``, lens outside ``[0, T]``, device mismatch, last dim of
+            ``pool_kernel``, lens outside ``[0, T]``, NaN among the scores of valid
+            tokens (beyond ``lens`` they are ignored), device mismatch, last dim of
             K/V not contiguous.
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
@@ -236,4 +245,5 @@ def topb_gather(
     for why), gather by a Triton kernel.
     """
     _validate(scores, k, v, b, lens, pool_kernel, keep_first)
-    return _topb_op(scores, k, v, b, lens, pool_kernel, keep_first, resolve_backend(backend, k.device))
+    args = (scores, k, v, b, lens, pool_kernel, keep_first, resolve_backend(backend, k.device))
+    return call_op(_topb_op, _topb_impl, *args)

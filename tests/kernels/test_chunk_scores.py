@@ -10,6 +10,7 @@ import torch
 from triton_kernels import chunk_attention_scores, chunk_row_mass
 from triton_kernels import reference as R
 from triton_kernels.chunk_scores import chunk_attention_scores_launch
+from triton_kernels.plan import H200, assume_gpu, plan_chunk_scores
 
 from ._helpers import DEVICE, assert_rule, dtype_params, max_err, randn
 
@@ -117,6 +118,28 @@ def test_small_tiles_agree():
     b = chunk_attention_scores_launch(q, k, lens, k_extra, 0.2)
     for x, y in zip(a, b, strict=True):
         assert max_err(x, y) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("lens,e", [(None, 7), ([100], 7), ([0], 7), ([600], 0), ([333], 64)], ids=str)
+def test_row_lse_split_over_keys(lens, e, dtype):
+    """Few chunks on a 132-SM plan: pass 1 splits the keys (here 2 splits of 320); the combined LSEs,
+    the masses and the output LSE equal the reference, including a split past lens and an empty chunk."""
+    n, m, g, hkv, d, t = 1, 5, 2, 1, 16, 600
+    gen = torch.Generator().manual_seed(len(str(lens)) + e)
+    q = randn(n, m, g * hkv, d, dtype=dtype, gen=gen)
+    assert plan_chunk_scores(n, m, g * hkv, hkv, d, t, q.element_size(), H200).n_splits == 2
+    k = randn(n, t, hkv, d, dtype=dtype, gen=gen)
+    x = randn(n, e, hkv, d, dtype=dtype, gen=gen) if e else None
+    ln = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    with assume_gpu(H200):
+        mass, extra, lse = chunk_attention_scores(q, k, ln, x, backend="triton")
+    f32 = [None if a is None else a.float() for a in (q, k, x)]
+    ref = R.chunk_attention_scores(f32[0], f32[1], ln, f32[2], sm_scale=0.25)
+    low = _dense_probs(q, k, ln, x, 0.25, dtype)
+    for name, got, r, lo in zip(("mass", "extra", "lse"), (mass, extra, lse), ref, low, strict=False):
+        assert not torch.isnan(got).any(), name
+        assert_rule(got, r, lo, dtype, name)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

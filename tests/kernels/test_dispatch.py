@@ -111,7 +111,9 @@ def test_opcheck_registrations():
     """torch.library.opcheck: schema, fake (meta) kernels and dispatcher behaviour of each op."""
     q, kp, vp, slots, lens, kl, vl = _small()
     ops = torch.ops.prefilling_dllm
-    torch.library.opcheck(ops.split_s_attention, (q, kp, vp, slots, lens, kl, vl, 0.2, "torch"))
+    torch.library.opcheck(ops.split_s_attention, (q, kp, vp, slots, lens, kl, vl, None, 0.2, "torch"))
+    live_lens = torch.tensor([5, 2], dtype=torch.int32)
+    torch.library.opcheck(ops.split_s_attention, (q, kp, vp, slots, lens, kl, vl, live_lens, 0.2, "torch"))
     torch.library.opcheck(ops.merge_states, (torch.randn(3, 4, 2, 16), torch.randn(3, 4, 2), "torch"))
     k = torch.randn(2, 12, 2, 32)
     torch.library.opcheck(ops.chunk_attention_scores, (q, k, None, k[:, :3], 0.2, "torch"))

@@ -23,7 +23,9 @@ def _partials(n, shape, h, d, dtype, gen, dead_frac=0.3):
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("n,shape,h,d", [(1, (3,), 2, 64), (5, (2, 7), 3, 128), (9, (), 4, 80), (3, (33,), 7, 16)])
+@pytest.mark.parametrize(
+    "n,shape,h,d", [(1, (3,), 2, 64), (5, (2, 7), 3, 128), (9, (), 4, 80), (3, (33,), 7, 16), (37, (2,), 3, 32)]
+)
 def test_matches_reference(n, shape, h, d, dtype):
     gen = torch.Generator().manual_seed(n * 100 + d)
     o, lse = _partials(n, shape, h, d, dtype, gen)
@@ -89,3 +91,38 @@ def test_strided_input():
     out, out_lse = merge_states(o, lse, backend="triton")
     ref, ref_lse = R.merge_states(o, lse)
     assert max_err(out, ref) <= 1e-5 and max_err(out_lse, ref_lse) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_plus_inf_lse_same_on_both_backends(dtype):
+    """+inf LSE (overflowed mass): it outweighs every finite partial; two of them average; never NaN."""
+    d = 32
+    gen = torch.Generator().manual_seed(5)
+    o = randn(4, 5, 2, d, dtype=dtype, gen=gen)
+    lse = randn(4, 5, 2, gen=gen)
+    inf, ninf = float("inf"), float("-inf")
+    lse[1, 0, 0] = inf  # row (0, 0): one +inf partial among finite ones -> its o
+    lse[0, 1, 0] = inf  # row (1, 0): two +inf partials -> their mean
+    lse[3, 1, 0] = inf
+    lse[:, 2, 0] = ninf  # row (2, 0): +inf and -inf (whose o is NaN) only
+    lse[2, 2, 0] = inf
+    o[:, 2, 0][lse[:, 2, 0] == ninf] = float("nan")
+    lse[:, 3, 1] = inf  # row (3, 1): every partial +inf
+    got = {b: merge_states(o, lse, backend=b) for b in ("torch", "triton")}
+    of = o.float()
+    want = {
+        (0, 0): of[1, 0, 0],
+        (1, 0): (of[0, 1, 0] + of[3, 1, 0]) / 2,
+        (2, 0): of[2, 2, 0],
+        (3, 1): of[:, 3, 1].mean(0),
+    }
+    for backend, (out, out_lse) in got.items():
+        assert not torch.isnan(out).any() and not torch.isnan(out_lse).any(), backend
+        for (r, h), expect in want.items():
+            assert out_lse[r, h] == inf, (backend, r, h)
+            assert max_err(out[r, h], expect) <= FLOOR[dtype] * 4, (backend, r, h)
+    (a, la), (b, lb) = got["torch"], got["triton"]
+    assert max_err(a, b) <= FLOOR[dtype] * 4 and max_err(la, lb) <= 1e-5
+    finite_rows = torch.isfinite(lse).all(0)  # rows without specials are plain merges
+    ref, ref_lse = R.merge_states(o.float(), lse)
+    assert max_err(b[finite_rows], ref[finite_rows]) <= FLOOR[dtype] * 4

@@ -9,9 +9,10 @@ import torch
 
 from triton_kernels import reference as R
 from triton_kernels import split_s_attention
+from triton_kernels.plan import H200, assume_gpu, plan_split_s
 from triton_kernels.split_s import split_s_launch
 
-from ._helpers import DEVICE, assert_rule, dtype_params, max_err, randn
+from ._helpers import DEVICE, assert_rule, dtype_params, max_err, randn, split_s_dense
 
 HKV = 2
 
@@ -28,34 +29,12 @@ def _case(b, m, g, d, t, slots, lens, dtype, live=True, seed=0, p=5):
     return q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live
 
 
-def _dense(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, dtype, scale):
-    """Dense attention per row over torch.cat of the row's valid keys, computed in ``dtype``."""
-    outs, lses = [], []
-    for b in range(q.shape[0]):
-        ks = [k_pool[s, :n] for s, n in zip(seg_slots[b].tolist(), seg_lens[b].tolist(), strict=True) if s >= 0]
-        vs = [v_pool[s, :n] for s, n in zip(seg_slots[b].tolist(), seg_lens[b].tolist(), strict=True) if s >= 0]
-        if k_live is not None:
-            ks.append(k_live[b])
-            vs.append(v_live[b])
-        k = torch.cat(ks) if ks else k_pool[0, :0]
-        v = torch.cat(vs) if vs else v_pool[0, :0]
-        o, lse = _dense_row(q[b], k, v, scale, dtype)
-        outs.append(o)
-        lses.append(lse)
-    return torch.stack(outs), torch.stack(lses)
-
-
-def _dense_row(q, k, v, scale, dtype):
-    from ._helpers import dense_attention
-
-    return dense_attention(q, k, v, scale, dtype)
-
-
-def _check(args, out, lse, dtype, scale):
+def _check(args, out, lse, dtype, scale, live_lens=None):
+    """Kernel vs the torch reference (fp32), under the rule; the reference vs dense attention."""
     f32 = [a.float() if a is not None and a.is_floating_point() else a for a in args]
-    ref_o, ref_lse = R.split_s_attention(*f32, sm_scale=scale)
-    dense_o, dense_lse = _dense(*f32, torch.float32, scale)
-    low_o, low_lse = _dense(*args, dtype, scale)
+    ref_o, ref_lse = R.split_s_attention(*f32, sm_scale=scale, live_lens=live_lens)
+    dense_o, dense_lse = split_s_dense(*f32, scale, torch.float32, live_lens)
+    low_o, low_lse = split_s_dense(*args, scale, dtype, live_lens)
     assert out.dtype == dtype and lse.dtype == torch.float32
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     assert max_err(ref_o, dense_o) <= 1e-5 and max_err(ref_lse, dense_lse) <= 1e-5  # the two references agree
@@ -147,3 +126,68 @@ def test_torch_backend_is_the_reference():
     out, lse = split_s_attention(*args, backend="torch")
     ref_o, ref_lse = R.split_s_attention(*args)
     assert torch.equal(out, ref_o) and torch.equal(lse, ref_lse)
+
+
+# ----------------------------------------------------------------------------- ragged live blocks
+
+RAGGED_SLOTS = [[0, 2], [3, -1], [-1, -1], [1, 4]]
+RAGGED_LENS = [[T, 9], [33, 0], [0, 0], [T - 3, 1]]
+LIVE_LENS = [17, 5, 0, 1]  # full, short, empty (no live token at all), one token
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize(
+    "plan", [{}, dict(split_len=64), dict(segs_per_prog=2)], ids=["default", "split", "2-segs-per-prog"]
+)
+def test_live_lens_ragged_rows(plan, dtype):
+    """Ragged live blocks padded to M = 17: padded keys are masked for every row, padded query rows
+    give 0 / -inf; garbage (NaN, 1e4) in the padding changes nothing."""
+    args = list(_case(4, 17, 7, 64, T, RAGGED_SLOTS, RAGGED_LENS, dtype, seed=21))
+    live_lens = torch.tensor(LIVE_LENS, dtype=torch.int32, device=DEVICE)
+    scale = 1 / 8
+    out, lse = split_s_launch(*args, scale, live_lens, **plan)
+    _check(args, out, lse, dtype, scale, live_lens)
+    for b, n in enumerate(LIVE_LENS):
+        assert torch.all(out[b, n:] == 0) and torch.all(lse[b, n:] == float("-inf"))
+    assert torch.isfinite(lse[0]).all() and torch.isfinite(lse[2, :0]).all()
+    # Poison the padding: queries NaN, live keys huge (they would dominate every softmax), values NaN.
+    q, kp, vp, slots, lens, kl, vl = (a.clone() if a is not None else a for a in args)
+    for b, n in enumerate(LIVE_LENS):
+        q[b, n:] = float("nan")
+        kl[b, n:] = 1e4
+        vl[b, n:] = float("nan")
+    out2, lse2 = split_s_launch(q, kp, vp, slots, lens, kl, vl, scale, live_lens, **plan)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+
+
+def test_live_lens_without_live_keys_and_torch_backend():
+    """live_lens also marks the real query rows when there are no live keys; both backends agree."""
+    args = _case(4, 9, 4, 64, T, RAGGED_SLOTS, RAGGED_LENS, torch.float32, live=False, seed=4)
+    live_lens = torch.tensor([9, 0, 3, 1], dtype=torch.int64, device=DEVICE)
+    out, lse = split_s_attention(*args, live_lens=live_lens, backend="triton")
+    _check(args, out, lse, torch.float32, 1 / 8, live_lens)
+    ref_o, ref_lse = split_s_attention(*args, live_lens=live_lens, backend="torch")
+    assert max_err(out, ref_o) <= 1e-5 and max_err(lse, ref_lse) <= 1e-5
+    assert torch.all(out[1] == 0) and torch.all(out[2, 3:] == 0) and torch.all(lse[3, 1:] == float("-inf"))
+
+
+# ----------------------------------------------------------------------------- the GPU plan, interpreted
+
+
+def test_h200_plan_splits_and_folds_the_live_block():
+    """The plan a 132-SM H200 chooses at a small shape (segments split in two, live block folded into the
+    last partial, merge of 4 partials) gives the reference result through the interpreter."""
+    b, m, hkv, g, d, t = 2, 4, 1, 2, 16, 512
+    gen = torch.Generator().manual_seed(8)
+    q = randn(b, m, g * hkv, d, gen=gen)
+    kp, vp = randn(3, t, hkv, d, gen=gen), randn(3, t, hkv, d, gen=gen)
+    kl, vl = randn(b, m, hkv, d, gen=gen), randn(b, m, hkv, d, gen=gen)
+    slots = torch.tensor([[1, 0], [2, -1]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([[t, 300], [200, 0]], dtype=torch.int32, device=DEVICE)
+    live_lens = torch.tensor([4, 1], dtype=torch.int32, device=DEVICE)
+    plan = plan_split_s(b, m, g * hkv, hkv, d, 2, t, True, 4, H200)
+    assert plan.n_splits == 2 and plan.n_parts == 4 and plan.merge is not None
+    args = (q, kp, vp, slots, lens, kl, vl)
+    with assume_gpu(H200):
+        out, lse = split_s_attention(*args, live_lens=live_lens, backend="triton")
+    _check(args, out, lse, torch.float32, 1 / 4, live_lens)

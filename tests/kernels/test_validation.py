@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from triton_kernels import (
+    check_segment_table,
     chunk_attention_scores,
     chunk_row_mass,
     merge_states,
+    skip_value_checks,
     split_s_attention,
     topb_gather,
 )
@@ -30,7 +32,7 @@ def _split_args(**over):
     return a
 
 
-def _call_split(backend="torch", **over):
+def _call_split(backend="torch", live_lens=None, **over):
     a = _split_args(**over)
     return split_s_attention(
         a["q"],
@@ -40,6 +42,7 @@ def _call_split(backend="torch", **over):
         a["seg_lens"],
         a["k_live"],
         a["v_live"],
+        live_lens=live_lens,
         backend=backend,
     )
 
@@ -99,6 +102,40 @@ I32 = dict(dtype=torch.int32, device=DEVICE)
 def test_split_s_errors(over, exc, pattern):
     with pytest.raises(exc, match=pattern):
         _call_split(**over)
+
+
+@pytest.mark.parametrize(
+    "live_lens,exc,pattern",
+    [
+        (torch.tensor([3, 4], dtype=torch.int32), ValueError, r"live_lens out of range.*M=3"),
+        (torch.tensor([-1, 0], dtype=torch.int32), ValueError, "live_lens out of range"),
+        (torch.tensor([3, 3, 3], dtype=torch.int32), ValueError, "live_lens must have shape"),
+        (torch.tensor([3.0, 3.0]), TypeError, "live_lens must be int32 or int64"),
+    ],
+)
+def test_live_lens_errors(live_lens, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        _call_split(live_lens=live_lens.to(DEVICE))
+
+
+def test_check_segment_table_once_then_skip():
+    """A cache validates its table once; inside skip_value_checks the per-call check is gone."""
+    a = _split_args()
+    check_segment_table(a["seg_slots"], a["seg_lens"], 3, 8, torch.tensor([3, 1], device=DEVICE), 3)
+    with pytest.raises(ValueError, match=r"seg_slots out of range.*P=2"):
+        check_segment_table(a["seg_slots"], a["seg_lens"], 2, 8)
+    with pytest.raises(ValueError, match=r"seg_lens out of range.*T=7"):
+        check_segment_table(a["seg_slots"], a["seg_lens"], 3, 7)
+    with pytest.raises(ValueError, match=r"live_lens out of range.*M=2"):
+        check_segment_table(a["seg_slots"], a["seg_lens"], 3, 8, torch.tensor([3, 1], device=DEVICE), 2)
+    with pytest.raises(ValueError, match="seg_lens must have shape"):
+        check_segment_table(a["seg_slots"], a["seg_lens"][:, :1], 3, 8)
+    bad = torch.tensor([[0, 1], [2, 5]], dtype=torch.int32, device=DEVICE)  # slot 5 >= P, length 0 there
+    lens = torch.tensor([[8, 1], [0, 0]], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="seg_slots out of range"):
+        _call_split(seg_slots=bad, seg_lens=lens)
+    with skip_value_checks():
+        _call_split(seg_slots=bad.clamp(max=2), seg_lens=lens)  # valid data, no check: runs
 
 
 def test_device_mismatch():
@@ -161,6 +198,18 @@ def test_topb_errors():
         topb_gather(s, k, k.half(), 2)
     with pytest.raises(TypeError, match="keep_first must be a bool"):
         topb_gather(s, k, k, 2, keep_first=1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_topb_rejects_nan_scores(backend):
+    s = torch.randn(2, 2, 9, device=DEVICE)
+    k = torch.randn(2, 9, 2, 32, device=DEVICE)
+    s[1, 0, 4] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN at 1 valid token\(s\) \(first: chunk 1, KV head 0, token 4\)"):
+        topb_gather(s, k, k, 3, backend=backend)
+    lens = torch.tensor([9, 4], device=DEVICE)  # the NaN sits past chunk 1's valid tokens: ignored
+    got = topb_gather(s, k, k, 3, lens=lens, backend=backend)
+    assert not torch.isnan(got[0]).any() and got[3].tolist() == [3, 3]
 
 
 def test_bad_backend_name():
