@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install test test-compat demo bench lint clean
+.PHONY: install test test-compat demo bench record record-demo record-bench lint clean
 
 install: $(STAMP)
 
@@ -51,11 +51,22 @@ test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import transformers, triton; print('[compat] transformers', transformers.__version__, 'triton', triton.__version__)"
 	$(COMPAT_VENV)/bin/python -m pytest -q -m compat tests
 
+# make demo / make bench write to runs/demo/ and runs/bench/ (git-ignored): running them changes no
+# tracked file. make record rewrites the recorded results under bench/results/ (their timings are
+# only worth keeping from a quiet machine); record-demo and record-bench do one half each.
 demo: $(STAMP)
 	$(BIN)/python -m bench.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
+
+record: record-demo record-bench
+
+record-demo: $(STAMP)
+	$(BIN)/python -m bench.demo --record
+
+record-bench: $(STAMP)
+	$(BIN)/python -m bench.run_all --record
 
 lint: $(STAMP)
 	$(BIN)/ruff check triton_kernels dllm bench tests

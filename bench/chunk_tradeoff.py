@@ -6,7 +6,9 @@ Prefilling only, passkey and needle cases at a few depths on the bundled tiny mo
 accuracy and seconds per case for every (C, K, length). Small C makes scoring finer
 but cuts needles across chunks and adds scoring rows; large C x K pushes the query
 past the model's 1536-token training window (continuous positions), which this
-tiny model cannot extrapolate to. Writes ``bench/results/chunk_tradeoff.csv`` / ``.png``.
+tiny model cannot extrapolate to. One untimed warm-up case runs first (:mod:`bench.warmup`).
+Writes ``chunk_tradeoff.csv``, ``.md`` and ``.png`` to ``runs/bench/``; ``--record`` rewrites the
+recorded ones in ``bench/results/``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,22 @@ import torch
 
 from bench.budget import TimeBudget
 from bench.demo import TINY_PREFILLING
+from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
+from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.evaluation import run_case
 from dllm.loader import load_model
 from dllm.tasks import make_case
 
 
 def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=2000):
+    """Decode the grid; returns its rows (also written to ``chunk_tradeoff.csv``) and the start-up line."""
+    t0 = time.perf_counter()
     model = load_model()
+    load_s = time.perf_counter() - t0
+    warm = warm_up(model, ("prefilling",), lengths[0], prefilling=TINY_PREFILLING)
+    startup = startup_line(load_s, warm, lengths[0])
+    print(startup, flush=True)
     budget = TimeBudget(budget_s)
     rows = []
     for length, c, k in itertools.product(lengths, chunk_sizes, top_ks):
@@ -50,7 +60,7 @@ def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=200
         acc = sum(r["correct"] for r in rows[-n:]) / n
         print(f"  C={c:5d} K={k} @ {length:6d}: {100 * acc:.0f}% {budget.measured[key][1]:.2f} s/case", flush=True)
     write_csv(os.path.join(out_dir, "chunk_tradeoff.csv"), rows, "cpu")
-    return rows
+    return rows, startup
 
 
 def summarize(rows, chunk_sizes, top_ks, lengths) -> str:
@@ -114,16 +124,19 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--tasks", nargs="+", default=["passkey", "needle"])
-    p.add_argument("--budget", type=float, default=240.0, help="seconds")
-    p.add_argument("--out", default=os.path.join("bench", "results"))
+    p.add_argument("--budget", type=float, default=240.0, help="seconds of the timed grid")
+    add_output_args(p, "bench")
     args = p.parse_args(argv)
+    out = output_dir(args, "bench")
+    out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
-    rows = run(args.chunk_sizes, args.top_k, args.lengths, args.depths, args.tasks, args.budget, args.out)
-    table = summarize(rows, args.chunk_sizes, args.top_k, args.lengths)
+    rows, startup = run(args.chunk_sizes, args.top_k, args.lengths, args.depths, args.tasks, args.budget, str(out))
+    first = first_case_line(first_case_ratios(rows, key=("chunk_size", "top_k", "length")))
+    table = f"{summarize(rows, args.chunk_sizes, args.top_k, args.lengths)}\n{startup} {first}"
     print(table)
-    with open(os.path.join(args.out, "chunk_tradeoff.md"), "w") as f:
+    with open(out / "chunk_tradeoff.md", "w") as f:
         f.write(table + "\n")
-    plot(rows, args.chunk_sizes, args.top_k, args.lengths, os.path.join(args.out, "chunk_tradeoff.png"))
+    plot(rows, args.chunk_sizes, args.top_k, args.lengths, str(out / "chunk_tradeoff.png"))
     return 0
 
 

@@ -7,19 +7,25 @@ transformers baseline), ``prefix_cache`` (Fast-dLLM style) and ``prefilling``
 speedup over dense measured in the same run. A method whose predicted time at
 the next length (its measured time scaled by the method's cost law: quadratic in
 the context for dense and prefix_cache, linear for prefilling) would not fit the
-time budget is skipped, and the table says so. Writes a CSV and a PNG.
+time budget is skipped, and the table says so. One untimed warm-up case per method runs first; its
+time and the model's load time are reported apart (:mod:`bench.warmup`), with the first case of
+each row over that row's median. Writes a CSV, a Markdown table and a PNG to ``runs/demo/``
+(git-ignored); ``--record`` (``make record``) rewrites the recorded ``bench/results/demo/`` instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
+from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line, write_csv
 from bench.selection_recall import write_recall
+from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.evaluation import EvalRow, run_case
 from dllm.loader import load_model
 from dllm.prefilling import PrefillingConfig
@@ -39,10 +45,11 @@ EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to
 # filler chunks it is confident about whatever the needle (bench/results/score_terms*.md; README Results).
 TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",))
+GEN = dict(gen_length=8, steps=8)  # a 5-digit key and its EOS, one token per step
 
 
 def run_demo(
-    out_dir: str = "bench/results/demo",
+    out_dir: str,
     *,
     quick: bool = False,
     model_dir: str | None = None,
@@ -51,23 +58,30 @@ def run_demo(
     depths=DEPTHS,
     prefilling: PrefillingConfig | None = None,
     seed: int = 0,
+    command: str = "python -m bench.demo",
 ) -> int:
     """Run the demo grid and print the table; returns a process exit code (0).
 
     Args:
-        out_dir: where ``demo.csv`` and ``demo.png`` go.
+        out_dir: where ``demo.csv``, ``demo.md``, ``demo_recall.md`` and ``demo.png`` go.
         quick: 2 lengths x 2 depths (smoke test).
         model_dir: checkpoint (default: the bundled tiny model).
         budget_s: wall-clock budget; methods predicted to overrun it are skipped.
         lengths, depths: the grid (tokens; 0..1).
         prefilling: prefilling configuration (default: :data:`TINY_PREFILLING`).
         seed: first task seed (the case at depth index i uses ``seed + i``; one case per depth).
+        command: the command line named in ``demo.md``.
     """
     if quick:
         lengths, depths = lengths[:2], (depths[0], depths[-1])
+    t0 = time.perf_counter()
     model = load_model(model_dir)
+    load_s = time.perf_counter() - t0
     cfg = prefilling or TINY_PREFILLING
-    budget = TimeBudget(budget_s)
+    warm = warm_up(model, METHODS, lengths[0], prefilling=cfg, **GEN)
+    startup = startup_line(load_s, warm, lengths[0])
+    print(startup, flush=True)
+    budget = TimeBudget(budget_s)  # starts after the warm-up: the budget is for the timed grid
     rows: list[EvalRow] = []
     for length in lengths:
         cases = [make_case("passkey", length, d, seed + i, tokenizer=None) for i, d in enumerate(depths)]
@@ -76,7 +90,7 @@ def run_demo(
                 continue
             kw = {"prefilling": cfg} if method == "prefilling" else {}
             t0 = time.perf_counter()
-            new = [run_case(model, case, method, gen_length=8, steps=8, **kw) for case in cases]
+            new = [run_case(model, case, method, **GEN, **kw) for case in cases]
             rows += new
             budget.record(method, length, (time.perf_counter() - t0) / len(cases))
             print(
@@ -88,12 +102,20 @@ def run_demo(
     os.makedirs(out_dir, exist_ok=True)
     write_csv(os.path.join(out_dir, "demo.csv"), [asdict(r) for r in rows], str(model.device))
     table = demo_table(rows, skipped, lengths)
+    first = first_case_line(first_case_ratios(rows))
     print(table)
+    print(first)
     with open(os.path.join(out_dir, "demo.md"), "w") as f:
-        f.write(f"Command: `make demo` (`python -m bench.demo`)  \n{machine_line(str(model.device))}\n\n{table}\n")
+        f.write(
+            f"Command: `{command}`  \n{machine_line(str(model.device))}\n\n{table}\n\n"
+            f"Seconds per case: `generate`'s total, after the warm-up. {startup} {first}\n"
+        )
     plot_demo(rows, os.path.join(out_dir, "demo.png"))
     write_recall(os.path.join(out_dir, "demo.csv"), cfg.chunk_size)
-    print(f"total {budget.seconds - budget.left():.0f} s; wrote {out_dir}/demo.csv, demo.md, demo.png")
+    print(
+        f"timed grid {budget.seconds - budget.left():.0f} s, start-up {load_s + sum(warm.values()):.0f} s; "
+        f"wrote {out_dir}/demo.csv, demo.md, demo_recall.md, demo.png"
+    )
     return 0
 
 
@@ -155,11 +177,20 @@ def plot_demo(rows, path: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled tiny model)")
-    p.add_argument("--out", default=os.path.join("bench", "results", "demo"))
+    add_output_args(p, "demo", "demo")
     p.add_argument("--quick", action="store_true", help="2 lengths x 2 depths (smoke test)")
-    p.add_argument("--budget", type=float, default=540.0, help="seconds; slower methods are skipped past it")
+    p.add_argument(
+        "--budget", type=float, default=540.0, help="seconds of the timed grid; slower methods are skipped past it"
+    )
     args = p.parse_args(argv)
-    return run_demo(args.out, quick=args.quick, model_dir=args.model, budget_s=args.budget)
+    command = " ".join(["python -m bench.demo", *(sys.argv[1:] if argv is None else argv)])
+    return run_demo(
+        str(output_dir(args, "demo", "demo")),
+        quick=args.quick,
+        model_dir=args.model,
+        budget_s=args.budget,
+        command=command,
+    )
 
 
 if __name__ == "__main__":

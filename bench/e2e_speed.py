@@ -10,7 +10,9 @@ overrun the budget are skipped at that length (listed in the table). Dense's per
 cost is additionally probed with one forward at every length where it fits, so its
 growth can be read even where full decoding is skipped.
 
-Writes ``bench/results/e2e_speed.csv`` and ``e2e_speed.png`` (log-log).
+One untimed warm-up case per method runs first (:mod:`bench.warmup`); its time is reported apart.
+Writes ``e2e_speed.csv``, ``e2e_speed.md`` and ``e2e_speed.png`` (log-log) to ``runs/bench/``;
+``--record`` rewrites the recorded ones in ``bench/results/``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import torch
 from bench import flop_model
 from bench.budget import TimeBudget
 from bench.demo import EXPONENT, TINY_PREFILLING
+from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
+from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.evaluation import case_inputs
 from dllm.generate import generate
 from dllm.loader import load_model
@@ -57,8 +61,14 @@ def dense_step_probe(model, n_tokens: int) -> float:
         return time.perf_counter() - t0
 
 
-def run(lengths, depths, budget_s: float, out_dir: str) -> list[dict]:
+def run(lengths, depths, budget_s: float, out_dir: str) -> tuple[list[dict], str]:
+    """Decode the grid; returns its rows (also written to ``e2e_speed.csv``) and the start-up line."""
+    t0 = time.perf_counter()
     model = load_model()
+    load_s = time.perf_counter() - t0
+    warm = warm_up(model, METHODS, lengths[0], prefilling=TINY_PREFILLING, gen_length=GEN, steps=STEPS)
+    startup = startup_line(load_s, warm, lengths[0])
+    print(startup, flush=True)
     budget = TimeBudget(budget_s)
     rows = []
     probe_budget = TimeBudget(budget_s * 0.25)
@@ -119,7 +129,7 @@ def run(lengths, depths, budget_s: float, out_dir: str) -> list[dict]:
                 }
             )
     write_csv(os.path.join(out_dir, "e2e_speed.csv"), rows, "cpu")
-    return rows
+    return rows, startup
 
 
 def summarize(rows) -> str:
@@ -208,16 +218,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768, 65536])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    p.add_argument("--budget", type=float, default=420.0, help="seconds")
-    p.add_argument("--out", default=os.path.join("bench", "results"))
+    p.add_argument("--budget", type=float, default=420.0, help="seconds of the timed grid")
+    add_output_args(p, "bench")
     args = p.parse_args(argv)
+    out = output_dir(args, "bench")
+    out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
-    rows = run(args.lengths, args.depths, args.budget, args.out)
-    table = summarize(rows)
+    rows, startup = run(args.lengths, args.depths, args.budget, str(out))
+    ok = [r for r in rows if r["status"] == "ok" and r["method"] in METHODS]
+    table = f"{summarize(rows)}\n\n{startup} {first_case_line(first_case_ratios(ok, seconds='total_s'))}"
     print(table)
-    with open(os.path.join(args.out, "e2e_speed.md"), "w") as f:
+    with open(out / "e2e_speed.md", "w") as f:
         f.write(table + "\n")
-    plot(rows, os.path.join(args.out, "e2e_speed.png"))
+    plot(rows, str(out / "e2e_speed.png"))
     return 0
 
 

@@ -4,8 +4,9 @@
 
 For each task, method (dense, prefix_cache, prefilling), context length and needle
 depth (11 depths 0..1 by default) one seeded case is decoded on the bundled tiny
-model. Cells a method could not reach within the time budget are grey ("not run").
-Writes ``bench/results/lost_in_middle.csv`` and ``lost_in_middle.png``.
+model. Cells a method could not reach within the time budget are grey ("not run"). One untimed
+warm-up case per method runs first (:mod:`bench.warmup`). Writes ``lost_in_middle.csv``, ``.md``
+and ``.png`` to ``runs/bench/``; ``--record`` rewrites the recorded ones in ``bench/results/``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import torch
 
 from bench.budget import TimeBudget
 from bench.demo import EXPONENT, TINY_PREFILLING
+from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
+from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.evaluation import run_case
 from dllm.loader import load_model
 from dllm.tasks import make_case
@@ -28,7 +31,17 @@ METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent bud
 
 
 def run(tasks, lengths, depths, budget_s, out_dir, seed=1000):
+    """Decode the grid; returns its rows (also written to ``lost_in_middle.csv``), the skipped cells and
+    the start-up line."""
+    t0 = time.perf_counter()
     model = load_model()
+    load_s = time.perf_counter() - t0
+    warm = dict.fromkeys(METHODS, 0.0)
+    for task in tasks:  # each task's answer length gives its decode other shapes
+        for method, s in warm_up(model, METHODS, lengths[0], prefilling=TINY_PREFILLING, task=task).items():
+            warm[method] += s
+    startup = startup_line(load_s, warm, lengths[0], per="method and task" if len(tasks) > 1 else "method")
+    print(startup, flush=True)
     budget = TimeBudget(budget_s)
     rows = []
     for length in lengths:
@@ -45,7 +58,7 @@ def run(tasks, lengths, depths, budget_s, out_dir, seed=1000):
             budget.record(method, length, (time.perf_counter() - t0) / n)
             print(f"  {method:>12} @ {length:>6}: {budget.measured[method][1]:.2f} s/case", flush=True)
     write_csv(os.path.join(out_dir, "lost_in_middle.csv"), rows, "cpu")
-    return rows, budget.skipped
+    return rows, budget.skipped, startup
 
 
 def summarize(rows, tasks, lengths) -> str:
@@ -96,22 +109,25 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="+", default=["passkey", "needle"])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
     p.add_argument("--depths", type=int, default=11, help="number of depths in 0..1")
-    p.add_argument("--budget", type=float, default=300.0, help="seconds")
-    p.add_argument("--out", default=os.path.join("bench", "results"))
+    p.add_argument("--budget", type=float, default=300.0, help="seconds of the timed grid")
+    add_output_args(p, "bench")
     args = p.parse_args(argv)
+    out = output_dir(args, "bench")
+    out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     depths = [i / (args.depths - 1) for i in range(args.depths)]
-    rows, skipped = run(args.tasks, args.lengths, depths, args.budget, args.out)
+    rows, skipped, startup = run(args.tasks, args.lengths, depths, args.budget, str(out))
     table = summarize(rows, args.tasks, args.lengths)
     print(table)
-    with open(os.path.join(args.out, "lost_in_middle.md"), "w") as f:
+    first = first_case_line(first_case_ratios(rows, key=("task", "method", "length")))
+    with open(out / "lost_in_middle.md", "w") as f:
         f.write(
             table
             + "\n\nSkipped: "
             + ("; ".join(f"{m}@{ln}: {why}" for (m, ln), why in skipped.items()) or "none")
-            + "\n"
+            + f"\n\n{startup} {first}\n"
         )
-    plot(rows, args.tasks, args.lengths, depths, os.path.join(args.out, "lost_in_middle.png"))
+    plot(rows, args.tasks, args.lengths, depths, str(out / "lost_in_middle.png"))
     return 0
 
 

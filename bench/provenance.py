@@ -78,14 +78,16 @@ def machine_line(device: str | None = None) -> str:
     )
 
 
-def write_csv(path, rows: list[dict], device: str | None = None) -> Path:
+def write_csv(path, rows: list[dict], device: str | None = None, *, prov: dict | None = None) -> Path:
     """Write ``rows`` (dicts) to ``path`` with the provenance columns prepended to every row.
 
     Columns are the union of all row keys in first-seen order; missing cells are empty.
+    ``prov`` gives the provenance of the run that made the rows when it is not this process
+    (a recorded file rewritten later); by default it is :func:`provenance` of ``device``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    prov = provenance(device)
+    prov = provenance(device) if prov is None else prov
     full = [{**prov, **row} for row in rows]
     fields: list[str] = []
     for row in full:

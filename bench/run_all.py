@@ -4,10 +4,12 @@ On a CUDA machine the kernel microbenchmarks run compiled on the GPU; elsewhere 
 CPU comparison of the torch paths runs (labelled CPU). Then the end-to-end studies on
 the bundled tiny model: speed vs context length, the lost-in-the-middle heatmaps and
 the chunk-size trade-off, each under its own time budget (cells that would overrun are
-skipped and listed), and the document cache (questions from a cached 16K-token document vs
-fresh runs, a 128K-token document; --scale below 1 shrinks both documents). CSVs (with
-provenance columns) and PNGs go to ``bench/results/``;
-``bench/results/SUMMARY.md`` gathers the tables with the command and machine line.
+skipped and listed); each runs one untimed warm-up case first and reports it apart. Then the
+document cache (questions from a cached 16K-token document vs fresh runs, a 128K-token
+document; --scale below 1 shrinks both documents). CSVs (with
+provenance columns), Markdown tables, PNGs and ``SUMMARY.md`` (the tables with the command and
+machine line) go to ``runs/bench/`` (git-ignored); ``--record`` (``make record``) rewrites the
+recorded ones in ``bench/results/`` instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 import torch
 
 from bench import chunk_tradeoff, document_cache, e2e_speed, lost_in_middle
+from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
 
 STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache")
@@ -28,12 +31,13 @@ STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join("bench", "results"))
+    add_output_args(p, "bench")
     p.add_argument("--only", nargs="+", choices=STUDIES, default=list(STUDIES))
     p.add_argument("--scale", type=float, default=1.0, help="multiply every time budget (e.g. 0.2 for a smoke run)")
     args = p.parse_args(argv)
+    out = str(output_dir(args, "bench"))
     torch.set_num_threads(2)
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     t0 = time.time()
     budgets = {"kernels": 150, "e2e_speed": 360, "lost_in_middle": 300, "chunk_tradeoff": 240}
     b = {k: max(10.0, v * args.scale) for k, v in budgets.items()}
@@ -45,7 +49,7 @@ def main(argv=None) -> int:
             "-m",
             "bench.bench_kernels",
             "--out",
-            args.out,
+            out,
             "--device",
             device,
             "--budget-s",
@@ -55,35 +59,35 @@ def main(argv=None) -> int:
         subprocess.run(cmd, check=False)
         done.append(f"bench_kernels_{'gpu' if device == 'cuda' else 'cpu'}.csv")
     if "e2e_speed" in args.only:
-        e2e_speed.main(["--budget", str(b["e2e_speed"]), "--out", args.out])
+        e2e_speed.main(["--budget", str(b["e2e_speed"]), "--out", out])
         done.append("e2e_speed.md")
     if "lost_in_middle" in args.only:
-        lost_in_middle.main(["--budget", str(b["lost_in_middle"]), "--out", args.out])
+        lost_in_middle.main(["--budget", str(b["lost_in_middle"]), "--out", out])
         done.append("lost_in_middle.md")
     if "chunk_tradeoff" in args.only:
-        chunk_tradeoff.main(["--budget", str(b["chunk_tradeoff"]), "--out", args.out])
+        chunk_tradeoff.main(["--budget", str(b["chunk_tradeoff"]), "--out", out])
         done.append("chunk_tradeoff.md")
     if "document_cache" in args.only:
         shrink = min(1.0, args.scale)
         document_cache.main(
-            ["--out", args.out, "--length", str(max(2048, int(16384 * shrink)))]
+            ["--out", out, "--length", str(max(2048, int(16384 * shrink)))]
             + ["--long-length", str(max(4096, int(131072 * shrink)))]
         )
         done.append("document_cache.md")
     lines = [
         "# Benchmark summary",
         "",
-        f"Command: `make bench` (`python -m bench.run_all {' '.join(argv or sys.argv[1:])}`)".rstrip(),
+        f"Command: `{' '.join(['python -m bench.run_all', *(sys.argv[1:] if argv is None else argv)])}`",
         f"{machine_line()}; {time.time() - t0:.0f} s in all.",
         "",
     ]
     for name in done:
-        path = os.path.join(args.out, name)
+        path = os.path.join(out, name)
         if name.endswith(".md") and os.path.exists(path):
             lines += [f"## {name[:-3]}", "", open(path).read(), ""]
         else:
-            lines += [f"## {name}", "", f"see `{path}`", ""]
-    with open(os.path.join(args.out, "SUMMARY.md"), "w") as f:
+            lines += [f"## {name}", "", f"see `{name}` beside this file", ""]
+    with open(os.path.join(out, "SUMMARY.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
     return 0

@@ -8,8 +8,9 @@ Prefilling-dLLM scores every chunk with s = s_I + s_P (paper); this package also
 chunk-encoded once, every term is computed for every chunk, and the rank (0 = best) of the chunk
 where the needle sentence starts (it holds "The pass key is" and, unless the cut falls inside it,
 the key) is reported for each combination, with how often it lands in the top 4 and the top 2.
-Writes ``bench/results/score_terms.md``
-with the command and machine line; this is what chose ``TINY_PREFILLING.score_terms``.
+Writes ``score_terms.md`` with the command and machine line to ``runs/bench/``; ``--record``
+rewrites the recorded one in ``bench/results/`` (``score_terms.md`` at 8192 tokens,
+``score_terms_4k.md`` and so on at other lengths). This is what chose ``TINY_PREFILLING.score_terms``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import torch
 
 from bench.demo import TINY_PREFILLING
+from bench.outputs import RESULTS_DIR, RUNS_DIR
 from bench.provenance import machine_line
 from dllm.evaluation import case_inputs
 from dllm.loader import load_model
@@ -67,15 +69,19 @@ def main(argv=None) -> int:
     p.add_argument("--length", type=int, default=8192)
     p.add_argument("--chunk-size", type=int, default=256)
     p.add_argument("--cases", type=int, default=10)
-    p.add_argument("--out", default=os.path.join("bench", "results", "score_terms.md"))
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--out", default=None, help="Markdown file (default: runs/bench/score_terms.md, git-ignored)")
+    g.add_argument("--record", action="store_true", help="rewrite the recorded file in bench/results/ instead")
     args = p.parse_args(argv)
+    out = args.out or str(recorded_path(args.length) if args.record else RUNS_DIR / "bench" / "score_terms.md")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     model = load_model(device="cpu")
     ranks = needle_ranks(model, args.length, args.chunk_size, args.cases)
     lines = [
         f"# Chunk-score terms on the bundled tiny model (passkey, {args.length} tokens, C={args.chunk_size})",
         "",
         f"Command: `python -m bench.score_terms --length {args.length} --chunk-size {args.chunk_size} "
-        f"--cases {args.cases}`  ",
+        f"--cases {args.cases}{' --record' if args.record else ''}`  ",
         machine_line("cpu"),
         "",
         "| terms | needle-chunk rank per case (0 = best) | in top 4 | in top 2 |",
@@ -95,9 +101,14 @@ def main(argv=None) -> int:
     ]
     table = "\n".join(lines)
     print(table)
-    with open(args.out, "w") as f:
+    with open(out, "w") as f:
         f.write(table + "\n")
     return 0
+
+
+def recorded_path(length: int):
+    """The recorded file of a study at ``length`` tokens: ``score_terms.md`` at 8192, else ``score_terms_4k.md``..."""
+    return RESULTS_DIR / ("score_terms.md" if length == 8192 else f"score_terms_{length // 1024}k.md")
 
 
 if __name__ == "__main__":

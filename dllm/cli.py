@@ -1,112 +1,410 @@
-"""Command line: ``python -m dllm {generate,encode,eval,info}``.
+"""Command line of prefilling-dllm: ``python -m dllm generate|encode|eval|info`` (installed as ``dllm`` too).
 
-    python -m dllm generate --prompt-file prompt.txt [--model DIR] [--method dense|prefix_cache|prefilling] [--chat]
-    python -m dllm encode --context-file doc.txt --out doc.cache [--chunk-size 256]
-    python -m dllm generate --document doc.cache --prompt-file q.txt [--question TEXT ...]
-    python -m dllm eval passkey --lengths 1024 4096 --depths 0 0.5 1 --method prefilling --samples 5
-    python -m dllm eval longbench --data hotpotqa.jsonl --method prefilling [--limit 50]
-    python -m dllm info [--model DIR] [--json]
-
-``encode`` runs the chunked prefill of a document once and saves it (:class:`dllm.DocumentCache`);
-``generate --document`` answers from it without encoding a chunk again (method prefilling). Each
-``--question`` (repeatable) fills the prompt's ``{question}`` slot (or is appended to the prompt;
-without ``--prompt-file`` the prompt is the document followed by the question), all from one load.
-
-(The demo and the benchmarks live in ``bench/``: ``make demo``, ``make bench``.)
-
-``--model`` defaults to the bundled tiny model (``dllm/assets/tiny-dream``).
+:func:`main` is the entry point; ``python -m dllm --help`` prints the runnable examples of :data:`EXAMPLES`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import time
 
-from dllm.unmasking import ALGS
+from dllm.generate import METHODS
+from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
+from dllm.tasks import TASKS
+from dllm.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
+
+RUNS_DIR = "runs"  # default output folder, relative to the working directory (git-ignored in the repository)
+_PREFILLING_DEFAULTS = PrefillingConfig()
+# CLI option -> PrefillingConfig field; these options apply to --method prefilling only
+_PREFILLING_OPTIONS = {
+    "chunk_size": "--chunk-size",
+    "top_k": "--top-k",
+    "token_budget": "--token-budget",
+    "position_mode": "--position-mode",
+    "cache_mode": "--cache-mode",
+    "score_mode": "--score-mode",
+    "score_terms": "--score-terms",
+}
+# Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
+EXAMPLES = {
+    "generate": (
+        "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --gen-length 8",
+        "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 128 "
+        "--top-k 8 --gen-length 8",
+    ),
+    "encode": ("python -m dllm encode --context-file doc.txt --out doc.cache",),
+    "eval": (
+        "python -m dllm eval passkey --method prefilling",
+        "python -m dllm eval passkey --lengths 4096 --depths 0 0.5 1 --samples 1 --method prefilling "
+        "--chunk-size 256 --score-terms draft_contrast",
+        "python -m dllm eval number_string --lengths 1024 --depths 0.5 --samples 2 --method prefix_cache",
+        "python -m dllm eval longbench --data hotpotqa.jsonl --limit 2 --method prefilling",
+    ),
+    "info": ("python -m dllm info", "python -m dllm info --json"),
+}
+EXAMPLE_FILES = {  # what the examples' input files hold
+    "generate": """\
+prompt.txt holds the question around one {context} slot (the bundled model answers this wording;
+the last line ends with "is" and a space):
+  There is a pass key hidden in the text below.
+
+  {context}
+
+  What is the pass key? The pass key is
+doc.txt holds a few thousand characters of "The grass is green. The sky is blue. " with
+"The pass key is 12345. Remember it." somewhere inside.""",
+    "eval": """\
+hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
+bundled model does not answer it).""",
+    "encode": """\
+doc.txt as for generate. Answer questions from the saved cache without encoding the document again
+(the prompt's {context} slot marks where the document goes; each --question fills a {question} slot
+or is appended to the prompt):
+  dllm generate --document doc.cache --prompt-file prompt.txt --gen-length 8""",
+    "info": "With no --model, info describes the bundled tiny model.",
+}
 
 
-def _add_model_args(p):
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled tiny model)")
-    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: bf16 on CUDA, fp32 on CPU)")
+def _examples(*commands: str) -> str:
+    return "\n".join("  " + line for command in commands for line in EXAMPLES[command])
 
 
-def _add_decode_args(p, gen_length_default):
+DESCRIPTION = f"""\
+Long-context inference of diffusion LMs (Dream, LLaDA) with Prefilling-dLLM.
+
+examples (each runs as written on the bundled tiny model):
+{_examples("generate", "encode", "eval", "info")}
+
+{EXAMPLE_FILES["generate"]}
+{EXAMPLE_FILES["eval"]}
+
+A user error (a missing file, a bad option value, an empty context, --top-k above the number of
+chunks, ...) prints one line "error: ..." and exits with status 2; --debug shows the traceback.
+The demo and the benchmarks live in bench/ of the repository (make demo, make bench)."""
+LONGBENCH = "longbench"  # eval's task for a local LongBench file (--data), beside the seeded tasks
+_ALL = "all"  # --top-k all / --token-budget all: keep every chunk / every token (the library's None)
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported as one ``error:`` line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (raised, so :func:`main` reports every user error the same way)."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and appends ``(default: X)`` to every option whose help does not
+    already state its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if "default" in text or not action.option_strings or d is None or d is False or d == argparse.SUPPRESS:
+            return text
+        shown = " ".join(map(str, d)) if isinstance(d, (list, tuple)) else d
+        return f"{text} (default: {shown})"
+
+
+# ---------------------------------------------------------------- argument types (checked while parsing)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _positive_int_or_all(text: str):
+    return _ALL if text == _ALL else _positive_int(text)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _depth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: only cpu and cuda devices are supported")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine")
+    return text
+
+
+def _existing_dir(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: " + ("not a directory" if os.path.exists(text) else "no such directory")
+        )
+    return text
+
+
+def _existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: " + ("not a file" if os.path.exists(text) else "no such file"))
+    return text
+
+
+# ---------------------------------------------------------------- options shared by the subcommands
+
+
+def _add_common_args(p):
+    p.add_argument(
+        "--model",
+        type=_existing_dir,
+        default=None,
+        help="checkpoint directory, Dream or LLaDA layout (default: the bundled tiny model, dllm/assets/tiny-dream)",
+    )
+    p.add_argument(
+        "--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and activations (default: bfloat16 on CUDA, float32 on CPU)",
+    )
+    p.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
+
+
+def _add_decode_args(p, gen_length_default: int | None):
+    from dllm.loader import default_model_dir
+
     p.add_argument(
         "--method",
         default=None,
-        choices=["dense", "prefix_cache", "prefilling"],
-        help="default: prefilling with --document, else dense",
+        choices=METHODS,
+        help="dense (recompute all every step), prefix_cache (Fast-dLLM style) or prefilling (Prefilling-dLLM) "
+        "(default: dense; prefilling with --document)",
     )
-    p.add_argument("--gen-length", type=int, default=gen_length_default, help="response tokens")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: gen-length)")
-    p.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (default: gen-length)")
-    p.add_argument("--alg", default=None, choices=ALGS, help="unmasking rule (default by family)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold")
-    p.add_argument("--seed", type=int, default=None)
-    g = p.add_argument_group("prefilling")
-    g.add_argument("--chunk-size", type=int, default=None, help="C, tokens per chunk")
-    g.add_argument("--top-k", type=int, default=None, help="K, chunks kept")
-    g.add_argument("--token-budget", type=int, default=None, help="B, tokens kept per chunk (default: all)")
-    g.add_argument("--position-mode", default=None, choices=["reuse", "continuous", "absolute"])
-    g.add_argument("--cache-mode", default=None, choices=["independent", "joint"])
-    g.add_argument("--score-mode", default=None, help="dllm (default) or causal")
+    gen_help = "response tokens" + ("" if gen_length_default else " (default: the answer's tokens + 4, per case)")
+    p.add_argument("--gen-length", type=_positive_int, default=gen_length_default, help=gen_help)
+    p.add_argument("--steps", type=_positive_int, default=None, help="denoising steps in all (default: the gen length)")
+    p.add_argument(
+        "--block-length",
+        type=_positive_int,
+        default=None,
+        help="semi-autoregressive block, divides the gen length (default: the gen length, one block)",
+    )
+    p.add_argument(
+        "--alg",
+        default=None,
+        choices=ALGS,
+        help="unmasking rule (default: maskgit_plus for Dream, low_confidence for LLaDA)",
+    )
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy; > 0 samples tokens")
+    p.add_argument(
+        "--confidence-from",
+        default=None,
+        choices=CONFIDENCE_SOURCES,
+        help="distribution that ranks positions at temperature > 0: the tempered one the tokens are drawn from "
+        "(Dream's reference) or softmax(logits) (LLaDA's, Fast-dLLM's); ties go to the leftmost position "
+        "(default: the rule's reference: tempered for Dream's rules, logits for the others)",
+    )
+    p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="seeds the sampling RNG (default: unseeded)")
+    d = _PREFILLING_DEFAULTS
+    tuned = ", ".join(
+        f"{k}={v}" for k, v in PrefillingConfig.from_pretrained(default_model_dir()).changed_fields().items()
+    )
+    g = p.add_argument_group(
+        "prefilling (with --method prefilling; the defaults shown are the library's; a checkpoint's "
+        f"prefilling_config.json overrides them, the bundled model's with {tuned or 'nothing'})"
+    )
+    g.add_argument(
+        "--chunk-size",
+        type=_positive_int,
+        default=None,
+        help=f"C, context tokens per chunk (default: {d.chunk_size})",
+    )
+    g.add_argument(
+        "--top-k",
+        type=_positive_int_or_all,
+        default=None,
+        metavar="K|all",
+        help=f"K, chunks kept, or 'all'; an explicit K above the chunk count is an error (default: {d.top_k}, "
+        "or every chunk when the context has fewer)",
+    )
+    g.add_argument(
+        "--token-budget",
+        type=_positive_int_or_all,
+        default=None,
+        metavar="B|all",
+        help="B, tokens kept per chunk, 1 <= B <= C, or 'all' (default: all)",
+    )
+    g.add_argument(
+        "--position-mode",
+        default=None,
+        choices=POSITION_MODES,
+        help="where the kept chunks sit: back to back after the prefix (continuous), all right after it (reuse) "
+        f"or where they were in the prompt (absolute) (default: {d.position_mode})",
+    )
+    g.add_argument(
+        "--cache-mode",
+        default=None,
+        choices=CACHE_MODES,
+        help="decode over the prefill's chunk caches (independent) or re-encode the kept chunks together once "
+        f"(joint) (default: {d.cache_mode})",
+    )
+    g.add_argument(
+        "--score-mode",
+        default=None,
+        choices=SCORE_MODES,
+        help=f"how chunks are scored: masked (dllm) or next-token (causal) log-probs (default: {d.score_mode})",
+    )
     g.add_argument(
         "--score-terms",
         nargs="+",
         default=None,
-        help="chunk score terms: self_info pseudo_label answer_confidence draft_contrast (default: the first two)",
+        choices=SCORE_TERMS,
+        help="terms summed into the chunk score: s_I, s_P (the paper's), s_C, s_C - s_P (ours) "
+        f"(default: {' '.join(d.score_terms)})",
     )
 
 
-def _prefilling_config(args):
-    """Flags over the checkpoint's ``prefilling_config.json`` (or the paper's defaults)."""
-    from dllm.loader import default_model_dir
-    from dllm.prefilling import PrefillingConfig
-
-    fields = {
-        "chunk_size": args.chunk_size,
-        "top_k": args.top_k,
-        "token_budget": args.token_budget,
-        "position_mode": args.position_mode,
-        "cache_mode": args.cache_mode,
-        "score_mode": args.score_mode,
-        "score_terms": tuple(args.score_terms) if args.score_terms else None,
-    }
-    return PrefillingConfig.from_pretrained(args.model or default_model_dir(), **fields)
+# ---------------------------------------------------------------- checks and builders (no model work)
 
 
-def _decode_kwargs(args):
-    kw = dict(
-        method=args.method,
-        gen_length=args.gen_length,
+def _unmasking_check(args, gen_length: int | None) -> None:
+    """Validate the decoding options as :func:`dllm.generate` will, before the model is loaded."""
+    try:
+        cfg = UnmaskingConfig(
+            alg=args.alg or "maskgit_plus",
+            temperature=args.temperature,
+            threshold=args.threshold,
+            confidence_from=args.confidence_from,
+        )
+    except ValueError as exc:
+        raise UserError(f"decoding options: {exc}") from exc
+    if gen_length is None:
+        if args.block_length is not None:
+            raise UserError("--block-length needs --gen-length (the default gen length differs per case)")
+        return
+    block = args.block_length or gen_length
+    if gen_length % block:
+        raise UserError(f"--block-length {block} does not divide --gen-length {gen_length}")
+    steps = args.steps or gen_length
+    if cfg.fixed_steps and steps % (gen_length // block):
+        raise UserError(f"--steps {steps} is not a multiple of the {gen_length // block} blocks")
+
+
+def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
+    """The PrefillingConfig of the command line, or None for the other methods.
+
+    Base: the checkpoint's tuned settings (``prefilling_config.json``, read by
+    ``PrefillingConfig.from_pretrained``), else the library defaults; the options given override it.
+    """
+    given = {f: getattr(args, f) for f in _PREFILLING_OPTIONS if getattr(args, f) is not None}
+    if args.method != "prefilling":
+        if given:
+            names = ", ".join(_PREFILLING_OPTIONS[f] for f in given)
+            raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
+        return None
+    given = {f: None if v == _ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
+    base = PrefillingConfig.from_pretrained(model_dir)  # its errors name the file
+    try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
+        return dataclasses.replace(base, **given)
+    except ValueError as exc:
+        raise UserError(f"prefilling options: {exc}") from exc
+
+
+def _fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> PrefillingConfig:
+    """``cfg`` for a context of ``context_tokens``: an explicit K above its chunk count is a user error;
+    a default K above it keeps every chunk (top_k None)."""
+    from dllm.prefilling import cut_chunks
+
+    n = len(cut_chunks(context_tokens, cfg.chunk_size))
+    if cfg.top_k is None or cfg.top_k <= n:
+        return cfg
+    if explicit:
+        raise UserError(
+            f"--top-k {cfg.top_k} exceeds the {n} chunk(s) of a {context_tokens}-token context at --chunk-size "
+            f"{cfg.chunk_size}; lower --top-k or --chunk-size, or pass --top-k all"
+        )
+    return dataclasses.replace(cfg, top_k=None)
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {path}: not UTF-8 text") from None
+
+
+def _strip_one_newline(text: str) -> str:
+    """Remove the one line ending an editor adds at the end of a file (``\\n`` or ``\\r\\n``)."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _decode_kwargs(args, gen_length) -> dict:
+    return dict(
+        gen_length=gen_length,
         steps=args.steps,
         block_length=args.block_length,
         alg=args.alg,
         temperature=args.temperature,
+        confidence_from=args.confidence_from,
         threshold=args.threshold,
-        seed=args.seed,
     )
-    if args.method == "prefilling":
-        kw["prefilling"] = _prefilling_config(args)
-    return kw
 
 
-def _prompts(args) -> list:
-    """The prompt templates to answer: the prompt file, once per ``--question`` when given."""
-    template = None
-    if args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            template = f.read()
+def _load(args):
+    import dllm
+
+    t0 = time.perf_counter()
+    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
+    return model, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- generate
+
+
+def _templates(args) -> list[str]:
+    """The prompts to answer: the prompt file (or ``{context}{question}``), once per ``--question``, which
+    fills the ``{question}`` slot or is appended."""
+    if args.prompt_file is None and not args.question:
+        raise UserError("generate needs --prompt-file or --question")
+    template = (
+        "{context}" if args.prompt_file is None else _strip_one_newline(_read_text(args.prompt_file, "--prompt-file"))
+    )
     if not args.question:
-        if template is None:
-            raise ValueError("generate needs --prompt-file or --question")
         return [template]
-    if template is None:
-        template = "{context}{question}"
     if "{question}" not in template:
         template += "{question}"
     return [template.replace("{question}", q) for q in args.question]
@@ -124,127 +422,212 @@ def _print_result(res) -> None:
     print(json.dumps(stats), file=sys.stderr, flush=True)
 
 
+def _document_config(args, header: dict) -> PrefillingConfig:
+    """The prefilling config of an answer from a document: the document's chunk size unless one is given
+    (a different one is an error), a default K above its chunk count keeps every chunk."""
+    from dllm.loader import default_model_dir
+
+    if args.chunk_size is not None and args.chunk_size != header["chunk_size"]:
+        raise UserError(
+            f"--chunk-size {args.chunk_size}: the document {args.document} was encoded with chunk size "
+            f"{header['chunk_size']}"
+        )
+    args.chunk_size = header["chunk_size"]
+    cfg = _prefilling_config(args, args.model or default_model_dir())
+    return _fit_top_k(cfg, header["num_tokens"], explicit=args.top_k not in (None, _ALL))
+
+
 def cmd_generate(args) -> int:
     import dllm
+    from dllm.loader import default_model_dir
     from dllm.tokenization import encode_text
 
-    if args.document and args.context_file:
-        raise ValueError("--document and --context-file both give the context: pass one")
-    args.method = args.method or ("prefilling" if args.document else "dense")
-    if args.document and args.method != "prefilling":
-        raise ValueError(f"--document answers with --method prefilling, not {args.method}")
-    templates = _prompts(args)
-    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
-    document = dllm.DocumentCache.load(args.document, model) if args.document else None
-    if document is not None and args.chunk_size is None:
-        args.chunk_size = document.chunk_size
-    kw = _decode_kwargs(args)
+    document = None
+    if args.document is not None:
+        if args.context_file is not None:
+            raise UserError("--document and --context-file both give the context: pass one")
+        if args.method not in (None, "prefilling"):
+            raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
+        args.method = "prefilling"
+        header = dllm.DocumentCache.read_header(args.document)  # before the model loads
+    args.method = args.method or "dense"
+    templates = _templates(args)
     context = None
-    if args.context_file:
-        with open(args.context_file, encoding="utf-8") as f:
-            context = f.read()
+    if args.context_file is not None:
+        context = _read_text(args.context_file, "--context-file")
+        if not context.strip():
+            raise UserError(f"--context-file {args.context_file} is empty")
+    for template in templates:
+        slots = template.count("{context}")
+        if args.document is not None:
+            if slots > 1:
+                raise UserError(f"the prompt must hold at most one {{context}} slot for --document, found {slots}")
+        elif context is not None and slots != 1:
+            raise UserError(
+                f"--prompt-file {args.prompt_file} must hold exactly one {{context}} slot for --context-file, "
+                f"found {slots}"
+            )
+        elif context is None and slots:
+            raise UserError("the prompt has a {context} slot but no --context-file or --document was given")
+        if not template.strip() and context is None:
+            raise UserError(f"--prompt-file {args.prompt_file} is empty")
+    _unmasking_check(args, args.gen_length)
+    if args.document is not None:
+        cfg = _document_config(args, header)
+    else:
+        cfg = _prefilling_config(args, args.model or default_model_dir())
+
+    model, _ = _load(args)
+    if args.document is not None:
+        document = dllm.DocumentCache.load(args.document, model)
+    kw = _decode_kwargs(args, args.gen_length)
     for template in templates:
         if document is not None:
             from dllm.prefilling import split_document_prompt
 
             parts = split_document_prompt(model, template, apply_chat_template=args.chat)
-            res = dllm.generate(model, prompt=parts, document=document, progress=True, **kw)
-        elif args.method == "prefilling":
+            res = dllm.generate(
+                model,
+                prompt=parts,
+                document=document,
+                method="prefilling",
+                prefilling=cfg,
+                seed=args.seed,
+                progress=True,
+                **kw,
+            )
+        elif cfg is not None:
             from dllm.prefilling import split_prompt
 
             parts = split_prompt(
-                model,
-                template,
-                context=context,
-                query_window=kw["prefilling"].query_window,
-                apply_chat_template=args.chat,
+                model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
             )
-            res = dllm.generate(model, prompt=parts, progress=True, **kw)
+            fitted = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
+            res = dllm.generate(
+                model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=True, **kw
+            )
         else:
-            text = template.replace("{context}", context) if context is not None else template
+            text = template if context is None else template.replace("{context}", context)
             if args.chat:  # the chat template decides the leading special tokens
                 from dllm.prefilling.prompt import render_chat
 
-                ids = encode_text(model, render_chat(model, text))
+                ids = encode_text(model, render_chat(model, text))[None]
             else:
-                ids = encode_text(model, text, bos=True)
-            res = dllm.generate(model, ids[None], progress=True, **kw)
+                ids = encode_text(model, text, bos=True)[None]
+            res = dllm.generate(model, ids, method=args.method, seed=args.seed, progress=True, **kw)
         _print_result(res)
     return 0
+
+
+# ---------------------------------------------------------------- encode
 
 
 def cmd_encode(args) -> int:
     """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache`."""
     import dllm
     from dllm.loader import default_model_dir
-    from dllm.prefilling import PrefillingConfig
 
-    with open(args.context_file, encoding="utf-8") as f:
-        text = f.read()
-    cfg = PrefillingConfig.from_pretrained(
-        args.model or default_model_dir(), chunk_size=args.chunk_size, prefill_batch=args.prefill_batch
-    )
-    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
-    ids = dllm.encode_text(model, text)
-    if ids.numel() == 0:
-        raise ValueError(f"--context-file {args.context_file} holds no tokens")
-    doc = dllm.encode_document(model, ids, prefilling=cfg, progress=True)
+    text = _read_text(args.context_file, "--context-file")
+    if not text.strip():
+        raise UserError(f"--context-file {args.context_file} is empty")
+    if os.path.isdir(args.out):
+        raise UserError(f"--out {args.out} is a directory; give a file name")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise UserError(f"--out {args.out}: no such directory {folder}")
+    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
+    base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
+    cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+
+    model, _ = _load(args)
+    doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=True)
     doc.save(args.out)
     print(
-        f"wrote {args.out}: {len(doc)} tokens in {doc.num_chunks} chunks of {doc.chunk_size}, "
-        f"{os.path.getsize(args.out) / 2**20:.1f} MiB"
+        f"wrote {args.out}: {len(doc)} tokens in {doc.num_chunks} chunks of {doc.chunk_size} "
+        f"({os.path.getsize(args.out) / 2**20:.1f} MiB)"
     )
     return 0
+
+
+# ---------------------------------------------------------------- eval
 
 
 def cmd_eval(args) -> int:
-    import dllm
-    from dllm.evaluation import accuracy_table, evaluate, evaluate_longbench, write_csv
+    from tqdm.auto import tqdm
 
-    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
+    from dllm.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
+    from dllm.loader import default_model_dir
+
     args.method = args.method or "dense"
-    kw = _decode_kwargs(args)
-    gen_length = kw.pop("gen_length")
-    method = kw.pop("method")
-    sampling_seed = kw.pop("seed")
-    if args.task == "longbench":
-        rows = evaluate_longbench(
-            model,
-            args.data,
-            method,
-            limit=args.limit,
-            gen_length=gen_length,
-            progress=True,
-            sampling_seed=sampling_seed,
-            **kw,
+    longbench = args.task == LONGBENCH
+    if longbench != (args.data is not None):
+        raise UserError("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")
+    if args.limit is not None and not longbench:
+        raise UserError("--limit goes with the longbench task")
+    _unmasking_check(args, args.gen_length)
+    cfg = _prefilling_config(args, args.model or default_model_dir())
+    out = args.out or os.path.join(RUNS_DIR, f"eval_{args.task}_{args.method}.csv")
+    if os.path.isdir(out):
+        raise UserError(f"--out {out} is a directory; give a file name")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
+    if longbench:  # the file is read and checked before the model is loaded
+        from dllm.longbench import load_longbench, metric_for
+
+        cases = load_longbench(args.data, limit=args.limit)
+        if not cases:
+            raise UserError(f"--data {args.data}: no LongBench examples to score (--limit {args.limit})")
+        for case in cases:
+            metric_for(case.dataset)
+
+    model, load_s = _load(args)
+    if longbench:
+        from dllm.tokenization import encode_text
+
+        context_tokens = [len(encode_text(model, c.context)) for c in cases] if cfg is not None else None
+        run_one = run_longbench_case
+    else:
+        from dllm.tasks import make_cases
+
+        cases = make_cases(
+            args.task, args.lengths, args.depths, args.samples, args.seed_base, tokenizer=model.tokenizer
         )
-        out = args.out or os.path.join("bench", "results", f"eval_longbench_{method}.csv")
-        write_csv(rows, out)
-        print(accuracy_table(rows, by=("dataset", "method"), value="score"))
-        print(f"wrote {out}")
-        return 0
-    rows = evaluate(
-        model,
-        args.task,
-        args.lengths,
-        args.depths,
-        method,
-        args.samples,
-        args.seed_base,
-        gen_length=gen_length,
-        progress=True,
-        sampling_seed=sampling_seed,
-        **kw,
-    )
-    out = args.out or os.path.join("bench", "results", f"eval_{args.task}_{method}.csv")
+        context_tokens = [c.context_tokens for c in cases]
+        run_one = run_case
+    configs = [cfg] * len(cases)
+    if cfg is not None:  # every case is checked before the first one runs
+        configs = [_fit_top_k(cfg, n, explicit=args.top_k not in (None, _ALL)) for n in context_tokens]
+        fewer = sum(f.top_k is None for f in configs) if cfg.top_k is not None else 0
+        if fewer:
+            print(
+                f"note: {fewer} of {len(cases)} contexts have fewer than the default top_k={cfg.top_k} chunks of "
+                f"{cfg.chunk_size} tokens: they keep every chunk",
+                file=sys.stderr,
+            )
+    kw = _decode_kwargs(args, args.gen_length)
+
+    def run(i):
+        extra = {"prefilling": configs[i]} if cfg is not None else {}
+        return run_one(model, cases[i], args.method, seed=args.seed, **kw, **extra)
+
+    t0 = time.perf_counter()
+    run(0)  # warm-up: one untimed case absorbs the one-off start-up costs
+    warm_s = time.perf_counter() - t0
+    rows = [run(i) for i in tqdm(range(len(cases)), desc=f"{args.task}/{args.method}")]
     write_csv(rows, out)
-    print(
-        accuracy_table(
-            rows, by=("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
-        )
-    )
+    if longbench:
+        print(accuracy_table(rows, by=("dataset", "method"), value="score"))
+    else:
+        by = ("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
+        print(accuracy_table(rows, by=by))
+    print(f"start-up, not in the table: model load {load_s:.1f} s, one warm-up case {warm_s:.1f} s")
     print(f"wrote {out}")
     return 0
+
+
+# ---------------------------------------------------------------- info
 
 
 def cmd_info(args) -> int:
@@ -256,56 +639,156 @@ def cmd_info(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m dllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = p.add_subparsers(dest="cmd", required=True)
+# ---------------------------------------------------------------- parser and entry point
 
-    g = sub.add_parser("generate", help="answer one prompt (or several questions)")
-    _add_model_args(g)
-    g.add_argument("--prompt-file", default=None, help="prompt text; may hold {context} and {question} slots")
-    g.add_argument("--context-file", default=None, help="text put into the prompt's {context} slot")
-    g.add_argument("--document", default=None, help="a document cache from `encode` (the prompt's {context})")
+
+def _epilog(command: str) -> str:
+    return f"examples:\n{_examples(command)}\n\n{EXAMPLE_FILES[command]}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m dllm`` parser (its subcommands' help texts hold the runnable examples)."""
+    p = _Parser(prog="python -m dllm", description=DESCRIPTION, formatter_class=_HelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    g = sub.add_parser(
+        "generate",
+        help="answer one prompt (or several questions)",
+        description="Answer one prompt (or each --question): the answer on stdout, progress bars and a stats JSON\n"
+        "line on stderr.",
+        epilog=_epilog("generate"),
+        formatter_class=_HelpFormatter,
+    )
     g.add_argument(
-        "--question", action="append", default=None, help="a question (repeatable): each is answered in turn"
+        "--prompt-file",
+        type=_existing_file,
+        default=None,
+        help="UTF-8 prompt; may hold one {context} slot (and a {question} slot for --question); one trailing "
+        "newline (an editor's) is removed. Without a slot and --context-file, --method prefilling takes the last "
+        "64 tokens as the query, the rest as context (default: none; needed unless --question is given)",
+    )
+    g.add_argument(
+        "--context-file",
+        type=_existing_file,
+        default=None,
+        help="UTF-8 text put into the prompt's {context} slot, read as is (default: none)",
+    )
+    g.add_argument(
+        "--document",
+        type=_existing_file,
+        default=None,
+        help="a document cache written by encode: the context, already encoded (default: none)",
+    )
+    g.add_argument(
+        "--question",
+        action="append",
+        default=None,
+        help="a question, repeatable: each fills the prompt's {question} slot (or is appended to the prompt) and "
+        "is answered in turn from one model load (default: none)",
     )
     g.add_argument(
         "--chat",
         action="store_true",
         help="instruct checkpoints: the prompt (context slot inside) is the user turn of the tokenizer's chat template",
     )
+    _add_common_args(g)
     _add_decode_args(g, 32)
     g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser("encode", help="encode a document once for later questions (a document cache)")
-    _add_model_args(c)
-    c.add_argument("--context-file", required=True, help="the document text")
-    c.add_argument("--out", required=True, help="where the cache goes (one safetensors file)")
-    c.add_argument("--chunk-size", type=int, default=None, help="C, tokens per chunk (default: the checkpoint's)")
-    c.add_argument("--prefill-batch", type=int, default=None, help="chunks per forward (default: all)")
+    c = sub.add_parser(
+        "encode",
+        help="encode a document once for later questions (a document cache)",
+        description="Chunked prefill of a document, saved as one safetensors file (a dllm.DocumentCache) that\n"
+        "generate --document answers from without encoding the document again.",
+        epilog=_epilog("encode"),
+        formatter_class=_HelpFormatter,
+    )
+    c.add_argument("--context-file", type=_existing_file, required=True, help="UTF-8 document text, read as is")
+    c.add_argument("--out", required=True, help="the cache file to write")
+    c.add_argument(
+        "--chunk-size",
+        type=_positive_int,
+        default=None,
+        help=f"C, context tokens per chunk (default: the checkpoint's, else {_PREFILLING_DEFAULTS.chunk_size})",
+    )
+    c.add_argument(
+        "--prefill-batch", type=_positive_int, default=None, help="chunks encoded per forward (default: all at once)"
+    )
+    _add_common_args(c)
     c.set_defaults(func=cmd_encode)
 
-    e = sub.add_parser("eval", help="accuracy on a seeded task (CSV + table)")
-    e.add_argument("task", choices=["passkey", "number_string", "kv_retrieval", "needle", "longbench"])
-    _add_model_args(e)
-    e.add_argument("--lengths", type=int, nargs="+", default=[1024], help="context lengths in tokens")
-    e.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    e.add_argument("--samples", type=int, default=5, help="cases per (length, depth)")
-    e.add_argument("--seed-base", type=int, default=0)
+    e = sub.add_parser(
+        "eval",
+        help="accuracy on a seeded retrieval task (CSV + table)",
+        description="Accuracy on seeded cases of a retrieval task. One untimed warm-up case runs first (its time\n"
+        "and the model's load time are reported apart); then one CSV row per case and a table of accuracy\n"
+        "and mean seconds per case.",
+        epilog=_epilog("eval"),
+        formatter_class=_HelpFormatter,
+    )
+    e.add_argument(
+        "task",
+        choices=(*TASKS, LONGBENCH),
+        help="a seeded InfiniteBench-style task (needle: Needle-in-a-Haystack QA), or longbench with --data",
+    )
+    e.add_argument("--lengths", type=_positive_int, nargs="+", default=[1024], help="context lengths in tokens")
+    e.add_argument(
+        "--depths", type=_depth, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths in [0, 1]"
+    )
+    e.add_argument("--samples", type=_positive_int, default=5, help="cases per (length, depth)")
+    e.add_argument(
+        "--seed-base", type=int, default=0, help="task seed of the first sample; sample i uses seed-base + i"
+    )
     e.add_argument("--by-depth", action="store_true", help="one table row per depth")
-    e.add_argument("--out", default=None, help="CSV path (default bench/results/eval_TASK_METHOD.csv)")
-    e.add_argument("--data", default=None, help="longbench: a local LongBench JSONL file (required)")
-    e.add_argument("--limit", type=int, default=None, help="longbench: score at most this many examples")
+    e.add_argument(
+        "--data",
+        type=_existing_file,
+        default=None,
+        help="longbench: a local LongBench JSONL file, e.g. data/hotpotqa.jsonl of THUDM/LongBench (default: none)",
+    )
+    e.add_argument(
+        "--limit", type=_positive_int, default=None, help="longbench: score the first N examples (default: all)"
+    )
+    e.add_argument(
+        "--out", default=None, help=f"CSV path (default: {RUNS_DIR}/eval_TASK_METHOD.csv in the working directory)"
+    )
+    _add_common_args(e)
     _add_decode_args(e, None)
     e.set_defaults(func=cmd_eval)
 
-    i = sub.add_parser("info", help="describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults")
-    _add_model_args(i)
+    i = sub.add_parser(
+        "info",
+        help="describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults",
+        description="Describe a checkpoint (no weights are loaded): family, size, dtype, KV bytes per 1K tokens,\n"
+        "and the prefilling defaults dllm would use for it.",
+        epilog=_epilog("info"),
+        formatter_class=_HelpFormatter,
+    )
+    _add_common_args(i)
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     i.set_defaults(func=cmd_info)
+    return p
 
-    args = p.parse_args(argv)
-    if args.cmd == "eval" and (args.task == "longbench") != bool(args.data):
-        e.error("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")
-    return args.func(args)
+
+def main(argv=None) -> int:
+    """Run the command line; returns the exit status (0, or 2 for a user error).
+
+    User errors (bad options or paths, invalid values that the library rejects with ``ValueError``,
+    files that cannot be read or written) print one ``error:`` line on stderr; with ``--debug`` the
+    exception propagates with its traceback. Other exceptions (bugs) always propagate.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except (UserError, ValueError, OSError) as exc:
+        if "--debug" in argv:
+            raise
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return " ".join(str(exc).split()) or type(exc).__name__

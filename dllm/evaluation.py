@@ -188,13 +188,32 @@ def evaluate_longbench(
         raise ValueError(f"no LongBench examples to score in {path} (limit={limit})")
     for case in cases:
         metric_for(case.dataset)
-    rows = []
-    for case in tqdm(cases, desc=f"longbench/{method}", disable=not progress):
-        n = gen_length or MAX_NEW_TOKENS[base_name(case.dataset)]
-        text, stats = _decode(model, case, method, n, seed=sampling_seed, **gen_kwargs)
-        value = score_longbench(case.dataset, text, case.answers, case.all_classes)
-        rows.append(LongBenchRow(case.dataset, case.id, method, value, text, " | ".join(case.answers), **stats))
-    return rows
+    return [
+        run_longbench_case(model, case, method, gen_length=gen_length, seed=sampling_seed, **gen_kwargs)
+        for case in tqdm(cases, desc=f"longbench/{method}", disable=not progress)
+    ]
+
+
+def run_longbench_case(model, case, method: str = "dense", *, gen_length: int | None = None, **gen_kwargs):
+    """Decode one LongBench example and score it with its dataset's metric (:func:`run_case` for LongBench).
+
+    Args:
+        model: a loaded dLLM with a tokenizer.
+        case: a :class:`dllm.longbench.LongBenchCase`.
+        method: dense / prefix_cache / prefilling.
+        gen_length: response tokens (default: LongBench's for the dataset, :data:`dllm.longbench.MAX_NEW_TOKENS`).
+        gen_kwargs: forwarded to :func:`dllm.generate` (seed, steps, alg, prefilling=...).
+
+    Returns:
+        A :class:`LongBenchRow`.
+
+    Raises:
+        ValueError: the dataset has no supported metric.
+    """
+    n = gen_length or MAX_NEW_TOKENS[base_name(case.dataset)]
+    text, stats = _decode(model, case, method, n, **gen_kwargs)
+    value = score_longbench(case.dataset, text, case.answers, case.all_classes)
+    return LongBenchRow(case.dataset, case.id, method, value, text, " | ".join(case.answers), **stats)
 
 
 def write_csv(rows, path: str, provenance: dict | None = None) -> None:

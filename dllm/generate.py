@@ -119,6 +119,7 @@ def generate(
     alg_temp: float | None = None,
     eps: float = 1e-3,
     threshold: float = 0.9,
+    confidence_from: str | None = None,
     seed: int | None = None,
     live_window: int = 1,
     cache_refresh: str = "block",
@@ -141,6 +142,9 @@ def generate(
         block_length: semi-autoregressive block size (default gen_length = one block).
         alg: unmasking rule (see :mod:`dllm.unmasking`); default by family.
         temperature, top_p, top_k, alg_temp, eps, threshold: rule parameters.
+        confidence_from: ``"tempered"`` (rank positions by the tempered, filtered distribution the
+            tokens are drawn from: Dream's reference) or ``"logits"`` (by ``softmax(logits)``: LLaDA's
+            and Fast-dLLM's); None = the rule's reference (see :mod:`dllm.unmasking`).
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
             :class:`dllm.policies.PrefixCachePolicy`).
@@ -157,7 +161,7 @@ def generate(
         :class:`GenerationResult` (tokens ``[B, gen_length]``, stats, decoded text).
 
     Raises:
-        ValueError: unknown method/alg, ``gen_length % block_length != 0``, ``steps < 1``,
+        ValueError: unknown method/alg/confidence_from, ``gen_length % block_length != 0``, ``steps < 1``,
             steps not divisible by the number of blocks, a prompt containing the mask id,
             prompt on another device than the model, options of another method; with a
             document: a context too, or a chunk size, model, dtype or anchor other than the
@@ -182,6 +186,7 @@ def generate(
         alg_temp=alg_temp,
         eps=eps,
         threshold=threshold,
+        confidence_from=confidence_from,
     )
     if cfg.fixed_steps and steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")

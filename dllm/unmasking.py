@@ -22,6 +22,20 @@ Fast-dLLM (``NVlabs/Fast-dLLM``, parallel decoding):
 Token choice: temperature 0 -> argmax (deterministic); temperature > 0 -> a sample
 from ``softmax(logits / T)`` after optional top-p / top-k filtering (Dream); LLaDA's
 Gumbel-max trick samples the same distribution.
+
+Confidence (``confidence_from``): the distribution the rank of a position is read from.
+  - ``tempered``: the filtered ``softmax(logits / T)`` the token was drawn from. Dream's
+    reference does this, so the default for its rules. At low temperature this distribution
+    is nearly one-hot, every slot reports a confidence of about 1.0, and the order of
+    revealing falls to the tie rule (left to right).
+  - ``logits``: the model's own ``softmax(logits)``, untempered and unfiltered. LLaDA's and
+    Fast-dLLM's references rank by it, so the default for ``low_confidence``, ``random`` and
+    ``confidence_threshold``; an option for Dream's rules whose ranks should not depend on T.
+  At temperature 0 without top-p / top-k both are the same distribution.
+
+Tie rule: positions of equal confidence are revealed leftmost first (a stable descending sort;
+``confidence_threshold``'s fallback takes the first maximum), so fully saturated confidences
+reveal left to right, like autoregressive decoding.
 """
 
 from __future__ import annotations
@@ -33,6 +47,13 @@ import torch
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 LLADA_ALGS = ("low_confidence", "random")
 ALGS = DREAM_ALGS + LLADA_ALGS + ("confidence_threshold",)
+CONFIDENCE_SOURCES = ("tempered", "logits")
+
+
+def default_confidence_from(alg: str) -> str:
+    """The confidence source of ``alg``'s reference project: ``tempered`` for Dream's rules,
+    ``logits`` for LLaDA's and Fast-dLLM's (their references rank by ``softmax(logits)``)."""
+    return "tempered" if alg in DREAM_ALGS else "logits"
 
 
 @dataclass(frozen=True)
@@ -47,6 +68,12 @@ class UnmaskingConfig:
         alg_temp: Dream's position-sampling temperature; None/0 = top-k positions.
         eps: Dream's final time of the linear schedule.
         threshold: tau of ``confidence_threshold``.
+        confidence_from: ``tempered`` or ``logits`` (see the module docstring); None = the
+            rule's reference (:func:`default_confidence_from`).
+
+    Raises:
+        ValueError: unknown alg or confidence source, temperature < 0, top_p outside (0, 1],
+            top_k < 1, eps outside (0, 1), threshold outside (0, 1].
     """
 
     alg: str = "maskgit_plus"
@@ -56,10 +83,15 @@ class UnmaskingConfig:
     alg_temp: float | None = None
     eps: float = 1e-3
     threshold: float = 0.9
+    confidence_from: str | None = None
 
     def __post_init__(self):
         if self.alg not in ALGS:
             raise ValueError(f"unknown unmasking alg {self.alg!r}; choose from {ALGS}")
+        if self.confidence_from is None:
+            object.__setattr__(self, "confidence_from", default_confidence_from(self.alg))
+        if self.confidence_from not in CONFIDENCE_SOURCES:
+            raise ValueError(f"confidence_from must be one of {CONFIDENCE_SOURCES}, got {self.confidence_from!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -93,30 +125,35 @@ def _filter_logits(logits: torch.Tensor, top_p, top_k) -> torch.Tensor:
 
 
 def choose_tokens(logits: torch.Tensor, cfg: UnmaskingConfig, generator=None):
-    """Candidate tokens and their probabilities for masked positions.
+    """Candidate tokens, and the distribution their confidence is read from, for masked positions.
 
     Args:
         logits: ``[N, V]`` (any float dtype; computed in fp32).
-        cfg: temperature / top_p / top_k.
+        cfg: temperature / top_p / top_k / confidence_from.
         generator: torch.Generator for sampling (None = global RNG).
 
     Returns:
-        (x0 ``[N]`` int64, probs ``[N, V]`` fp32 of the filtered, tempered distribution).
+        (x0 ``[N]`` int64, probs ``[N, V]`` fp32): x0 is drawn from (temperature 0: the argmax of)
+        the filtered, tempered distribution; probs is that distribution when
+        ``cfg.confidence_from == "tempered"``, else ``softmax(logits)``.
     """
     logits = logits.float()
-    if cfg.temperature > 0:
-        logits = logits / cfg.temperature
-    logits = _filter_logits(logits, cfg.top_p, cfg.top_k)
-    probs = torch.softmax(logits, dim=-1)
+    tempered = logits / cfg.temperature if cfg.temperature > 0 else logits
+    probs = torch.softmax(_filter_logits(tempered, cfg.top_p, cfg.top_k), dim=-1)
     if cfg.temperature > 0:
         x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     else:
         x0 = probs.argmax(dim=-1)
+    if cfg.confidence_from == "logits":
+        probs = torch.softmax(logits, dim=-1)
     return x0, probs
 
 
 def confidence_of(alg: str, probs: torch.Tensor, x0: torch.Tensor, generator=None) -> torch.Tensor:
-    """Per-position confidence ``[N]`` fp32 used to rank positions (higher = reveal first)."""
+    """Per-position confidence ``[N]`` fp32 used to rank positions (higher = reveal first).
+
+    ``probs`` ``[N, V]`` is the distribution of :func:`choose_tokens`; ``x0`` ``[N]`` the chosen tokens.
+    """
     if alg == "topk_margin":
         top2 = torch.topk(probs, min(2, probs.shape[-1]), dim=-1).values
         return top2[:, 0] - (top2[:, 1] if top2.shape[1] > 1 else 0)
@@ -125,6 +162,15 @@ def confidence_of(alg: str, probs: torch.Tensor, x0: torch.Tensor, generator=Non
     if alg == "random":
         return torch.rand(x0.shape, generator=generator, device=x0.device)
     return probs.gather(-1, x0[:, None]).squeeze(-1)
+
+
+def most_confident(conf: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices ``[k]`` of the ``k`` highest of ``conf`` ``[N]``; ties go to the lower index (leftmost).
+
+    A stable descending sort, so the choice among equal confidences is defined (``torch.topk``
+    leaves it unspecified) and the same on every device.
+    """
+    return torch.sort(conf, descending=True, stable=True).indices[:k]
 
 
 def llada_schedule(n_masked: int, steps: int) -> list[int]:
@@ -195,6 +241,6 @@ def unmask_step(
         w = torch.softmax(conf / cfg.alg_temp, dim=-1)
         chosen = torch.multinomial(w, k, replacement=False, generator=generator)
     else:
-        chosen = torch.topk(conf, k).indices
+        chosen = most_confident(conf, k)
     reveal[idx[chosen]] = True
     return tokens, reveal

@@ -219,33 +219,41 @@ def test_bundled_model_answers_the_pass_key_from_a_saved_document(tmp_path):
     assert score("passkey", cached.text[0], case), (cached.text[0], case.answer)
 
 
-def test_cli_encode_then_answer_several_questions_from_the_document(tmp_path, capsys):
-    """encode + generate --document --question x2 answer as generate --context-file does."""
+def test_cli_encode_then_answer_several_questions_from_the_document(tmp_path, monkeypatch, capsys):
+    """encode + generate --document --question x2 answer as generate --context-file does; user errors are one
+    ``error:`` line and exit status 2."""
     from dllm.cli import main
 
-    doc_txt = tmp_path / "doc.txt"
-    doc_txt.write_text("The grass is green. " * 40 + "The pass key is 42917. Remember it. " + "The sky is blue. " * 40)
-    prompt = tmp_path / "q.txt"
-    prompt.write_text("Find the pass key.\n\n{context}\n\n{question}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text(
+        "The grass is green. " * 40 + "The pass key is 42917. Remember it. " + "The sky is blue. " * 40
+    )
+    (tmp_path / "q.txt").write_text("Find the pass key.\n\n{context}\n\n{question}\n")
     questions = ["What is the pass key? The pass key is ", "What was the pass key? The pass key is "]
-    cache = tmp_path / "doc.cache"
-    assert main(["encode", "--context-file", str(doc_txt), "--out", str(cache), "--chunk-size", "128"]) == 0
-    assert "chunks of 128" in capsys.readouterr().out and cache.exists()
-    common = ["--prompt-file", str(prompt), "--gen-length", "8", "--top-k", "2"]
+    assert main(["encode", "--context-file", "doc.txt", "--out", "doc.cache", "--chunk-size", "128"]) == 0
+    assert "chunks of 128" in capsys.readouterr().out and (tmp_path / "doc.cache").is_file()
+    common = ["--prompt-file", "q.txt", "--gen-length", "8", "--top-k", "2"]
     qargs = [a for q in questions for a in ("--question", q)]
-    assert main(["generate", "--document", str(cache), *common, *qargs]) == 0
+    assert main(["generate", "--document", "doc.cache", *common, *qargs]) == 0
     out, err = capsys.readouterr()
     answers = out.strip("\n").split("\n")
     stats = [json.loads(line) for line in err.strip().splitlines() if line.startswith("{")]
     assert len(answers) == 2 and len(stats) == 2 and all(s["document"] is True for s in stats)
+    assert all(s["num_chunks"] == len(stats[0]["all_chunk_scores"]) for s in stats)
     for q, answer in zip(questions, answers):
-        fresh = ["generate", "--method", "prefilling", "--context-file", str(doc_txt), "--chunk-size", "128"]
+        fresh = ["generate", "--method", "prefilling", "--context-file", "doc.txt", "--chunk-size", "128"]
         assert main([*fresh, *common, "--question", q]) == 0
         assert capsys.readouterr().out.strip("\n") == answer
-    with pytest.raises(ValueError, match="chunk_size mismatch"):
-        main(["generate", "--document", str(cache), *common, "--question", "x", "--chunk-size", "64"])
-    with pytest.raises(ValueError, match="--document and --context-file"):
-        main(["generate", "--document", str(cache), "--context-file", str(doc_txt), *common])
+    for bad, message in (
+        (["--chunk-size", "64"], "encoded with chunk size 128"),
+        (["--context-file", "doc.txt"], "--document and --context-file"),
+        (["--method", "dense"], "answers with --method prefilling"),
+    ):
+        assert main(["generate", "--document", "doc.cache", *common, "--question", "x", *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert main(["generate", "--document", "doc.txt", "--question", "x"]) == 2
+    assert "not a dllm document cache" in capsys.readouterr().err
 
 
 def test_bench_writes_both_parts_with_provenance(tmp_path):
@@ -256,8 +264,8 @@ def test_bench_writes_both_parts_with_provenance(tmp_path):
 
     assert document_cache.main(["--out", str(tmp_path), "--length", "1024", "--long-length", "2048"]) == 0
     rows = list(csv.DictReader((tmp_path / "document_cache.csv").open()))
-    assert {r["run"] for r in rows} == {"encode", "fresh", "cached"} and all(r["commit"] for r in rows)
-    q = [r for r in rows if r["part"] == "questions" and r["run"] != "encode"]
+    assert {r["run"] for r in rows} == {"encode", "warm-up", "fresh", "cached"} and all(r["commit"] for r in rows)
+    q = [r for r in rows if r["part"] == "questions" and r["run"] in ("fresh", "cached")]
     assert len(q) == 8 and all(r["equal_tokens"] == "1" for r in q)
     long = [r for r in rows if r["part"] == "long"]
     assert [r["run"] for r in long] == ["encode"] + ["cached"] * 4

@@ -7,7 +7,7 @@ import torch
 
 import dllm
 from dllm.modeling import DecoderOutput
-from dllm.unmasking import dream_count, llada_schedule
+from dllm.unmasking import UnmaskingConfig, dream_count, llada_schedule, most_confident
 
 # Response position -> probabilities over the 3 real tokens (token 3 = mask, 4 = eos: prob 0).
 #            top1  argmax  margin  sum p log p
@@ -145,6 +145,62 @@ def test_same_seed_same_output(alg, kw):
     assert outs[0] == outs[1]
     many = {str(run(alg, family=fam, seed=s, **kw)[:2]) for s in range(12)}
     assert len(many) > 1, "different seeds never changed the result"
+
+
+def test_tie_rule_is_leftmost_first():
+    conf = torch.tensor([0.5, 0.9, 0.9, 0.1, 0.9])
+    assert most_confident(conf, 2).tolist() == [1, 2]
+    assert most_confident(conf, 4).tolist() == [1, 2, 4, 0]
+    assert most_confident(torch.ones(6), 3).tolist() == [0, 1, 2]
+    # many equal values: torch.topk does not promise which ones it returns; the rule does
+    assert most_confident(torch.ones(1000), 5).tolist() == [0, 1, 2, 3, 4]
+
+
+# At T = 1e-3 the tempered distribution of every position is one-hot in fp32 (the runner-up is
+# at least exp(-0.044 / 1e-3) = 8e-20 of the top: A's .46 vs .44), so every tempered confidence
+# is exactly 1.0 and the tie rule orders the reveals; the untempered confidence keeps the table's order.
+COLD = 1e-3
+
+
+@pytest.mark.parametrize(
+    "alg,family,tempered_order,logits_order",
+    [
+        # Dream counts [0, 1, 1, 2]; untempered top1 order C > D > B > A
+        ("maskgit_plus", "dream", [set(), {0}, {1}, {2, 3}], [set(), {2}, {3}, {0, 1}]),
+        # untempered margins C > B > D > A; tempered margins all 1 - 0
+        ("topk_margin", "dream", [set(), {0}, {1}, {2, 3}], [set(), {2}, {1}, {0, 3}]),
+        # LLaDA: one per step
+        ("low_confidence", "llada", [{0}, {1}, {2}, {3}], [{2}, {3}, {1}, {0}]),
+    ],
+)
+def test_confidence_from_at_low_temperature(alg, family, tempered_order, logits_order):
+    for source, want in (("tempered", tempered_order), ("logits", logits_order)):
+        order, final, _ = run(alg, family=family, seed=0, temperature=COLD, confidence_from=source)
+        assert order == want, source
+        assert final == ARGMAX  # the tokens are drawn from the tempered distribution either way
+
+
+def test_confidence_from_defaults_follow_each_reference():
+    # Dream's reference ranks by the tempered distribution; LLaDA's and Fast-dLLM's by softmax(logits)
+    for alg in ("origin", "maskgit_plus", "topk_margin", "entropy"):
+        assert UnmaskingConfig(alg=alg).confidence_from == "tempered"
+    for alg in ("low_confidence", "random", "confidence_threshold"):
+        assert UnmaskingConfig(alg=alg).confidence_from == "logits"
+    assert run("maskgit_plus", temperature=COLD, seed=0)[0] == [set(), {0}, {1}, {2, 3}]
+    assert run("low_confidence", family="llada", temperature=COLD, seed=0)[0] == [{2}, {3}, {1}, {0}]
+    with pytest.raises(ValueError, match="confidence_from"):
+        UnmaskingConfig(confidence_from="probs")
+
+
+def test_confidence_threshold_at_low_temperature():
+    # untempered (the default): tau .65 keeps the greedy order of test_confidence_threshold
+    order, _, _ = run("confidence_threshold", threshold=0.65, temperature=COLD, seed=0)
+    assert order == [{2}, {3}, {1}, {0}]
+    # tempered: every slot reports 1.0 >= tau, so the whole block is revealed in one step
+    order, final, res = run(
+        "confidence_threshold", threshold=0.65, temperature=COLD, seed=0, confidence_from="tempered"
+    )
+    assert order == [{0, 1, 2, 3}] and res.stats.nfe == 1 and final == ARGMAX
 
 
 def test_random_follows_llada_schedule():

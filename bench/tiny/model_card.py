@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from bench.provenance import machine_line
-from dllm.evaluation import EvalRow, accuracy_table, evaluate, write_csv
+from bench.provenance import machine_line, write_csv
+from dllm.evaluation import EvalRow, accuracy_table, evaluate
 from dllm.loader import load_model
 
 TASKS = ("passkey", "number_string", "kv_retrieval", "needle")
@@ -110,7 +110,7 @@ def main(argv=None):
         for task in TASKS:
             rows += evaluate(model, task, LENGTHS, DEPTHS, "dense", per_cell, EVAL_SEED, tokenizer=None, progress=True)
         eval_minutes = (time.time() - t0) / 60
-        write_csv(rows, EVAL_CSV)
+        write_csv(EVAL_CSV, [dataclasses.asdict(r) for r in rows], "cpu")  # provenance columns first
     table = accuracy_table(rows, by=("task", "method"))
     by_len = accuracy_table(rows, by=("task", "length"))
     print(table)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dllm.devices import same_device
@@ -155,6 +155,26 @@ class DocumentCache:
         tensors["starts"] = torch.tensor(c.starts, dtype=torch.int64)
         save_file({k: t.cpu() for k, t in tensors.items()}, str(path), metadata={HEADER_KEY: json.dumps(self.header())})
 
+    @staticmethod
+    def read_header(path) -> dict:
+        """The JSON header of a cache file (:data:`HEADER_FIELDS`), without reading its tensors.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a document cache of a known format.
+        """
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                raw = (f.metadata() or {}).get(HEADER_KEY)
+        except SafetensorError as exc:
+            raise ValueError(f"{path} is not a dllm document cache (not a safetensors file: {exc})") from None
+        if raw is None:
+            raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
+        head = json.loads(raw)
+        if head.get("format") != FORMAT:
+            raise ValueError(f"format mismatch: {path} has format {head.get('format')!r}, this version reads {FORMAT}")
+        return head
+
     @classmethod
     def load(cls, path, model) -> DocumentCache:
         """Open a cache written by :meth:`save` for ``model``.
@@ -167,15 +187,8 @@ class DocumentCache:
             ValueError: not a document cache of a known format, or a field of :data:`MODEL_FIELDS`
                 differs from the model's (the message names it).
         """
+        head = DocumentCache.read_header(path)
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            raw = (f.metadata() or {}).get(HEADER_KEY)
-            if raw is None:
-                raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
-            head = json.loads(raw)
-            if head.get("format") != FORMAT:
-                raise ValueError(
-                    f"format mismatch: {path} has format {head.get('format')!r}, this version reads {FORMAT}"
-                )
             _check_fields({k: head.get(k) for k in MODEL_FIELDS}, model_fingerprint(model), str(path))
             n_layers = model.config.num_layers
             dev = model.device

@@ -197,7 +197,8 @@ def check_top_k(cfg: PrefillingConfig, n_chunks: int, n_tokens: int) -> int:
     if k > n_chunks:
         raise ValueError(
             f"top_k={k} exceeds the {n_chunks} chunk(s) of this context ({n_tokens} tokens / "
-            f"chunk_size {cfg.chunk_size}); lower top_k or chunk_size, or pass top_k=None to keep every chunk"
+            f"chunk_size {cfg.chunk_size}); lower top_k or chunk_size, or pass top_k=None "
+            "(CLI: --top-k all) to keep every chunk"
         )
     return k
 

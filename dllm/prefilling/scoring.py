@@ -36,18 +36,17 @@ from dllm.prefilling.chunks import ChunkCache
 class ChunkScores:
     """Scores of every chunk.
 
-    A term is None when the configuration never computed it (``score_mode="dllm"`` runs only the
-    passes its terms need).
+    A term that was not computed (not needed by the configured terms) is None, never a tensor of zeros.
 
     Attributes:
-        self_info: ``[N]`` fp32, s_I (mean log-prob, <= 0), or None.
-        pseudo_label: ``[N]`` fp32, s_P, or None.
+        self_info: ``[N]`` fp32, s_I (mean log-prob, <= 0).
+        pseudo_label: ``[N]`` fp32, s_P.
         answer_confidence: ``[N]`` fp32, s_C: mean over the m draft slots of the log of the top-1
             probability given chunk + query (how sure the model is of *some* answer; our variant,
-            from the probe of DESIGN section 6: it needs no draft to be right), or None.
+            from the probe of DESIGN section 6: it needs no draft to be right).
         draft_contrast: ``[N]`` fp32 (property), s_C - s_P: sure of *some* answer and unlike the
             context-free draft (our variant: a chunk that holds the answer overrides the guessed draft,
-            while an irrelevant chunk leaves the model answering the draft); None when s_C or s_P is.
+            while an irrelevant chunk leaves the model answering the draft).
         total: ``[N]`` fp32, the sum of the configured terms (higher = more relevant).
         token_scores: per layer ``[N, Hkv, T]`` fp32 attention mass per chunk token, or None.
     """
@@ -174,20 +173,18 @@ def score_chunks(
         batch: chunks per forward (None = all).
 
     Returns:
-        (:class:`ChunkScores`, number of model forwards). In ``dllm`` mode s_I is computed only
-        when it is a term, s_P and s_C only when one of theirs is or token scores are wanted.
+        (:class:`ChunkScores`, number of model forwards). ``causal`` mode computes every term;
+        ``dllm`` mode s_I only for ``self_info`` and s_P, s_C only for the other terms or
+        ``token_scores`` (the rest are None).
     """
     n = chunks.num_chunks
     step = batch or n
     mq, m = query.numel(), labels.numel()
     mask_id = model.mask_token_id
     dev = query.device
-    need_i = mode == "causal" or "self_info" in terms
-    need_p = mode == "causal" or bool({"pseudo_label", "answer_confidence", "draft_contrast"} & set(terms))
-    need_p = need_p or token_scores
-    s_i = torch.zeros(n, dtype=torch.float32, device=dev) if need_i else None
-    s_p = torch.zeros(n, dtype=torch.float32, device=dev) if need_p else None
-    s_c = torch.zeros(n, dtype=torch.float32, device=dev) if need_p else None
+    s_i = torch.zeros(n, dtype=torch.float32, device=dev)
+    s_p = torch.zeros(n, dtype=torch.float32, device=dev)
+    s_c = torch.zeros(n, dtype=torch.float32, device=dev)
     cfg = model.config
     acc = None
     if token_scores:
@@ -199,10 +196,13 @@ def score_chunks(
     q_sel = torch.ones(mq, dtype=torch.bool, device=dev)
     if model.shift_logits:  # the first live token has no live predecessor to predict it from
         q_sel[0] = False
+    causal = mode == "causal"  # one pass gives every term
+    need_i = causal or "self_info" in terms
+    need_pc = causal or bool({"pseudo_label", "answer_confidence", "draft_contrast"} & set(terms)) or token_scores
     nfe = 0
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        if mode == "causal":
+        if causal:
             # next-token log-probs: query tokens and confirmed labels both visible, causal order
             live = torch.cat([query, torch.where(confirmed, labels, masks)])
             logits = _causal_pass(model, chunks, live, lo, hi)
@@ -220,11 +220,17 @@ def score_chunks(
             logits = _cached_pass(model, chunks, live_i, lo, hi)
             nfe += 1
             s_i[lo:hi] = _mean_logprob(logits[:, :mq], query, q_sel)
-        if need_p:
+        if need_pc:
             logits = _cached_pass(model, chunks, torch.cat([query, masks]), lo, hi, acc)
             nfe += 1
             s_p[lo:hi] = _mean_logprob(logits[:, mq:], labels, confirmed)
             s_c[lo:hi] = _top1_logprob(logits[:, mq:])
-    scores = ChunkScores(s_i, s_p, s_c, total=torch.zeros(n, dtype=torch.float32, device=dev), token_scores=acc)
+    scores = ChunkScores(
+        s_i if need_i else None,
+        s_p if need_pc else None,
+        s_c if need_pc else None,
+        total=torch.zeros_like(s_i),
+        token_scores=acc,
+    )
     scores.total = sum(getattr(scores, t) for t in terms)  # term names are the attribute names
     return scores, nfe

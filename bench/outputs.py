@@ -1,0 +1,35 @@
+"""Where the demo and the benchmarks write: ``runs/`` (git-ignored) unless a recording is asked for.
+
+``make demo`` and ``make bench`` write to ``runs/demo/`` and ``runs/bench/``, so running them leaves
+``git status`` clean. The recorded results under ``bench/results/`` change only with ``--record``
+(``make record``); ``--out DIR`` writes anywhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RUNS_DIR = REPO_ROOT / "runs"  # git-ignored
+RESULTS_DIR = REPO_ROOT / "bench" / "results"  # recorded, tracked
+
+
+def add_output_args(parser: argparse.ArgumentParser, runs_sub: str, results_sub: str = "") -> None:
+    """``--out DIR`` and ``--record`` (mutually exclusive); the help names both default folders."""
+    runs, results = _rel(RUNS_DIR / runs_sub), _rel(RESULTS_DIR / results_sub)
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--out", default=None, help=f"output folder (default: {runs}, git-ignored)")
+    g.add_argument("--record", action="store_true", help=f"rewrite the recorded results in {results} instead")
+
+
+def output_dir(args: argparse.Namespace, runs_sub: str, results_sub: str = "") -> Path:
+    """The folder of :func:`add_output_args`'s options: ``--out``, else the recorded folder with
+    ``--record``, else ``runs/<runs_sub>``."""
+    if args.out is not None:
+        return Path(args.out)
+    return RESULTS_DIR / results_sub if args.record else RUNS_DIR / runs_sub
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT))

@@ -1,0 +1,123 @@
+"""Demo and benchmark outputs: runs/ by default, bench/results/ only on --record; warm-up and provenance."""
+
+import csv
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import bench.demo
+from bench.outputs import REPO_ROOT, RESULTS_DIR, RUNS_DIR
+from bench.warmup import WARMUP_SEED, first_case_line, first_case_ratios
+from dllm.prefilling import PrefillingConfig
+
+PROVENANCE = ("device_name", "device_kind", "torch", "triton", "commit", "date_utc")
+# The training log of bench.tiny.train: headerless step rows appended across resumed runs, read by
+# column index (bench.tiny.model_card.plot_loss); not a results table.
+NOT_RESULTS = {RESULTS_DIR / "tiny-train" / "loss.csv"}
+
+
+def test_every_recorded_csv_carries_its_provenance():
+    paths = sorted(set(RESULTS_DIR.rglob("*.csv")) - NOT_RESULTS)
+    assert len(paths) >= 7
+    for path in paths:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert rows, path
+        for key in PROVENANCE:
+            assert key in rows[0], f"{path.name} lacks {key}"
+            assert all(r[key] for r in rows), f"{path.name}: empty {key}"
+
+
+@pytest.fixture()
+def demo_out_dir(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench.demo, "run_demo", lambda out_dir, **kw: seen.append((out_dir, kw)) or 0)
+    return seen
+
+
+def test_demo_writes_to_runs_unless_recording(demo_out_dir, tmp_path):
+    assert bench.demo.main([]) == 0
+    assert bench.demo.main(["--record"]) == 0
+    assert bench.demo.main(["--out", str(tmp_path)]) == 0
+    (default, kw), (recorded, kw_rec), (chosen, _) = demo_out_dir
+    assert Path(default) == RUNS_DIR / "demo" and Path(recorded) == RESULTS_DIR / "demo"
+    assert Path(chosen) == tmp_path
+    assert kw["command"] == "python -m bench.demo" and kw_rec["command"] == "python -m bench.demo --record"
+    with pytest.raises(SystemExit):
+        bench.demo.main(["--record", "--out", str(tmp_path)])  # one or the other
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(*args, **kwargs):
+    raise _Stop(args, kwargs)
+
+
+@pytest.mark.parametrize("module", ["e2e_speed", "lost_in_middle", "chunk_tradeoff", "run_all"])
+@pytest.mark.parametrize("record", [False, True])
+def test_benchmarks_write_to_runs_unless_recording(module, record, monkeypatch):
+    import importlib
+
+    import torch
+
+    mod = importlib.import_module(f"bench.{module}")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr("os.makedirs", lambda *a, **k: None)
+    monkeypatch.setattr(Path, "mkdir", lambda *a, **k: None)
+    argv = ["--record"] if record else []
+    if module == "run_all":  # it hands its folder to each study
+        monkeypatch.setattr(mod.e2e_speed, "main", _stop)
+        argv += ["--only", "e2e_speed"]
+    else:
+        monkeypatch.setattr(mod, "run", _stop)
+    with pytest.raises(_Stop) as stop:
+        mod.main(argv)
+    args, _ = stop.value.args
+    out = args[0][args[0].index("--out") + 1] if module == "run_all" else args[-1]
+    assert Path(out) == (RESULTS_DIR if record else RUNS_DIR / "bench")
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO_ROOT / ".git").exists(), reason="not a git checkout")
+def test_runs_is_ignored_and_results_are_not():
+    def ignored(rel):
+        return subprocess.run(["git", "check-ignore", "-q", rel], cwd=REPO_ROOT).returncode == 0
+
+    assert ignored("runs/demo/demo.csv") and ignored("runs/bench/SUMMARY.md") and ignored("runs/eval_passkey_dense.csv")
+    assert not ignored("bench/results/demo/demo.csv")
+
+
+def test_first_case_ratio_by_hand():
+    rows = [
+        {"method": "a", "length": 1, "seconds": 3.0},
+        {"method": "b", "length": 1, "seconds": 5.0},  # a row of one case: no ratio
+        {"method": "a", "length": 1, "seconds": 1.0},
+        {"method": "a", "length": 1, "seconds": 2.0},
+        {"method": "a", "length": 2, "seconds": 4.0},
+        {"method": "a", "length": 2, "seconds": 4.0},
+    ]
+    ratios = first_case_ratios(rows)
+    assert ratios == {("a", 1): 1.5, ("a", 2): 1.0}  # 3 over the median 2; 4 over 4
+    assert first_case_line(ratios) == "First case / row median: 1.00-1.50x (highest: a @ 1)."
+
+
+def test_small_demo_warms_up_and_writes_only_its_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "demo"
+    cfg = PrefillingConfig(chunk_size=64, top_k=2, score_terms=("draft_contrast",))
+    assert bench.demo.run_demo(str(out), lengths=(300,), depths=(0.0, 1.0), prefilling=cfg, budget_s=300) == 0
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "demo.csv",
+        "demo.md",
+        "demo.png",
+        "demo_recall.md",
+    ]
+    rows = list(csv.DictReader((out / "demo.csv").open()))
+    assert len(rows) == 2 * 3 and {r["seed"] for r in rows} == {"0", "1"}  # the warm-up case is not a row
+    assert str(WARMUP_SEED) not in {r["seed"] for r in rows}
+    md = (out / "demo.md").read_text()
+    assert "Start-up, not in the table: model load" in md and "per method: prefilling" in md
+    assert "First case / row median:" in md
