@@ -10,7 +10,7 @@ records those launches once and replays them with one call (the technique of gpt
 ``torch.cuda.CUDAGraph`` directly).
 
 :class:`GraphedStep` is a thin wrapper: it takes the pure step function (a function of the static
-buffers only, :func:`dllm.policies.live_block_logits`), runs it twice on a side stream (Triton
+buffers only, :func:`dllm.policies.live_block_logits`), runs it once on a side stream (Triton
 compiles its kernels, cuBLAS picks its workspaces), captures one call and replays it. The same
 function runs eagerly where graphs are not available (CPU, the Triton interpreter, the torch
 reference backend), so the CPU tests run exactly the code a graph captures.
@@ -74,7 +74,7 @@ class GraphedStep:
             device (the message gives the reason).
     """
 
-    def __init__(self, fn, *, warmup: int = 2):
+    def __init__(self, fn, *, warmup: int = 1):
         self.fn, self.warmup = fn, int(warmup)
         self.captures = self.warmup_calls = 0
         self._graph = None

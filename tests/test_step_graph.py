@@ -10,6 +10,7 @@ token for token on a GPU (``bench/gpu_check.sh``, stage ``cuda_graph``, and the 
 """
 
 import contextlib
+import sys
 
 import pytest
 import torch
@@ -208,7 +209,7 @@ def test_graphed_step_warms_up_captures_once_and_replays(monkeypatch):
         state.fill_(i)
         outs.append(step())
         assert outs[-1].tolist() == [2.0 * i] * 3
-    assert calls[:3] == ["eager", "eager", "capture"] and step.warmup_calls == 2
+    assert calls[:2] == ["eager", "capture"] and step.warmup_calls == 1
     assert step.captures == 1 and len(graphs) == 1 and graphs[0].replays == 4
     assert all(o is outs[0] for o in outs)  # one output buffer, overwritten by each replay
 
@@ -231,3 +232,37 @@ def test_graph_tokens_equal_eager_tokens_on_cuda():
         eager = dllm.generate(model, prompt=prompt, cuda_graph=False, **kw)
         graph = dllm.generate(model, prompt=prompt, cuda_graph=True, **kw)
         assert torch.equal(eager.tokens, graph.tokens)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run is bench/gpu_check.sh's")
+def test_cuda_graph_check_skips_cleanly_without_a_gpu(tmp_path, capsys):
+    from bench import cuda_graph_check
+
+    assert cuda_graph_check.main(["--out", str(tmp_path)]) == 0
+    assert "cuda_graph_check skipped: no CUDA device here" in capsys.readouterr().out
+    assert "Skipped: no CUDA device here." in (tmp_path / "cuda_graph.md").read_text()
+    assert not (tmp_path / "cuda_graph.csv").exists()
+
+
+class _EagerGraph:
+    """GraphedStep's interface, run eagerly (the CPU stand-in for the capture)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self):
+        return self.fn()
+
+
+def test_cuda_graph_check_parts_run_on_cpu_with_an_eager_stand_in(dream, monkeypatch):
+    """The GPU check's two parts on CPU, the graph replaced by an eager call: rows equal, every field there."""
+    from bench import cuda_graph_check
+
+    monkeypatch.setattr("dllm.policies.GraphedStep", _EagerGraph)
+    monkeypatch.setattr(sys.modules["dllm.generate"], "cuda_graph_support", lambda device: (True, ""))
+    monkeypatch.setattr(cuda_graph_check, "PASSKEY_LENGTHS", (1100, 1500))
+    rows = cuda_graph_check.bundled_rows(gen=4, device="cpu")
+    rows += cuda_graph_check.dream_rows(dream, steps=4, repeats=2, chunk=8)
+    assert [r["rows"] for r in rows] == [1, 1, 2, 1, 8] and all(r["equal_tokens"] == 1 for r in rows)
+    assert rows[-1]["max_logit_diff"] == 0.0 and all(r["eager_ms_per_step"] > 0 for r in rows)
+    assert "| dream7b-shape | 2 layers, 8 row(s) | 8 | yes |" in cuda_graph_check.summarize(rows)
