@@ -30,7 +30,7 @@ def test_small_batching_run_writes_equal_rows_and_phase_ratios(tmp_path):
 def test_batching_writes_to_runs_unless_recording(record, monkeypatch):
     seen = []
     monkeypatch.setattr(bench.batching, "load_model", lambda *a, **k: None)
-    monkeypatch.setattr(bench.batching, "run", lambda *a: seen.append(a[-1]) or exit(0))
+    monkeypatch.setattr(bench.batching, "run", lambda *a, **k: seen.append(a[-1]) or exit(0))
     with pytest.raises(SystemExit):
         bench.batching.main(["--record"] if record else [])
     assert Path(seen[0]) == (RESULTS_DIR if record else RUNS_DIR / "bench")
