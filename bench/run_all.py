@@ -4,7 +4,9 @@ On a CUDA machine the kernel microbenchmarks run compiled on the GPU; elsewhere 
 CPU comparison of the torch paths runs (labelled CPU). Then the end-to-end studies on
 the bundled tiny model: speed vs context length, the lost-in-the-middle heatmaps and
 the chunk-size trade-off, each under its own time budget (cells that would overrun are
-skipped and listed); each runs one untimed warm-up case first and reports it apart. CSVs (with
+skipped and listed); each runs one untimed warm-up case first and reports it apart. Then the
+document cache (questions from a cached 16K-token document vs fresh runs, a 128K-token
+document; --scale below 1 shrinks both documents). CSVs (with
 provenance columns), Markdown tables, PNGs and ``SUMMARY.md`` (the tables with the command and
 machine line) go to ``runs/bench/`` (git-ignored); ``--record`` (``make record``) rewrites the
 recorded ones in ``bench/results/`` instead.
@@ -20,11 +22,11 @@ import time
 
 import torch
 
-from bench import chunk_tradeoff, e2e_speed, lost_in_middle
+from bench import chunk_tradeoff, document_cache, e2e_speed, lost_in_middle
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
 
-STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff")
+STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache")
 
 
 def main(argv=None) -> int:
@@ -65,6 +67,13 @@ def main(argv=None) -> int:
     if "chunk_tradeoff" in args.only:
         chunk_tradeoff.main(["--budget", str(b["chunk_tradeoff"]), "--out", out])
         done.append("chunk_tradeoff.md")
+    if "document_cache" in args.only:
+        shrink = min(1.0, args.scale)
+        document_cache.main(
+            ["--out", out, "--length", str(max(2048, int(16384 * shrink)))]
+            + ["--long-length", str(max(4096, int(131072 * shrink)))]
+        )
+        done.append("document_cache.md")
     lines = [
         "# Benchmark summary",
         "",

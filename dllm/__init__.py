@@ -1,29 +1,32 @@
 """dllm: a small runtime for diffusion LMs (Dream, LLaDA) with Prefilling-dLLM long-context inference.
 
-Public entry points: :func:`load_model`, :func:`generate`.
+Public entry points: :func:`load_model`, :func:`generate`, :func:`encode_document`.
 """
 
 from dllm.config import ConfigError, ModelConfig, load_config
 from dllm.generate import GenerationResult, GenerationStats, generate
-from dllm.kv_cache import StaticKVCache
+from dllm.kv_cache import Segment, StaticKVCache
 from dllm.loader import default_model_dir, load_model, load_tokenizer
 from dllm.modeling import DiffusionLM
-from dllm.prefilling import PrefillingConfig, PromptParts
+from dllm.prefilling import DocumentCache, PrefillingConfig, PromptParts, encode_document
 from dllm.tokenization import decode_text, encode_text
 from dllm.weights import WeightError
 
 __all__ = [
     "ConfigError",
     "DiffusionLM",
+    "DocumentCache",
     "GenerationResult",
     "GenerationStats",
     "ModelConfig",
     "PrefillingConfig",
     "PromptParts",
+    "Segment",
     "StaticKVCache",
     "WeightError",
     "decode_text",
     "default_model_dir",
+    "encode_document",
     "encode_text",
     "generate",
     "load_config",

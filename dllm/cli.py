@@ -1,4 +1,4 @@
-"""Command line of prefilling-dllm: ``python -m dllm generate|eval|info`` (installed as ``dllm`` too).
+"""Command line of prefilling-dllm: ``python -m dllm generate|encode|eval|info`` (installed as ``dllm`` too).
 
 :func:`main` is the entry point; ``python -m dllm --help`` prints the runnable examples of :data:`EXAMPLES`.
 """
@@ -36,6 +36,7 @@ EXAMPLES = {
         "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 128 "
         "--top-k 8 --gen-length 8",
     ),
+    "encode": ("python -m dllm encode --context-file doc.txt --out doc.cache",),
     "eval": (
         "python -m dllm eval passkey --method prefilling",
         "python -m dllm eval passkey --lengths 4096 --depths 0 0.5 1 --samples 1 --method prefilling "
@@ -59,6 +60,11 @@ doc.txt holds a few thousand characters of "The grass is green. The sky is blue.
     "eval": """\
 hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
 bundled model does not answer it).""",
+    "encode": """\
+doc.txt as for generate. Answer questions from the saved cache without encoding the document again
+(the prompt's {context} slot marks where the document goes; each --question fills a {question} slot
+or is appended to the prompt):
+  dllm generate --document doc.cache --prompt-file prompt.txt --gen-length 8""",
     "info": "With no --model, info describes the bundled tiny model.",
 }
 
@@ -71,7 +77,7 @@ DESCRIPTION = f"""\
 Long-context inference of diffusion LMs (Dream, LLaDA) with Prefilling-dLLM.
 
 examples (each runs as written on the bundled tiny model):
-{_examples("generate", "eval", "info")}
+{_examples("generate", "encode", "eval", "info")}
 
 {EXAMPLE_FILES["generate"]}
 {EXAMPLE_FILES["eval"]}
@@ -199,9 +205,10 @@ def _add_decode_args(p, gen_length_default: int | None):
 
     p.add_argument(
         "--method",
-        default="dense",
+        default=None,
         choices=METHODS,
-        help="dense (recompute all every step), prefix_cache (Fast-dLLM style) or prefilling (Prefilling-dLLM)",
+        help="dense (recompute all every step), prefix_cache (Fast-dLLM style) or prefilling (Prefilling-dLLM) "
+        "(default: dense; prefilling with --document)",
     )
     gen_help = "response tokens" + ("" if gen_length_default else " (default: the answer's tokens + 4, per case)")
     p.add_argument("--gen-length", type=_positive_int, default=gen_length_default, help=gen_help)
@@ -388,52 +395,23 @@ def _load(args):
 # ---------------------------------------------------------------- generate
 
 
-def cmd_generate(args) -> int:
-    import dllm
-    from dllm.loader import default_model_dir
-    from dllm.tokenization import encode_text
+def _templates(args) -> list[str]:
+    """The prompts to answer: the prompt file (or ``{context}{question}``), once per ``--question``, which
+    fills the ``{question}`` slot or is appended."""
+    if args.prompt_file is None and not args.question:
+        raise UserError("generate needs --prompt-file or --question")
+    template = (
+        "{context}" if args.prompt_file is None else _strip_one_newline(_read_text(args.prompt_file, "--prompt-file"))
+    )
+    if not args.question:
+        return [template]
+    if "{question}" not in template:
+        template += "{question}"
+    return [template.replace("{question}", q) for q in args.question]
 
-    template = _strip_one_newline(_read_text(args.prompt_file, "--prompt-file"))
-    slots = template.count("{context}")
-    context = None
-    if args.context_file is not None:
-        context = _read_text(args.context_file, "--context-file")
-        if not context.strip():
-            raise UserError(f"--context-file {args.context_file} is empty")
-        if slots != 1:
-            raise UserError(
-                f"--prompt-file {args.prompt_file} must hold exactly one {{context}} slot for --context-file, "
-                f"found {slots}"
-            )
-    elif slots:
-        raise UserError(f"--prompt-file {args.prompt_file} has a {{context}} slot but no --context-file was given")
-    if not template.strip() and context is None:
-        raise UserError(f"--prompt-file {args.prompt_file} is empty")
-    _unmasking_check(args, args.gen_length)
-    cfg = _prefilling_config(args, args.model or default_model_dir())
 
-    model, _ = _load(args)
-    kw = _decode_kwargs(args, args.gen_length)
-    if cfg is not None:
-        from dllm.prefilling import split_prompt
-
-        parts = split_prompt(
-            model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
-        )
-        cfg = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
-        res = dllm.generate(
-            model, prompt=parts, method="prefilling", prefilling=cfg, seed=args.seed, progress=True, **kw
-        )
-    else:
-        text = template if context is None else template.replace("{context}", context)
-        if args.chat:  # the chat template decides the leading special tokens
-            from dllm.prefilling.prompt import render_chat
-
-            ids = encode_text(model, render_chat(model, text))[None]
-        else:
-            ids = encode_text(model, text, bos=True)[None]
-        res = dllm.generate(model, ids, method=args.method, seed=args.seed, progress=True, **kw)
-    print(res.text[0] if res.text is not None else res.tokens[0].tolist())
+def _print_result(res) -> None:
+    print(res.text[0] if res.text is not None else res.tokens[0].tolist(), flush=True)
     stats = {
         "nfe": res.stats.nfe,
         "steps": res.stats.steps,
@@ -441,7 +419,133 @@ def cmd_generate(args) -> int:
         "tokens_per_second": round(res.stats.tokens_per_second, 2),
         **{k: v for k, v in res.stats.extra.items() if k != "gen_tokens"},
     }
-    print(json.dumps(stats), file=sys.stderr)
+    print(json.dumps(stats), file=sys.stderr, flush=True)
+
+
+def _document_config(args, header: dict) -> PrefillingConfig:
+    """The prefilling config of an answer from a document: the document's chunk size unless one is given
+    (a different one is an error), a default K above its chunk count keeps every chunk."""
+    from dllm.loader import default_model_dir
+
+    if args.chunk_size is not None and args.chunk_size != header["chunk_size"]:
+        raise UserError(
+            f"--chunk-size {args.chunk_size}: the document {args.document} was encoded with chunk size "
+            f"{header['chunk_size']}"
+        )
+    args.chunk_size = header["chunk_size"]
+    cfg = _prefilling_config(args, args.model or default_model_dir())
+    return _fit_top_k(cfg, header["num_tokens"], explicit=args.top_k not in (None, _ALL))
+
+
+def cmd_generate(args) -> int:
+    import dllm
+    from dllm.loader import default_model_dir
+    from dllm.tokenization import encode_text
+
+    document = None
+    if args.document is not None:
+        if args.context_file is not None:
+            raise UserError("--document and --context-file both give the context: pass one")
+        if args.method not in (None, "prefilling"):
+            raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
+        args.method = "prefilling"
+        header = dllm.DocumentCache.read_header(args.document)  # before the model loads
+    args.method = args.method or "dense"
+    templates = _templates(args)
+    context = None
+    if args.context_file is not None:
+        context = _read_text(args.context_file, "--context-file")
+        if not context.strip():
+            raise UserError(f"--context-file {args.context_file} is empty")
+    for template in templates:
+        slots = template.count("{context}")
+        if args.document is not None:
+            if slots > 1:
+                raise UserError(f"the prompt must hold at most one {{context}} slot for --document, found {slots}")
+        elif context is not None and slots != 1:
+            raise UserError(
+                f"--prompt-file {args.prompt_file} must hold exactly one {{context}} slot for --context-file, "
+                f"found {slots}"
+            )
+        elif context is None and slots:
+            raise UserError("the prompt has a {context} slot but no --context-file or --document was given")
+        if not template.strip() and context is None:
+            raise UserError(f"--prompt-file {args.prompt_file} is empty")
+    _unmasking_check(args, args.gen_length)
+    if args.document is not None:
+        cfg = _document_config(args, header)
+    else:
+        cfg = _prefilling_config(args, args.model or default_model_dir())
+
+    model, _ = _load(args)
+    if args.document is not None:
+        document = dllm.DocumentCache.load(args.document, model)
+    kw = _decode_kwargs(args, args.gen_length)
+    for template in templates:
+        if document is not None:
+            from dllm.prefilling import split_document_prompt
+
+            parts = split_document_prompt(model, template, apply_chat_template=args.chat)
+            res = dllm.generate(
+                model,
+                prompt=parts,
+                document=document,
+                method="prefilling",
+                prefilling=cfg,
+                seed=args.seed,
+                progress=True,
+                **kw,
+            )
+        elif cfg is not None:
+            from dllm.prefilling import split_prompt
+
+            parts = split_prompt(
+                model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
+            )
+            fitted = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
+            res = dllm.generate(
+                model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=True, **kw
+            )
+        else:
+            text = template if context is None else template.replace("{context}", context)
+            if args.chat:  # the chat template decides the leading special tokens
+                from dllm.prefilling.prompt import render_chat
+
+                ids = encode_text(model, render_chat(model, text))[None]
+            else:
+                ids = encode_text(model, text, bos=True)[None]
+            res = dllm.generate(model, ids, method=args.method, seed=args.seed, progress=True, **kw)
+        _print_result(res)
+    return 0
+
+
+# ---------------------------------------------------------------- encode
+
+
+def cmd_encode(args) -> int:
+    """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache`."""
+    import dllm
+    from dllm.loader import default_model_dir
+
+    text = _read_text(args.context_file, "--context-file")
+    if not text.strip():
+        raise UserError(f"--context-file {args.context_file} is empty")
+    if os.path.isdir(args.out):
+        raise UserError(f"--out {args.out} is a directory; give a file name")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise UserError(f"--out {args.out}: no such directory {folder}")
+    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
+    base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
+    cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+
+    model, _ = _load(args)
+    doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=True)
+    doc.save(args.out)
+    print(
+        f"wrote {args.out}: {len(doc)} tokens in {doc.num_chunks} chunks of {doc.chunk_size} "
+        f"({os.path.getsize(args.out) / 2**20:.1f} MiB)"
+    )
     return 0
 
 
@@ -454,6 +558,7 @@ def cmd_eval(args) -> int:
     from dllm.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
     from dllm.loader import default_model_dir
 
+    args.method = args.method or "dense"
     longbench = args.task == LONGBENCH
     if longbench != (args.data is not None):
         raise UserError("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")
@@ -548,23 +653,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser(
         "generate",
-        help="answer one prompt",
-        description="Answer one prompt: the answer on stdout, progress bars and a stats JSON line on stderr.",
+        help="answer one prompt (or several questions)",
+        description="Answer one prompt (or each --question): the answer on stdout, progress bars and a stats JSON\n"
+        "line on stderr.",
         epilog=_epilog("generate"),
         formatter_class=_HelpFormatter,
     )
     g.add_argument(
         "--prompt-file",
-        required=True,
         type=_existing_file,
-        help="UTF-8 prompt; may hold one {context} slot; one trailing newline (an editor's) is removed. Without a "
-        "slot and --context-file, --method prefilling takes the last 64 tokens as the query, the rest as context",
+        default=None,
+        help="UTF-8 prompt; may hold one {context} slot (and a {question} slot for --question); one trailing "
+        "newline (an editor's) is removed. Without a slot and --context-file, --method prefilling takes the last "
+        "64 tokens as the query, the rest as context (default: none; needed unless --question is given)",
     )
     g.add_argument(
         "--context-file",
         type=_existing_file,
         default=None,
         help="UTF-8 text put into the prompt's {context} slot, read as is (default: none)",
+    )
+    g.add_argument(
+        "--document",
+        type=_existing_file,
+        default=None,
+        help="a document cache written by encode: the context, already encoded (default: none)",
+    )
+    g.add_argument(
+        "--question",
+        action="append",
+        default=None,
+        help="a question, repeatable: each fills the prompt's {question} slot (or is appended to the prompt) and "
+        "is answered in turn from one model load (default: none)",
     )
     g.add_argument(
         "--chat",
@@ -574,6 +694,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common_args(g)
     _add_decode_args(g, 32)
     g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser(
+        "encode",
+        help="encode a document once for later questions (a document cache)",
+        description="Chunked prefill of a document, saved as one safetensors file (a dllm.DocumentCache) that\n"
+        "generate --document answers from without encoding the document again.",
+        epilog=_epilog("encode"),
+        formatter_class=_HelpFormatter,
+    )
+    c.add_argument("--context-file", type=_existing_file, required=True, help="UTF-8 document text, read as is")
+    c.add_argument("--out", required=True, help="the cache file to write")
+    c.add_argument(
+        "--chunk-size",
+        type=_positive_int,
+        default=None,
+        help=f"C, context tokens per chunk (default: the checkpoint's, else {_PREFILLING_DEFAULTS.chunk_size})",
+    )
+    c.add_argument(
+        "--prefill-batch", type=_positive_int, default=None, help="chunks encoded per forward (default: all at once)"
+    )
+    _add_common_args(c)
+    c.set_defaults(func=cmd_encode)
 
     e = sub.add_parser(
         "eval",

@@ -1,4 +1,8 @@
-"""``dllm.generate``: diffusion decoding with three cache policies.
+"""``dllm.generate``: the public API of diffusion decoding.
+
+It checks the arguments, builds one of three cache policies (:mod:`dllm.policies`),
+runs the denoising loop (:func:`dllm.denoise.denoise`) and returns the tokens, text
+and per-phase stats:
 
 - ``dense`` (the transformers baseline): every step re-encodes prompt + response.
   Per step ``O((L_p + L_d)^2)`` attention.
@@ -6,7 +10,8 @@
   the whole sequence is encoded once and the K/V of the prompt (all but its last
   ``live_window`` tokens) are kept; each step recomputes only the live block (the
   last prompt tokens + the response) against that cache.
-- ``prefilling`` (Prefilling-dLLM, arXiv 2606.10537): see :mod:`dllm.prefilling`.
+- ``prefilling`` (Prefilling-dLLM, arXiv 2606.10537): see :mod:`dllm.prefilling`;
+  the context may come pre-encoded as a :class:`dllm.DocumentCache`.
 
 Greedy decoding (temperature 0) is deterministic; sampling rules draw from a
 ``torch.Generator`` seeded by ``seed``.
@@ -18,9 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dllm.denoise import PhaseTimer, denoise
+from dllm.denoise import denoise
 from dllm.devices import same_device
-from dllm.kv_cache import StaticKVCache
+from dllm.policies import DensePolicy, PrefixCachePolicy
+from dllm.prefilling.pipeline import build_prefilling_policy
+from dllm.timer import PhaseTimer
 from dllm.tokenization import decode_text
 from dllm.unmasking import UnmaskingConfig
 
@@ -34,8 +41,9 @@ class GenerationStats:
     Attributes:
         nfe: model forwards (network function evaluations), cache builds included.
         steps: denoising steps run.
-        seconds: wall-clock seconds per phase: ``prefill`` (building static caches),
-            ``scoring`` (prefilling only), ``decode`` (the denoising loop), ``total``.
+        seconds: wall-clock seconds per phase: ``prefill`` (building static caches; with a
+            document only the prefix), ``scoring`` (prefilling only: draft, chunk scores,
+            selection and the static cache), ``decode`` (the denoising steps), ``total``.
         extra: method-specific details (prefilling: chunk ids, scores...).
     """
 
@@ -63,80 +71,6 @@ class GenerationResult:
     tokens: torch.Tensor
     stats: GenerationStats
     text: list | None = None
-
-
-class DensePolicy:
-    """Recompute prompt + response every step (no cache)."""
-
-    def __init__(self, model, prompt: torch.Tensor, timer: PhaseTimer):
-        self.model, self.prompt, self.nfe = model, prompt, 0
-        self.timer = timer
-
-    def start_block(self, resp, block):
-        pass
-
-    def logits(self, resp):
-        x = torch.cat([self.prompt, resp], dim=1)
-        lp = self.prompt.shape[1]
-        with self.timer.phase("decode"):
-            out = self.model(x, torch.arange(x.shape[1], device=x.device), logits_start=lp)
-        self.nfe += 1
-        return out.logits
-
-
-class PrefixCachePolicy:
-    """Prompt K/V cached once per block (or per step); the live block is recomputed each step.
-
-    Args:
-        live_window: prompt tokens kept live (>= 1: a shifted model predicts the first
-            response token from the last prompt position, which must be recomputed).
-        refresh: ``"block"`` (Fast-dLLM: rebuild at each block start) or ``"step"`` (rebuild
-            every step; exact w.r.t. ``dense``, used to test the cached attention path).
-        scope: ``"sequence"`` encodes prompt + current response to build the cache (Fast-dLLM);
-            ``"prompt"`` encodes the cached prompt part alone (reusable across questions).
-    """
-
-    def __init__(self, model, prompt, timer, *, live_window=1, refresh="block", scope="sequence"):
-        if refresh not in ("block", "step"):
-            raise ValueError(f"refresh must be 'block' or 'step', got {refresh!r}")
-        if scope not in ("sequence", "prompt"):
-            raise ValueError(f"scope must be 'sequence' or 'prompt', got {scope!r}")
-        lp = prompt.shape[1]
-        if not 1 <= live_window <= lp:
-            raise ValueError(f"live_window must be in [1, prompt length {lp}], got {live_window}")
-        self.model, self.prompt, self.timer = model, prompt, timer
-        self.w, self.refresh, self.scope = live_window, refresh, scope
-        self.cache = None
-        self.nfe = 0
-
-    def _build(self, resp):
-        lp = self.prompt.shape[1]
-        n_cached = lp - self.w
-        x = torch.cat([self.prompt, resp], dim=1) if self.scope == "sequence" else self.prompt[:, :n_cached]
-        with self.timer.phase("prefill"):
-            if n_cached == 0:
-                self.cache = None
-            else:
-                out = self.model(x, torch.arange(x.shape[1], device=x.device), logits_start=x.shape[1], return_kv=True)
-                self.nfe += 1
-                ks = [k[:, :n_cached] for k in out.k]
-                vs = [v[:, :n_cached] for v in out.v]
-                self.cache = StaticKVCache.single_segment(ks, vs)
-
-    def start_block(self, resp, block):
-        if self.refresh == "block":
-            self._build(resp)
-
-    def logits(self, resp):
-        if self.refresh == "step":
-            self._build(resp)
-        lp = self.prompt.shape[1]
-        live = torch.cat([self.prompt[:, lp - self.w :], resp], dim=1)
-        pos = torch.arange(lp - self.w, lp + resp.shape[1], device=live.device)
-        with self.timer.phase("decode"):
-            out = self.model(live, pos, self.cache, logits_start=self.w)
-        self.nfe += 1
-        return out.logits
 
 
 def default_alg(model) -> str:
@@ -192,6 +126,7 @@ def generate(
     cache_scope: str = "sequence",
     prompt=None,
     prefilling=None,
+    document=None,
     progress: bool = False,
 ) -> GenerationResult:
     """Generate a response with a diffusion LM.
@@ -212,10 +147,14 @@ def generate(
             and Fast-dLLM's); None = the rule's reference (see :mod:`dllm.unmasking`).
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
-            :class:`PrefixCachePolicy`).
+            :class:`dllm.policies.PrefixCachePolicy`).
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
             context, query token ids).
-        prefilling: ``prefilling`` only: a :class:`dllm.prefilling.PrefillingConfig`.
+        prefilling: ``prefilling`` only: a :class:`dllm.prefilling.PrefillingConfig` (default:
+            the defaults; with a document, the document's chunk size).
+        document: ``prefilling`` only: a :class:`dllm.DocumentCache` of the context (from
+            :func:`dllm.encode_document`); pass ``prompt=PromptParts(prefix, None, query)``. No
+            chunk is re-encoded; the tokens equal a fresh run on the same context and config.
         progress: tqdm progress bars.
 
     Returns:
@@ -224,7 +163,9 @@ def generate(
     Raises:
         ValueError: unknown method/alg/confidence_from, ``gen_length % block_length != 0``, ``steps < 1``,
             steps not divisible by the number of blocks, a prompt containing the mask id,
-            prompt on another device than the model, options of another method.
+            prompt on another device than the model, options of another method; with a
+            document: a context too, or a chunk size, model, dtype or anchor other than the
+            document's.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
@@ -249,8 +190,8 @@ def generate(
     )
     if cfg.fixed_steps and steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
-    if method != "prefilling" and (prompt is not None or prefilling is not None):
-        raise ValueError("prompt= and prefilling= are options of method='prefilling'")
+    if method != "prefilling" and (prompt is not None or prefilling is not None or document is not None):
+        raise ValueError("prompt=, prefilling= and document= are options of method='prefilling'")
     generator = None
     if seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(int(seed))
@@ -259,20 +200,32 @@ def generate(
     extra = {}
     with timer.phase("total"):
         if method == "prefilling":
-            from dllm.prefilling import build_prefilling_policy
-
-            policy, batch, extra = build_prefilling_policy(
-                model, input_ids, prompt, prefilling, timer, gen_length=gen_length, progress=progress
+            setup = build_prefilling_policy(
+                model,
+                input_ids,
+                prompt,
+                prefilling,
+                timer,
+                gen_length=gen_length,
+                document=document,
+                progress=progress,
             )
+            policy, extra = setup.policy, setup.stats()
         else:
             input_ids = check_prompt(model, input_ids)
-            batch = input_ids.shape[0]
             if method == "dense":
-                policy = DensePolicy(model, input_ids, timer)
+                policy = DensePolicy(model, input_ids, gen_length)
             else:
                 policy = PrefixCachePolicy(
-                    model, input_ids, timer, live_window=live_window, refresh=cache_refresh, scope=cache_scope
+                    model,
+                    input_ids,
+                    gen_length,
+                    timer,
+                    live_window=live_window,
+                    refresh=cache_refresh,
+                    scope=cache_scope,
                 )
+        batch = policy.batch_size
         resp = torch.full((batch, gen_length), model.mask_token_id, dtype=torch.long, device=model.device)
         n_steps = denoise(
             policy,
@@ -281,9 +234,10 @@ def generate(
             block_length=block_length,
             steps_per_block=steps // n_blocks if cfg.fixed_steps else block_length,
             cfg=cfg,
+            timer=timer,
             generator=generator,
             progress=progress,
         )
-    stats = GenerationStats(nfe=policy.nfe, steps=n_steps, seconds=dict(timer.seconds), extra=extra)
+    stats = GenerationStats(nfe=policy.nfe, steps=n_steps, seconds=timer.seconds, extra=extra)
     stats.extra["gen_tokens"] = batch * gen_length
     return GenerationResult(resp, stats, decode_text(model, resp))

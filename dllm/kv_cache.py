@@ -8,14 +8,37 @@ to (``seg_slots``, -1 = none) and how many tokens of each slot are valid
 so the pools are never gathered into contiguous memory.
 
 Keys are stored with RoPE already applied at the positions the segment should
-have for decoding.
+have for decoding. A :class:`Segment` is one such run of tokens before it is packed
+into a pool; :meth:`StaticKVCache.from_rows` packs each batch row's segments.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class Segment:
+    """One contiguous run of static tokens (a prefix, or one kept chunk) of one batch row.
+
+    Attributes:
+        k: list over layers of ``[T, Hkv, D]`` keys, RoPE applied at their decode positions.
+        v: list over layers of ``[T, Hkv, D]`` values.
+        length: valid tokens, ``0 <= length <= T`` (rows beyond are padding).
+    """
+
+    k: list
+    v: list
+    length: int
+
+    def __post_init__(self):
+        if len(self.k) != len(self.v) or not self.k:
+            raise ValueError(f"a Segment needs one K and one V per layer, got {len(self.k)}/{len(self.v)}")
+        if not 0 <= self.length <= self.k[0].shape[0]:
+            raise ValueError(f"segment length {self.length} outside [0, {self.k[0].shape[0]}]")
 
 
 @dataclass
@@ -63,6 +86,49 @@ class StaticKVCache:
     def nbytes(self) -> int:
         """Bytes held by the pools (all layers, K and V)."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Segment]]) -> StaticKVCache:
+        """Pack each batch row's segments into one pool per layer.
+
+        Segment ``s`` of row ``b`` goes to its own slot (slots numbered row by row); rows with
+        fewer segments than the longest one get slot -1 (no segment) in the table. The pool's
+        token axis is the longest segment, zero-padded.
+
+        Args:
+            rows: B lists of :class:`Segment` (same layers, heads, head dim and dtype).
+
+        Returns:
+            A cache with pools ``[P, T, Hkv, D]`` (P = all segments, T = longest length, >= 1) and a
+            ``[B, S]`` segment table (S = most segments in a row).
+
+        Raises:
+            ValueError: no row, or no segment at all.
+        """
+        segments = [seg for row in rows for seg in row]
+        if not rows or not segments:
+            raise ValueError("from_rows needs at least one row holding at least one segment")
+        t = max(max(seg.length for seg in segments), 1)
+        ks, vs = [], []
+        for layer in range(len(segments[0].k)):
+            proto = segments[0].k[layer]
+            shape = (len(segments), t) + tuple(proto.shape[-2:])
+            kp, vp = proto.new_zeros(shape), proto.new_zeros(shape)
+            for slot, seg in enumerate(segments):
+                kp[slot, : seg.length] = seg.k[layer][: seg.length]
+                vp[slot, : seg.length] = seg.v[layer][: seg.length]
+            ks.append(kp)
+            vs.append(vp)
+        n_seg = max(len(row) for row in rows)
+        slots = torch.full((len(rows), n_seg), -1, dtype=torch.int32)
+        lens = torch.zeros((len(rows), n_seg), dtype=torch.int32)
+        slot = 0
+        for b, row in enumerate(rows):
+            for s, seg in enumerate(row):
+                slots[b, s], lens[b, s] = slot, seg.length
+                slot += 1
+        dev = ks[0].device
+        return cls(ks, vs, slots.to(dev), lens.to(dev))
 
     @classmethod
     def single_segment(cls, k_layers, v_layers, length: int | None = None) -> StaticKVCache:

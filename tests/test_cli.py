@@ -206,6 +206,8 @@ def test_help_example_runs(tmp_path, monkeypatch, capsys, line):
         written = re.search(r"wrote (\S+)", out).group(1)
         assert written.startswith("runs/") and (tmp_path / written).is_file()
         assert "start-up, not in the table" in out
+    elif command == "encode":
+        assert "wrote doc.cache" in out and (tmp_path / "doc.cache").is_file()
     else:
         assert command == "info" and "dream" in out
 

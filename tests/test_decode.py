@@ -92,3 +92,110 @@ def test_static_cache_validates_its_segment_table():
         dllm.StaticKVCache(k, k, torch.tensor([[2]], dtype=torch.int32), torch.tensor([[1]], dtype=torch.int32))
     with pytest.raises(ValueError, match="seg_lens must be in \\[0, T=5\\]"):
         dllm.StaticKVCache(k, k, torch.tensor([[1]], dtype=torch.int32), torch.tensor([[6]], dtype=torch.int32))
+
+
+def test_phase_timer_sums_repeats_and_nests():
+    import time
+
+    from dllm.timer import PhaseTimer
+
+    timer = PhaseTimer("cpu")
+    with timer.phase("total"):
+        for _ in range(2):
+            with timer.phase("decode"):
+                time.sleep(0.02)
+    s = timer.seconds
+    assert set(s) == {"total", "decode"}
+    assert 0.04 <= s["decode"] <= s["total"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_phase_timer_on_cuda_reads_events_once():
+    from dllm.timer import PhaseTimer
+
+    timer = PhaseTimer("cuda")
+    x = torch.randn(2048, 2048, device="cuda")
+    with timer.phase("matmul"):
+        for _ in range(20):
+            x = x @ x / 2048
+    assert timer._pending  # nothing was read yet: no synchronisation inside the phase
+    assert timer.seconds["matmul"] > 0 and not timer._pending
+
+
+@pytest.mark.parametrize("method", ["dense", "prefix_cache"])
+def test_live_block_is_one_buffer_and_equals_a_fresh_forward(dream, method):
+    """Every step writes the response into the same live buffer at fixed positions; the logits are
+    those of a forward over freshly concatenated ids (dense) / the Fast-dLLM prefix cache."""
+    from dllm.policies import DensePolicy, PrefixCachePolicy
+    from dllm.timer import PhaseTimer
+
+    p = _prompt(dream, n=11)
+    if method == "dense":
+        policy = DensePolicy(dream, p, 6)
+    else:
+        policy = PrefixCachePolicy(dream, p, 6, PhaseTimer("cpu"), live_window=3, refresh="step")
+    ptr, pos = policy.live.ids.data_ptr(), policy.live.positions.clone()
+    g = torch.Generator().manual_seed(1)
+    for step in range(3):
+        resp = torch.randint(0, 120, (1, 6), generator=g)
+        resp[0, step::2] = dream.mask_token_id
+        policy.prepare(resp, slice(0, 6), step)
+        got = policy.logits(resp)
+        assert policy.live.ids.data_ptr() == ptr and torch.equal(policy.live.positions, pos)
+        with torch.no_grad():
+            want = dream(torch.cat([p, resp], 1), torch.arange(17), logits_start=11).logits
+        tol = 0.0 if method == "dense" else 1e-5
+        assert (got - want).abs().max().item() <= tol
+    assert policy.nfe == (3 if method == "dense" else 6)
+
+
+def test_decode_phase_times_the_steps_and_dense_builds_no_cache(dream):
+    res = dllm.generate(dream, _prompt(dream), gen_length=4, steps=4)
+    assert set(res.stats.seconds) == {"total", "decode"}
+    assert 0 < res.stats.seconds["decode"] <= res.stats.seconds["total"]
+
+
+def _segment(t, length, seed, layers=2, hkv=2, d=8):
+    from dllm.kv_cache import Segment
+
+    g = torch.Generator().manual_seed(seed)
+    return Segment(
+        [torch.randn(t, hkv, d, generator=g) for _ in range(layers)],
+        [torch.randn(t, hkv, d, generator=g) for _ in range(layers)],
+        length,
+    )
+
+
+def test_from_rows_packs_ragged_rows_into_one_segment_table():
+    rows = [[_segment(5, 5, 0), _segment(7, 3, 1)], [_segment(4, 4, 2)]]
+    cache = dllm.StaticKVCache.from_rows(rows)
+    assert cache.seg_slots.tolist() == [[0, 1], [2, -1]]
+    assert cache.seg_lens.tolist() == [[5, 3], [4, 0]]
+    assert cache.k[0].shape == (3, 5, 2, 8)  # P = 3 segments, T = longest valid length
+    assert cache.tokens_per_row().tolist() == [8, 4]
+    for layer in range(2):
+        for slot, seg in enumerate(s for row in rows for s in row):
+            assert torch.equal(cache.k[layer][slot, : seg.length], seg.k[layer][: seg.length])
+            assert torch.equal(cache.v[layer][slot, : seg.length], seg.v[layer][: seg.length])
+            assert not cache.k[layer][slot, seg.length :].any()  # zero padding
+    with pytest.raises(ValueError, match="at least one segment"):
+        dllm.StaticKVCache.from_rows([[]])
+    with pytest.raises(ValueError, match="segment length 6 outside"):
+        _segment(5, 6, 0)
+
+
+def test_a_two_row_cache_decodes_each_row_as_alone(dream):
+    """Batch readiness: rows with their own segments in one table give each row's own logits."""
+    from dllm.kv_cache import Segment
+
+    segs = []
+    for seed, n in ((0, 9), (1, 5)):
+        with torch.no_grad():
+            out = dream(_prompt(dream, n=n, seed=seed), torch.arange(n), logits_start=n, return_kv=True)
+        segs.append(Segment([k[0] for k in out.k], [v[0] for v in out.v], n))
+    live = _prompt(dream, n=4, b=2, seed=7)
+    with torch.no_grad():
+        both = dream(live, torch.arange(9, 13), dllm.StaticKVCache.from_rows([[segs[0]], [segs[1]]]))
+        for row in range(2):
+            alone = dream(live[row : row + 1], torch.arange(9, 13), dllm.StaticKVCache.from_rows([[segs[row]]]))
+            assert (both.logits[row] - alone.logits[0]).abs().max().item() < 1e-5

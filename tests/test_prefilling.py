@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import dllm
-from dllm.denoise import PhaseTimer
-from dllm.generate import PrefixCachePolicy
+from dllm.policies import PrefixCachePolicy
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy, chunk_offsets
 from dllm.rope import rotate_keys
+from dllm.timer import PhaseTimer
 from tests.tiny_checkpoints import LLADA_BOS, write_dream_checkpoint, write_llada_checkpoint
 
 BOS = 128  # DREAM_TINY bos_token_id
@@ -35,7 +35,7 @@ def _parts(n_prefix=6, n_ctx=37, n_query=6, seed=0, bos=BOS, vocab=120):
 
 
 def _policy_logits(policy, resp):
-    policy.start_block(resp, slice(0, resp.shape[1]))
+    policy.prepare(resp, slice(0, resp.shape[1]), 0)
     return policy.logits(resp)
 
 
@@ -57,9 +57,9 @@ def test_joint_absolute_all_chunks_equals_prefix_cache(family, dream, llada):
     assert torch.equal(a.tokens, b.tokens)
     # logits to fp32 round-off, on the initial all-mask response and on a half-filled one
     resp = torch.full((1, 8), model.mask_token_id)
-    pol_a, _, _ = build_prefilling_policy(model, None, parts, cfg, PhaseTimer("cpu"), gen_length=8)
-    pol_b = PrefixCachePolicy(model, parts.full()[None], PhaseTimer("cpu"), live_window=nq)
-    pol_b.start_block(resp, slice(0, 8))
+    pol_a = build_prefilling_policy(model, None, parts, cfg, PhaseTimer("cpu"), gen_length=8).policy
+    pol_b = PrefixCachePolicy(model, parts.full()[None], 8, PhaseTimer("cpu"), live_window=nq)
+    pol_b.prepare(resp, slice(0, 8), 0)
     for r in (resp, torch.where(torch.arange(8) % 2 == 0, resp, torch.arange(8) + 3)):
         la, lb = pol_a.logits(r), pol_b.logits(r)
         assert (la - lb).abs().max().item() < 1e-4
@@ -77,8 +77,8 @@ def test_one_chunk_independent_equals_prefix_cache_on_bos_chunk(dream, mode):
     # (absolute puts the BOS anchor at -1 and the chunk at 0..19: a uniform shift, same logits under RoPE)
     assert torch.equal(a.tokens, b.tokens)
     resp = torch.full((1, 6), dream.mask_token_id)
-    pol_a, _, _ = build_prefilling_policy(dream, None, parts, cfg, PhaseTimer("cpu"), gen_length=6)
-    pol_b = PrefixCachePolicy(dream, prompt, PhaseTimer("cpu"), live_window=5, scope="prompt")
+    pol_a = build_prefilling_policy(dream, None, parts, cfg, PhaseTimer("cpu"), gen_length=6).policy
+    pol_b = PrefixCachePolicy(dream, prompt, 6, PhaseTimer("cpu"), live_window=5, scope="prompt")
     assert (_policy_logits(pol_a, resp) - _policy_logits(pol_b, resp)).abs().max().item() < 1e-4
 
 
@@ -239,24 +239,51 @@ def test_bad_prefilling_input(dream):
         dllm.generate(dream, ok.full()[None], method="dense", prefilling=PrefillingConfig())
 
 
+def test_the_named_steps_compose_into_the_policy(dream):
+    """prefill -> score_and_select -> build_cache by hand gives the policy build_prefilling_policy builds."""
+    from dllm.prefilling import build_cache, prefill, score_and_select
+
+    parts = _parts(n_ctx=45)
+    cfg = PrefillingConfig(chunk_size=8, top_k=2, token_budget=5)
+    setup = build_prefilling_policy(dream, None, parts, cfg, PhaseTimer("cpu"), gen_length=4)
+    with torch.no_grad():
+        pre = prefill(dream, parts, cfg)
+        sel = score_and_select(dream, parts, pre.chunks, cfg)
+        row = build_cache(dream, parts, pre, sel, cfg, 4)
+    assert pre.chunks.num_chunks == 6 and pre.prefix.length == 6 and pre.nfe == 2 and not pre.from_document
+    assert sel.kept == setup.selection.kept and len(sel.kept) == 2 and sel.nfe == 3  # draft + 2 passes
+    # prefix, then min(B = 5, c_j) + the BOS anchor per kept chunk
+    assert [s.length for s in row.segments] == [6] + [min(5, pre.chunks.sizes()[j]) + 1 for j in sel.kept]
+    # continuous positions: the query right after the kept chunks, each with its anchor
+    assert row.query_start == setup.row.query_start == 6 + sum(pre.chunks.sizes()[j] + 1 for j in sel.kept)
+    cache = dllm.StaticKVCache.from_rows([row.segments])
+    for a, b in zip(cache.k + cache.v, setup.cache.k + setup.cache.v):
+        assert torch.equal(a, b)
+    assert setup.policy.nfe == pre.nfe + sel.nfe + row.nfe
+
+
+@pytest.mark.parametrize(
+    ("terms", "mode", "reported"),
+    [
+        (("draft_contrast",), "dllm", {"s_P", "s_C"}),
+        (("self_info",), "dllm", {"s_I"}),
+        (("pseudo_label",), "dllm", {"s_P", "s_C"}),  # s_P and s_C come from the same pass
+        (("self_info", "pseudo_label"), "dllm", {"s_I", "s_P", "s_C"}),
+        (("pseudo_label",), "causal", {"s_I", "s_P", "s_C"}),
+    ],
+)
+def test_stats_report_only_computed_score_terms(dream, terms, mode, reported):
+    cfg = PrefillingConfig(chunk_size=8, top_k=2, score_terms=terms, score_mode=mode)
+    res = dllm.generate(dream, method="prefilling", prompt=_parts(n_ctx=30), prefilling=cfg, gen_length=4, steps=2)
+    assert {"s_I", "s_P", "s_C"} & set(res.stats.extra) == reported
+    # the skipped passes are real: causal scores every term in one pass, dllm one pass per term pair
+    n_passes = 1 if mode == "causal" else len({"s_I"} & reported) + len({"s_P"} & reported)
+    assert res.stats.nfe == 1 + 1 + 1 + n_passes + 2  # chunks, prefix, draft, scoring passes, steps
+
+
 def test_top_k_is_checked_before_the_prefill(dream, monkeypatch):
     calls = []
     monkeypatch.setattr(dream, "forward", lambda *a, **k: calls.append(1))  # any forward would be recorded
     with pytest.raises(ValueError, match="top_k=6 exceeds the 5 chunk"):
         dllm.generate(dream, method="prefilling", prompt=_parts(), gen_length=4, prefilling=PrefillingConfig(8, 6))
     assert calls == []
-
-
-@pytest.mark.parametrize(
-    "terms,reported",
-    [
-        (("self_info",), {"s_I"}),
-        (("pseudo_label",), {"s_P", "s_C"}),  # s_P and s_C come from the same pass
-        (("draft_contrast",), {"s_P", "s_C"}),
-        (("self_info", "pseudo_label"), {"s_I", "s_P", "s_C"}),
-    ],
-)
-def test_stats_report_only_computed_terms(dream, terms, reported):
-    cfg = PrefillingConfig(chunk_size=8, top_k=2, score_terms=terms)
-    ex = dllm.generate(dream, method="prefilling", prompt=_parts(), prefilling=cfg, gen_length=4, steps=2).stats.extra
-    assert {k for k in ("s_I", "s_P", "s_C") if k in ex} == reported

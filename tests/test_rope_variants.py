@@ -13,10 +13,10 @@ import torch
 
 import dllm
 from dllm.config import ConfigError, load_config
-from dllm.denoise import PhaseTimer
 from dllm.kv_cache import StaticKVCache
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
 from dllm.rope import apply_rope, rope_cos_sin, rotate_keys, scaled_inv_frequencies
+from dllm.timer import PhaseTimer
 from tests.tiny_checkpoints import hf_bidirectional_logits, hf_dream, write_dream_checkpoint, write_llada_checkpoint
 
 pytestmark = pytest.mark.compat
@@ -142,7 +142,8 @@ def test_prefilling_under_yarn_equals_chunk_encoded_at_its_final_positions(tmp_p
     prefix = torch.cat([torch.tensor([bos]), torch.randint(0, 120, (40,), generator=g)])
     parts = PromptParts(prefix, torch.randint(0, 120, (60,), generator=g), torch.randint(0, 120, (5,), generator=g))
     cfg = PrefillingConfig(chunk_size=64, top_k=1, position_mode="continuous")
-    policy, _, extra = build_prefilling_policy(model, None, parts, cfg, PhaseTimer("cpu"), gen_length=6)
+    setup = build_prefilling_policy(model, None, parts, cfg, PhaseTimer("cpu"), gen_length=6)
+    policy, extra = setup.policy, setup.stats()
     assert extra["anchor_token_id"] == bos and extra["selected_chunks"] == [0]
 
     p, c = prefix.numel(), parts.context.numel()
@@ -166,7 +167,7 @@ def test_prefilling_under_yarn_equals_chunk_encoded_at_its_final_positions(tmp_p
     assert q0 > WINDOW  # the query sits past the original window
     with torch.no_grad():
         ref = model(live, torch.arange(q0, q0 + live.shape[1]), cache, logits_start=parts.query.numel()).logits
-    policy.start_block(resp, slice(0, 6))
+    policy.prepare(resp, slice(0, 6), 0)
     assert (policy.logits(resp) - ref).abs().max().item() < 1e-4
 
 

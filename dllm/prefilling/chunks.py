@@ -42,6 +42,17 @@ class ChunkCache:
         """Context tokens per chunk (without the BOS anchor)."""
         return [n - 1 for n in self.lens.tolist()]
 
+    def context_ids(self, j: int) -> torch.Tensor:
+        """``[c_j]`` int64: the context tokens of chunk ``j`` (anchor and padding dropped)."""
+        return self.ids[j, 1 : int(self.lens[j])]
+
+
+def pad_token_id(model, anchor: int) -> int:
+    """Filler of a short last chunk: the config's ``pad_token_id``, else the anchor (padding is masked
+    out of attention either way)."""
+    pad = model.config.pad_token_id
+    return anchor if pad is None else pad
+
 
 def cut_chunks(n_tokens: int, chunk_size: int) -> list:
     """``(start, size)`` of consecutive chunks of ``chunk_size`` tokens (the last may be shorter).

@@ -1,52 +1,162 @@
-"""Prefilling-dLLM end to end: chunked prefill -> scoring -> two-level sparsity -> static KV decode.
+"""Prefilling-dLLM end to end (arXiv 2606.10537), in the order it runs.
 
-``dllm.generate(model, prompt=PromptParts(...), method="prefilling", prefilling=PrefillingConfig())``
-lands here (:func:`build_prefilling_policy`). The returned policy recomputes only
-the live block (query + response) at every denoising step; its attention runs over
-the static segments (prefix + kept chunks, possibly top-B-gathered) plus itself
-through ``triton_kernels.split_s_attention`` (split-S partials + LSE merge).
+``dllm.generate(model, method="prefilling", prompt=PromptParts(...), prefilling=PrefillingConfig())``
+lands in :func:`build_prefilling_policy`, which runs three named steps and returns the decode policy:
+
+1. :func:`prefill`: cut the context into chunks and encode each alone after a BOS anchor (or take
+   them from a :class:`~dllm.prefilling.document.DocumentCache`), and encode the prefix.
+2. :func:`score_and_select`: draft pseudo-labels without the context, score every chunk by how
+   well it predicts the query and the draft, keep the top-K.
+3. :func:`build_cache`: move the kept chunks to their decode positions (rotate their keys), keep
+   the top-B tokens of each if asked, and pack prefix + chunks into one static segment table.
+
+The policy (:class:`dllm.policies.PrefillingPolicy`) then recomputes only the live block
+(query + response) at every denoising step; its attention runs over the static segments plus
+itself through ``triton_kernels.split_s_attention`` (split-S partials + LSE merge).
+
+Each step returns a typed result that holds one batch row; the static cache is packed with
+:meth:`StaticKVCache.from_rows`, which already takes one list of segments per row.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 import triton_kernels
 from dllm.devices import same_device
-from dllm.kv_cache import StaticKVCache
-from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, encode_segment
+from dllm.kv_cache import Segment, StaticKVCache
+from dllm.policies import PrefillingPolicy
+from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, encode_segment, pad_token_id
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
+from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
-from dllm.prefilling.scoring import draft_pseudo_labels, score_chunks
+from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
 
 
-class PrefillingPolicy:
-    """Decode policy over a static cache: the live block is ``query + response``."""
+@dataclass
+class Prefill:
+    """Step 1: what is encoded before any question-dependent work.
 
-    def __init__(self, model, query: torch.Tensor, query_start: int, cache: StaticKVCache, timer, nfe: int):
-        self.model, self.query, self.cache, self.timer = model, query, cache, timer
-        self.query_start = query_start
-        self.nfe = nfe
+    Attributes:
+        chunks: the chunk caches (per layer ``[N, C+1, Hkv, D]``), fresh or from a document.
+        prefix: the prefix as its own segment (independent cache mode, non-empty prefix), else None.
+        anchor_token_id: the BOS anchor before every chunk, and ``anchor_source``: where it came
+            from (:func:`~dllm.prefilling.config.resolve_anchor_token_id`).
+        from_document: the chunks came from a :class:`DocumentCache` (none encoded here).
+        nfe: model forwards spent.
+    """
 
-    def start_block(self, resp, block):
-        pass  # the cache is static for the whole generation
-
-    def logits(self, resp):
-        live = torch.cat([self.query[None], resp], dim=1)
-        pos = torch.arange(self.query_start, self.query_start + live.shape[1], device=live.device)
-        with self.timer.phase("decode"):
-            out = self.model(live, pos, self.cache, logits_start=self.query.numel())
-        self.nfe += 1
-        return out.logits
+    chunks: ChunkCache
+    prefix: Segment | None
+    anchor_token_id: int
+    anchor_source: str
+    from_document: bool
+    nfe: int
 
 
-def _check_parts(model, parts: PromptParts) -> PromptParts:
+@dataclass
+class Selection:
+    """Step 2: which chunks are kept, and why.
+
+    Attributes:
+        kept: kept chunk indices, ascending.
+        scores: every chunk's scores (None when nothing had to be scored: K = N and no token budget).
+        pseudo_labels: the confirmed draft tokens the chunks were scored against, or None.
+        nfe: model forwards spent (draft + scoring passes).
+    """
+
+    kept: list[int]
+    scores: ChunkScores | None
+    pseudo_labels: list[int] | None
+    nfe: int
+
+
+@dataclass
+class RowCache:
+    """Step 3: one row's static segments at their decode positions.
+
+    Attributes:
+        segments: prefix (if any), then the kept chunks in order (top-B gathered if asked).
+        query_start: RoPE position of the first query token.
+        nfe: model forwards spent (joint mode re-encodes once).
+    """
+
+    segments: list[Segment]
+    query_start: int
+    nfe: int
+
+
+@dataclass
+class PrefillingSetup:
+    """Everything :func:`build_prefilling_policy` did, and the policy it built.
+
+    Attributes:
+        parts: the checked prompt parts.
+        prefill, selection, row: the results of the three steps.
+        cache: the packed static cache the policy decodes over.
+        policy: the decode policy (its ``nfe`` starts at the forwards spent here).
+    """
+
+    parts: PromptParts
+    prefill: Prefill
+    selection: Selection
+    row: RowCache
+    cache: StaticKVCache
+    policy: PrefillingPolicy
+
+    def stats(self) -> dict:
+        """``stats.extra`` of the generation: ``num_chunks``, ``anchor_token_id`` and ``anchor_source``,
+        ``pseudo_labels``, ``selected_chunks``, the kept chunks' ``chunk_scores`` and the score terms
+        that were computed (``s_I``, ``s_P``, ``s_C``), ``all_chunk_scores``, ``cached_tokens``,
+        ``document`` (answered from a document)."""
+        sel, pre = self.selection, self.prefill
+        extra = {
+            "num_chunks": pre.chunks.num_chunks,
+            "anchor_token_id": pre.anchor_token_id,
+            "anchor_source": pre.anchor_source,
+        }
+        if sel.pseudo_labels is not None:
+            extra["pseudo_labels"] = sel.pseudo_labels
+        extra["selected_chunks"] = sel.kept
+        if sel.scores is not None:
+            s = sel.scores
+            extra["chunk_scores"] = [round(float(s.total[j]), 4) for j in sel.kept]
+            for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
+                if term is not None:
+                    extra[name] = [round(float(term[j]), 4) for j in sel.kept]
+            extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
+        extra["cached_tokens"] = int(self.cache.tokens_per_row()[0])
+        if self.prefill.from_document:
+            extra["document"] = True
+        return extra
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+def check_parts(model, parts: PromptParts, document: DocumentCache | None) -> PromptParts:
+    """Validate prompt parts (1-D int ids on the model's device, no mask id) and return them as int64.
+
+    Raises:
+        TypeError: not a PromptParts, non-integer ids.
+        ValueError: wrong rank or device, the mask id, an empty query, a missing context without a
+            document, or a context together with a document.
+    """
     if not isinstance(parts, PromptParts):
         raise TypeError(f"prompt must be a PromptParts, got {type(parts).__name__}")
+    if document is not None and parts.context is not None:
+        raise ValueError("pass the context either in prompt.context or as document=, not both")
+    if document is None and parts.context is None:
+        raise ValueError("prompt.context is None: pass the context, or document= a DocumentCache")
     out = []
     for name in ("prefix", "context", "query"):
         t = getattr(parts, name)
+        if t is None:
+            out.append(None)
+            continue
         if not torch.is_tensor(t) or t.dim() != 1:
             raise ValueError(f"prompt.{name} must be a 1-D tensor of token ids")
         if t.dtype not in (torch.int64, torch.int32):
@@ -57,16 +167,20 @@ def _check_parts(model, parts: PromptParts) -> PromptParts:
             raise ValueError(f"prompt.{name} contains the mask token id {model.mask_token_id}")
         out.append(t.to(model.device).long())
     parts = PromptParts(*out)
-    if parts.context.numel() == 0:
+    if parts.context is not None and parts.context.numel() == 0:
         raise ValueError("prompt.context is empty: nothing to prefill (use method='prefix_cache' or 'dense')")
     if parts.query.numel() == 0:
         raise ValueError("prompt.query is empty: prefilling scores chunks by how well they predict the query")
     return parts
 
 
-def _parts_from_ids(model, input_ids, cfg: PrefillingConfig, bos: int) -> PromptParts:
-    """Documented fallback when only ``input_ids`` are given: BOS (if first) = prefix, the last
-    ``query_window`` (default 64) tokens = query, the rest = context."""
+def parts_from_ids(model, input_ids, cfg: PrefillingConfig, bos: int) -> PromptParts:
+    """Documented fallback when only ``input_ids`` are given: the anchor ``bos`` (if first) = prefix,
+    the last ``query_window`` (default 64) tokens = query, the rest = context.
+
+    Raises:
+        ValueError: more than one row, or too few tokens to split off the query.
+    """
     ids = input_ids[0] if input_ids.dim() == 2 else input_ids
     if input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise ValueError("prefilling decodes one prompt at a time (batch size 1)")
@@ -77,32 +191,90 @@ def _parts_from_ids(model, input_ids, cfg: PrefillingConfig, bos: int) -> Prompt
     return PromptParts(ids[:n_pre], ids[n_pre:-w], ids[-w:])
 
 
-def _assemble(segments, device) -> StaticKVCache:
-    """Pools ``[S, T, Hkv, D]`` per layer from a list of (k_layers, v_layers, length) segments."""
-    n_layers = len(segments[0][0])
-    t = max(max(length for _, _, length in segments), 1)
-    lens = [length for _, _, length in segments]
-    ks, vs = [], []
-    for layer in range(n_layers):
-        proto = segments[0][0][layer]
-        shape = (len(segments), t) + tuple(proto.shape[-2:])
-        kp = proto.new_zeros(shape)
-        vp = proto.new_zeros(shape)
-        for s, (k, v, length) in enumerate(segments):
-            kp[s, :length] = k[layer][:length]
-            vp[s, :length] = v[layer][:length]
-        ks.append(kp)
-        vs.append(vp)
-    slots = torch.arange(len(segments), dtype=torch.int32, device=device)[None]
-    return StaticKVCache(ks, vs, slots, torch.tensor([lens], dtype=torch.int32, device=device))
+def check_top_k(cfg: PrefillingConfig, n_chunks: int, n_tokens: int) -> int:
+    """K, checked against the N chunks before any model work. Raises ValueError when K > N."""
+    k = n_chunks if cfg.top_k is None else cfg.top_k
+    if k > n_chunks:
+        raise ValueError(
+            f"top_k={k} exceeds the {n_chunks} chunk(s) of this context ({n_tokens} tokens / "
+            f"chunk_size {cfg.chunk_size}); lower top_k or chunk_size, or pass top_k=None "
+            "(CLI: --top-k all) to keep every chunk"
+        )
+    return k
 
 
-def _gather_chunks(k_layers, v_layers, lens, token_scores, budget, cfg, keep_first):
-    """Top-B per (chunk, layer, KV head): per-chunk K/V lists and kept counts."""
+# --- step 1: prefill ------------------------------------------------------------------------------
+
+
+def prefill(
+    model, parts: PromptParts, cfg: PrefillingConfig, *, document: DocumentCache | None = None, progress=False
+) -> Prefill:
+    """Chunked prefill of the context (skipped with a document) and the prefix segment.
+
+    The prefix is encoded alone at positions ``0..P-1`` in independent mode; joint mode encodes it
+    later together with the kept chunks (:func:`build_cache`).
+    """
+    nfe = 0
+    bos, source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
+    if document is not None:
+        chunks = document.chunks
+    else:
+        chunks, nfe = encode_chunks(
+            model,
+            parts.context,
+            cfg.chunk_size,
+            bos_id=bos,
+            pad_id=pad_token_id(model, bos),
+            batch=cfg.prefill_batch,
+            progress=progress,
+        )
+    prefix = None
+    p = parts.prefix.numel()
+    if p and cfg.cache_mode == "independent":
+        k, v = encode_segment(model, parts.prefix, torch.arange(p, device=model.device))
+        prefix = Segment(k, v, p)
+        nfe += 1
+    return Prefill(chunks, prefix, bos, source, document is not None, nfe)
+
+
+# --- step 2: score and select ---------------------------------------------------------------------
+
+
+def score_and_select(model, parts: PromptParts, chunks: ChunkCache, cfg: PrefillingConfig) -> Selection:
+    """Keep the top-K chunks by predictive score; scores are also computed when a token budget
+    needs the per-token attention mass (independent mode)."""
+    n = chunks.num_chunks
+    k = n if cfg.top_k is None else cfg.top_k
+    need_select = k < n
+    need_tokens = cfg.token_budget is not None and cfg.cache_mode == "independent"
+    if not (need_select or need_tokens):
+        return Selection(list(range(n)), None, None, 0)
+    labels, confirmed = draft_pseudo_labels(model, parts.prefix, parts.query, cfg.draft_tokens, cfg.draft_threshold)
+    window = parts.query if cfg.query_window is None else parts.query[-cfg.query_window :]
+    scores, nfe = score_chunks(
+        model,
+        chunks,
+        window,
+        labels,
+        confirmed,
+        mode=cfg.score_mode,
+        terms=cfg.score_terms,
+        token_scores=need_tokens,
+        batch=cfg.prefill_batch,
+    )
+    kept = sorted(torch.topk(scores.total, k).indices.tolist()) if need_select else list(range(n))
+    return Selection(kept, scores, labels[confirmed].tolist(), nfe + 1)
+
+
+# --- step 3: build the static cache ---------------------------------------------------------------
+
+
+def _top_b_segments(k_layers, v_layers, lens, token_scores, budget, cfg, keep_first) -> list[Segment]:
+    """One segment per chunk; with a budget, its top-B tokens per (layer, KV head) in original order."""
+    n = lens.numel()
     if token_scores is None or budget is None:
-        return [([k[i] for k in k_layers], [v[i] for v in v_layers], int(lens[i])) for i in range(lens.numel())]
-    ks, vs = [], []
-    kept = None
+        return [Segment([k[i] for k in k_layers], [v[i] for v in v_layers], int(lens[i])) for i in range(n)]
+    ks, vs, kept = [], [], None
     for layer in range(len(k_layers)):
         k_out, v_out, _idx, kept = triton_kernels.topb_gather(
             token_scores[layer],
@@ -115,35 +287,36 @@ def _gather_chunks(k_layers, v_layers, lens, token_scores, budget, cfg, keep_fir
         )
         ks.append(k_out)
         vs.append(v_out)
-    return [([k[i] for k in ks], [v[i] for v in vs], int(kept[i])) for i in range(lens.numel())]
+    return [Segment([k[i] for k in ks], [v[i] for v in vs], int(kept[i])) for i in range(n)]
 
 
-def _independent_cache(model, parts, chunks: ChunkCache, kept, prefix_kv, scores, cfg):
-    sizes = chunks.sizes()
-    starts, q_start = chunk_offsets(cfg.position_mode, parts.prefix.numel(), kept, sizes, cfg.chunk_size)
-    idx = torch.tensor(kept, device=chunks.lens.device)
+def _independent_row(model, parts, pre: Prefill, sel: Selection, cfg) -> RowCache:
+    """The prefill's own chunk caches, keys rotated from local to decode positions."""
+    chunks = pre.chunks
+    starts, q_start = chunk_offsets(cfg.position_mode, parts.prefix.numel(), sel.kept, chunks.sizes(), cfg.chunk_size)
+    idx = torch.tensor(sel.kept, device=chunks.lens.device)
     delta = torch.tensor(starts, device=idx.device)[:, None]  # the BOS anchor was cached at local position 0
-    k_layers = [model.rope.rotate_keys(k.index_select(0, idx), delta) for k in chunks.k]  # RoPE variant's inv_freq
+    k_layers = [model.rope.rotate_keys(k.index_select(0, idx), delta) for k in chunks.k]  # the RoPE variant's
     v_layers = [v.index_select(0, idx) for v in chunks.v]
     tok = None
-    if scores is not None and scores.token_scores is not None:
-        tok = [s.index_select(0, idx) for s in scores.token_scores]
+    if sel.scores is not None and sel.scores.token_scores is not None:
+        tok = [s.index_select(0, idx) for s in sel.scores.token_scores]
     budget = None if cfg.token_budget is None else cfg.token_budget + 1  # + the BOS anchor
-    segments = _gather_chunks(k_layers, v_layers, chunks.lens.index_select(0, idx), tok, budget, cfg, True)
-    if parts.prefix.numel():
-        segments.insert(0, (prefix_kv[0], prefix_kv[1], parts.prefix.numel()))
-    return _assemble(segments, idx.device), q_start
+    segments = _top_b_segments(k_layers, v_layers, chunks.lens.index_select(0, idx), tok, budget, cfg, True)
+    if pre.prefix is not None:
+        segments.insert(0, pre.prefix)
+    return RowCache(segments, q_start, 0)
 
 
-def _joint_cache(model, parts, chunks: ChunkCache, kept, cfg, gen_length):
+def _joint_row(model, parts, pre: Prefill, sel: Selection, cfg, gen_length) -> RowCache:
     """Re-encode prefix + kept chunks (no anchors) + query + masks once; keep the static part."""
+    chunks, kept = pre.chunks, sel.kept
     sizes = chunks.sizes()
     p = parts.prefix.numel()
     starts, q_start = chunk_offsets(cfg.position_mode, p, kept, sizes, cfg.chunk_size, anchors=False)
     dev = parts.query.device
-    ctx = [parts.context[chunks.starts[j] : chunks.starts[j] + sizes[j]] for j in kept]
     masks = torch.full((gen_length,), model.mask_token_id, dtype=torch.long, device=dev)
-    ids = torch.cat([parts.prefix, *ctx, parts.query, masks])
+    ids = torch.cat([parts.prefix, *[chunks.context_ids(j).to(dev) for j in kept], parts.query, masks])
     live_len = parts.query.numel() + gen_length
     pos = torch.cat(
         [torch.arange(p, device=dev)]
@@ -166,9 +339,7 @@ def _joint_cache(model, parts, chunks: ChunkCache, kept, cfg, gen_length):
     out = model(ids[None], pos, logits_start=ids.numel(), return_kv=True, attn_hook=hook)
     k_all = [k[0] for k in out.k]
     v_all = [v[0] for v in out.v]
-    segments = []
-    if p:
-        segments.append(([k[:p] for k in k_all], [v[:p] for v in v_all], p))
+    segments = [Segment([k[:p] for k in k_all], [v[:p] for v in v_all], p)] if p else []
     off = p
     for j in kept:
         sl = slice(off, off + sizes[j])
@@ -176,103 +347,85 @@ def _joint_cache(model, parts, chunks: ChunkCache, kept, cfg, gen_length):
         v_c = [v[sl][None] for v in v_all]
         tok = None if token_scores is None else [s[None, :, sl] for s in token_scores]
         lens = torch.tensor([sizes[j]], dtype=torch.int32, device=dev)
-        segments.extend(_gather_chunks(k_c, v_c, lens, tok, cfg.token_budget, cfg, False))
+        segments.extend(_top_b_segments(k_c, v_c, lens, tok, cfg.token_budget, cfg, False))
         off += sizes[j]
-    return _assemble(segments, dev), q_start
+    return RowCache(segments, q_start, 1)
+
+
+def build_cache(model, parts: PromptParts, pre: Prefill, sel: Selection, cfg: PrefillingConfig, gen_length: int):
+    """One row's static segments: ``independent`` reuses the chunk caches, ``joint`` re-encodes the
+    kept chunks together (``gen_length``: the initial masks are encoded with the prompt)."""
+    if cfg.cache_mode == "independent":
+        return _independent_row(model, parts, pre, sel, cfg)
+    return _joint_row(model, parts, pre, sel, cfg, gen_length)
+
+
+# --- all steps ------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
 def build_prefilling_policy(
-    model, input_ids, prompt, cfg: PrefillingConfig | None, timer, *, gen_length: int, progress: bool = False
-):
-    """Run prefill + scoring + selection and return the decode policy.
+    model,
+    input_ids,
+    prompt,
+    cfg: PrefillingConfig | None,
+    timer,
+    *,
+    gen_length: int,
+    document: DocumentCache | None = None,
+    progress: bool = False,
+) -> PrefillingSetup:
+    """Prefill, score and select, build the static cache; return the setup with its decode policy.
 
     Args:
         model: the dLLM.
-        input_ids: used only when ``prompt`` is None (fallback split, see :func:`_parts_from_ids`).
-        prompt: :class:`PromptParts` (prefix, context, query token ids).
+        input_ids: used only when ``prompt`` is None (fallback split, see :func:`parts_from_ids`).
+        prompt: :class:`PromptParts` (prefix, context, query token ids); ``context`` None with a document.
         cfg: :class:`PrefillingConfig` (None = the checkpoint's ``prefilling_config.json``, else the
-            paper's defaults: :meth:`PrefillingConfig.from_pretrained`).
-        timer: the generation's PhaseTimer (phases ``prefill`` and ``scoring``).
-        gen_length: response length (joint mode encodes the initial masks with the prompt).
+            paper's defaults: :meth:`PrefillingConfig.from_pretrained`; with a document, its chunk size).
+        timer: the generation's :class:`~dllm.timer.PhaseTimer` (phases ``prefill`` and ``scoring``;
+            ``scoring`` also holds building the cache).
+        gen_length: response length L_d.
+        document: a :class:`DocumentCache` holding the context's chunks (nothing re-encoded).
+        progress: tqdm bar over the chunked prefill.
 
     Returns:
-        (policy, batch size 1, stats extra dict: selected_chunks, chunk_scores, num_chunks,
-        s_I / s_P / s_C of the kept chunks (each only when it was computed), pseudo_labels,
-        cached_tokens, anchor_token_id and its anchor_source, see :func:`resolve_anchor_token_id`).
+        :class:`PrefillingSetup` (``.policy`` for the loop, ``.stats()`` for ``stats.extra``).
 
     Raises:
-        ValueError / TypeError: bad prompt parts (empty context or query, mask id, device),
-            ``top_k`` larger than the number of chunks (raised before the chunked prefill).
+        TypeError: bad types (config, prompt parts).
+        ValueError: bad prompt parts (empty context or query, mask id, device), ``top_k`` larger
+            than the number of chunks, a context together with a document, a document encoded for
+            another model, dtype, chunk size or anchor.
     """
-    cfg = cfg or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None))
+    if document is not None and not isinstance(document, DocumentCache):
+        raise TypeError(f"document= must be a DocumentCache, got {type(document).__name__}")
+    if cfg is None:
+        chunk_size = None if document is None else document.chunk_size
+        cfg = PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
     if not isinstance(cfg, PrefillingConfig):
         raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
-    bos, anchor_source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
+    bos, _source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)  # before any model work
     if prompt is None:
         if input_ids is None:
             raise ValueError("method='prefilling' needs prompt=PromptParts(...) or input_ids")
-        prompt = _parts_from_ids(model, input_ids, cfg, bos)
-    parts = _check_parts(model, prompt)
-    c = model.config
-    pad = c.pad_token_id if c.pad_token_id is not None else bos
-    n_chunks = len(cut_chunks(parts.context.numel(), cfg.chunk_size))
-    k = n_chunks if cfg.top_k is None else cfg.top_k
-    if k > n_chunks:  # checked before any model work
-        raise ValueError(
-            f"top_k={k} exceeds the {n_chunks} chunk(s) of this context ({parts.context.numel()} tokens / "
-            f"chunk_size {cfg.chunk_size}); lower top_k or chunk_size, or pass top_k=None "
-            "(CLI: --top-k all) to keep every chunk"
-        )
-    nfe = 0
+        if document is not None:
+            raise ValueError("with document= pass prompt=PromptParts(prefix, None, query)")
+        prompt = parts_from_ids(model, input_ids, cfg, bos)
+    parts = check_parts(model, prompt, document)
+    if document is not None:
+        document.check_model(model)
+        document.check_config(cfg, bos)
+        check_top_k(cfg, document.num_chunks, len(document))
+    else:
+        check_top_k(cfg, len(cut_chunks(parts.context.numel(), cfg.chunk_size)), parts.context.numel())
+
     with timer.phase("prefill"):
-        chunks, n = encode_chunks(
-            model, parts.context, cfg.chunk_size, bos_id=bos, pad_id=pad, batch=cfg.prefill_batch, progress=progress
-        )
-        nfe += n
-        prefix_kv = None
-        if parts.prefix.numel() and cfg.cache_mode == "independent":
-            prefix_kv = encode_segment(model, parts.prefix, torch.arange(parts.prefix.numel(), device=model.device))
-            nfe += 1
-    need_select = k < n_chunks
-    need_tokens = cfg.token_budget is not None and cfg.cache_mode == "independent"
-    extra = {"num_chunks": n_chunks, "anchor_token_id": bos, "anchor_source": anchor_source}
+        pre = prefill(model, parts, cfg, document=document, progress=progress)
     with timer.phase("scoring"):
-        scores = None
-        if need_select or need_tokens:
-            qw = parts.query if cfg.query_window is None else parts.query[-cfg.query_window :]
-            labels, confirmed = draft_pseudo_labels(
-                model, parts.prefix, parts.query, cfg.draft_tokens, cfg.draft_threshold
-            )
-            nfe += 1
-            scores, n = score_chunks(
-                model,
-                chunks,
-                qw,
-                labels,
-                confirmed,
-                mode=cfg.score_mode,
-                terms=cfg.score_terms,
-                token_scores=need_tokens,
-                batch=cfg.prefill_batch,
-            )
-            nfe += n
-            extra["pseudo_labels"] = labels[confirmed].tolist()
-        if need_select:
-            kept = sorted(torch.topk(scores.total, k).indices.tolist())
-        else:
-            kept = list(range(n_chunks))
-        if cfg.cache_mode == "independent":
-            cache, q_start = _independent_cache(model, parts, chunks, kept, prefix_kv, scores, cfg)
-        else:
-            cache, q_start = _joint_cache(model, parts, chunks, kept, cfg, gen_length)
-            nfe += 1
-    extra["selected_chunks"] = kept
-    if scores is not None:
-        extra["chunk_scores"] = [round(float(scores.total[j]), 4) for j in kept]
-        for name, term in (("s_I", scores.self_info), ("s_P", scores.pseudo_label), ("s_C", scores.answer_confidence)):
-            if term is not None:  # a term that was never computed is left out, not reported as 0
-                extra[name] = [round(float(term[j]), 4) for j in kept]
-        extra["all_chunk_scores"] = [round(float(s), 4) for s in scores.total.tolist()]
-    extra["cached_tokens"] = int(cache.tokens_per_row()[0])
-    return PrefillingPolicy(model, parts.query, q_start, cache, timer, nfe), 1, extra
+        sel = score_and_select(model, parts, pre.chunks, cfg)
+        row = build_cache(model, parts, pre, sel, cfg, gen_length)
+        cache = StaticKVCache.from_rows([row.segments])
+    nfe = pre.nfe + sel.nfe + row.nfe
+    policy = PrefillingPolicy(model, parts.query[None], row.query_start, cache, gen_length, nfe)
+    return PrefillingSetup(parts, pre, sel, row, cache, policy)

@@ -22,16 +22,24 @@ class PromptParts:
     Attributes:
         prefix: ``[P]`` int64, instructions before the context (normally starting with BOS);
             may be empty. Encoded once as its own static segment.
-        context: ``[L_ctx]`` int64, the long document; cut into chunks. Must be non-empty.
+        context: ``[L_ctx]`` int64, the long document; cut into chunks. Non-empty, or None when
+            the document comes as a :class:`~dllm.prefilling.document.DocumentCache`
+            (``dllm.generate(..., document=doc)``).
         query: ``[L_q]`` int64, the question after the context; live in every step. Non-empty.
     """
 
     prefix: torch.Tensor
-    context: torch.Tensor
+    context: torch.Tensor | None
     query: torch.Tensor
 
     def full(self) -> torch.Tensor:
-        """``[P + L_ctx + L_q]``: the prompt as one sequence (what dense decoding reads)."""
+        """``[P + L_ctx + L_q]``: the prompt as one sequence (what dense decoding reads).
+
+        Raises:
+            ValueError: no context (it lives in a document cache).
+        """
+        if self.context is None:
+            raise ValueError("these PromptParts hold no context (it is in a DocumentCache)")
         return torch.cat([self.prefix, self.context, self.query])
 
 
@@ -131,4 +139,35 @@ def _checked(parts: PromptParts) -> PromptParts:
         raise ValueError("the context is empty")
     if parts.query.numel() == 0:
         raise ValueError("the query (text after {context}) is empty")
+    return parts
+
+
+def split_document_prompt(model, template: str, *, apply_chat_template: bool = False, system=None) -> PromptParts:
+    """Prefix and query of a prompt whose context is a :class:`~dllm.prefilling.document.DocumentCache`.
+
+    With one ``{context}`` slot the text before it (after BOS) is the prefix and the text after it
+    the query; without a slot the prefix is BOS alone and the whole template is the query. With
+    ``apply_chat_template=True`` the template (slot required) is the user turn of
+    :func:`render_chat`, cut at the slot as in :func:`split_prompt`.
+
+    Returns:
+        ``PromptParts(prefix, None, query)``.
+
+    Raises:
+        ValueError: several slots (or none, with the chat template), or an empty query.
+    """
+    n_slots = template.count(CONTEXT_SLOT)
+    if n_slots > 1 or (apply_chat_template and n_slots != 1):
+        raise ValueError(
+            f"the prompt template must hold {'one' if apply_chat_template else 'at most one'} {{context}} slot"
+        )
+    if apply_chat_template:
+        before, after = render_chat(model, template, system=system).split(CONTEXT_SLOT)
+        prefix = encode_text(model, before)
+    else:
+        before, after = template.split(CONTEXT_SLOT) if n_slots else ("", template)
+        prefix = encode_text(model, before, bos=True)
+    parts = PromptParts(prefix, None, encode_text(model, after))
+    if parts.query.numel() == 0:
+        raise ValueError("the query (the prompt text after the document) is empty")
     return parts

@@ -1,0 +1,272 @@
+"""``DocumentCache``: a document's chunked prefill, encoded once and reused for every question.
+
+In independent cache mode a chunk's K/V depend on the chunk alone (BOS anchor + its tokens at
+local positions), not on the question: the chunked prefill can be paid once per document and
+reused across questions and processes (our extension of Prefilling-dLLM, arXiv 2606.10537; the
+chunk encoding itself is the paper's). Answering from a document runs only what depends on the
+question: the prefix, the draft, chunk scoring, selection and decoding::
+
+    doc = dllm.encode_document(model, context_ids, chunk_size=256)
+    doc.save("doc.cache")
+    doc = dllm.DocumentCache.load("doc.cache", model)        # memory-mapped
+    out = dllm.generate(model, method="prefilling", prompt=PromptParts(prefix, None, query),
+                        document=doc, prefilling=cfg)
+
+File format: one safetensors file. Tensors ``k.<layer>`` / ``v.<layer>`` (``[N, C+1, Hkv, D]``,
+model dtype), ``lens`` (``[N]`` int32), ``starts`` (``[N]`` int64) and ``ids`` (``[N, C+1]`` int64,
+the encoded tokens, needed by joint cache mode and causal scoring); the safetensors metadata holds
+one JSON header under ``dllm_document_cache`` (:data:`HEADER_FIELDS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from importlib import metadata
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from dllm.devices import same_device
+from dllm.prefilling.chunks import ChunkCache, encode_chunks, pad_token_id
+from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
+
+FORMAT = 1
+HEADER_KEY = "dllm_document_cache"
+# Checked against the model on load, in this order (the first mismatch is named in the error).
+MODEL_FIELDS = ("family", "model_config", "dtype", "model_weights")
+HEADER_FIELDS = ("format", *MODEL_FIELDS, "chunk_size", "anchor_token_id", "num_chunks", "num_tokens", "version")
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("prefilling-dllm")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree not installed
+        return "unknown"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def model_fingerprint(model) -> dict[str, str]:
+    """What a document cache must match: ``{family, model_config, dtype, model_weights}``.
+
+    ``model_config`` is a SHA-256 of the :class:`~dllm.config.ModelConfig` fields; ``model_weights``
+    a SHA-256 of the first two rows of four weight matrices (embedding, first layer's K projection,
+    last layer's down projection, LM head), read in fp32, which tells checkpoints of one architecture
+    apart without hashing gigabytes.
+    """
+    cfg_json = json.dumps(asdict(model.config), sort_keys=True)
+    h = hashlib.sha256()
+    for w in (
+        model.embed_tokens.weight,
+        model.layers[0].self_attn.k_proj.weight,
+        model.layers[-1].mlp.down_proj.weight,
+        model.lm_head.weight,
+    ):
+        h.update(w.detach()[:2].float().cpu().contiguous().numpy().tobytes())
+    return {
+        "family": model.family,
+        "model_config": hashlib.sha256(cfg_json.encode()).hexdigest()[:16],
+        "dtype": _dtype_name(model.dtype),
+        "model_weights": h.hexdigest()[:16],
+    }
+
+
+@dataclass
+class DocumentCache:
+    """A document's chunk caches plus what they were encoded with.
+
+    Attributes:
+        chunks: the :class:`~dllm.prefilling.chunks.ChunkCache` (per layer K/V ``[N, C+1, Hkv, D]``).
+        chunk_size: C used to cut the document.
+        anchor_token_id: the BOS anchor put before every chunk.
+        fingerprint: :func:`model_fingerprint` of the model that encoded it.
+        version: the package version that encoded it.
+    """
+
+    chunks: ChunkCache
+    chunk_size: int
+    anchor_token_id: int
+    fingerprint: dict
+    version: str
+
+    @property
+    def num_chunks(self) -> int:
+        """N, chunks in the document."""
+        return self.chunks.num_chunks
+
+    def __len__(self) -> int:
+        """Context tokens of the document (anchors and padding not counted)."""
+        return int(self.chunks.lens.sum()) - self.num_chunks
+
+    @property
+    def device(self) -> torch.device:
+        return self.chunks.lens.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors (K/V of all layers, token ids, lengths)."""
+        c = self.chunks
+        return sum(t.numel() * t.element_size() for t in [*c.k, *c.v, c.ids, c.lens]) + 8 * len(c.starts)
+
+    def header(self) -> dict:
+        """The JSON header written by :meth:`save` (:data:`HEADER_FIELDS`)."""
+        return {
+            "format": FORMAT,
+            **self.fingerprint,
+            "chunk_size": self.chunk_size,
+            "anchor_token_id": self.anchor_token_id,
+            "num_chunks": self.num_chunks,
+            "num_tokens": len(self),
+            "version": self.version,
+        }
+
+    def check_model(self, model) -> None:
+        """Raise ``ValueError`` naming the first field of :data:`MODEL_FIELDS` that differs from ``model``'s,
+        or when the cache and the model are on different devices."""
+        _check_fields(self.fingerprint, model_fingerprint(model), "this document cache")
+        if not same_device(self.device, model.device):
+            raise ValueError(f"the document cache is on {self.device} but the model is on {model.device}")
+
+    def check_config(self, cfg: PrefillingConfig, anchor_token_id: int) -> None:
+        """Raise ``ValueError`` when ``cfg.chunk_size`` or the anchor differ from the document's."""
+        if cfg.chunk_size != self.chunk_size:
+            raise ValueError(
+                f"chunk_size mismatch: the document was encoded with chunk_size={self.chunk_size}, "
+                f"the prefilling config asks for {cfg.chunk_size}"
+            )
+        if anchor_token_id != self.anchor_token_id:
+            raise ValueError(
+                f"anchor_token_id mismatch: the document's chunks carry anchor {self.anchor_token_id}, "
+                f"this run would use {anchor_token_id}"
+            )
+
+    def save(self, path) -> None:
+        """Write the cache to ``path`` (one safetensors file with the JSON header in its metadata)."""
+        c = self.chunks
+        tensors = {f"k.{i}": k.contiguous() for i, k in enumerate(c.k)}
+        tensors.update({f"v.{i}": v.contiguous() for i, v in enumerate(c.v)})
+        tensors["lens"] = c.lens.contiguous()
+        tensors["ids"] = c.ids.contiguous()
+        tensors["starts"] = torch.tensor(c.starts, dtype=torch.int64)
+        save_file({k: t.cpu() for k, t in tensors.items()}, str(path), metadata={HEADER_KEY: json.dumps(self.header())})
+
+    @staticmethod
+    def read_header(path) -> dict:
+        """The JSON header of a cache file (:data:`HEADER_FIELDS`), without reading its tensors.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a document cache of a known format.
+        """
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                raw = (f.metadata() or {}).get(HEADER_KEY)
+        except SafetensorError as exc:
+            raise ValueError(f"{path} is not a dllm document cache (not a safetensors file: {exc})") from None
+        if raw is None:
+            raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
+        head = json.loads(raw)
+        if head.get("format") != FORMAT:
+            raise ValueError(f"format mismatch: {path} has format {head.get('format')!r}, this version reads {FORMAT}")
+        return head
+
+    @classmethod
+    def load(cls, path, model) -> DocumentCache:
+        """Open a cache written by :meth:`save` for ``model``.
+
+        On CPU the tensors are memory-mapped (pages are read when first touched); on another
+        device they are copied there.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a document cache of a known format, or a field of :data:`MODEL_FIELDS`
+                differs from the model's (the message names it).
+        """
+        head = DocumentCache.read_header(path)
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            _check_fields({k: head.get(k) for k in MODEL_FIELDS}, model_fingerprint(model), str(path))
+            n_layers = model.config.num_layers
+            dev = model.device
+            k = [f.get_tensor(f"k.{i}").to(dev) for i in range(n_layers)]
+            v = [f.get_tensor(f"v.{i}").to(dev) for i in range(n_layers)]
+            lens, ids = f.get_tensor("lens").to(dev), f.get_tensor("ids").to(dev)
+            starts = f.get_tensor("starts").tolist()
+        chunks = ChunkCache(k, v, lens, starts, ids)
+        fingerprint = {k: head[k] for k in MODEL_FIELDS}
+        doc = cls(chunks, head["chunk_size"], head["anchor_token_id"], fingerprint, head["version"])
+        if doc.num_chunks != head["num_chunks"] or len(doc) != head["num_tokens"]:
+            raise ValueError(f"{path} is damaged: its header and its tensors disagree on the chunk count or tokens")
+        return doc
+
+
+def _check_fields(have: dict, want: dict, what: str) -> None:
+    for name in MODEL_FIELDS:
+        if have.get(name) != want[name]:
+            raise ValueError(
+                f"{name} mismatch: {what} was encoded with {name}={have.get(name)!r}, the model has {want[name]!r}"
+            )
+
+
+@torch.no_grad()
+def encode_document(
+    model,
+    context_ids: torch.Tensor,
+    chunk_size: int | None = None,
+    *,
+    prefilling: PrefillingConfig | None = None,
+    progress: bool = False,
+) -> DocumentCache:
+    """Chunked prefill of a document, kept for later questions.
+
+    Cuts ``context_ids`` into chunks of ``chunk_size`` tokens, puts the BOS anchor before each and
+    encodes them independently at local positions (:func:`~dllm.prefilling.chunks.encode_chunks`),
+    exactly as a fresh ``dllm.generate(method="prefilling")`` run with the same configuration
+    would: answers from the document then equal fresh answers token for token (bit for bit when
+    ``prefill_batch`` is the same; another batch may change the chunk K/V at round-off level).
+
+    Args:
+        model: the dLLM.
+        context_ids: ``[L_ctx]`` int64 token ids on the model's device (no BOS: anchors are added).
+        chunk_size: C (default ``prefilling.chunk_size``).
+        prefilling: the configuration later answers will use (its ``chunk_size``, ``prefill_batch``
+            and ``anchor_token_id``); default: the checkpoint's
+            (:meth:`PrefillingConfig.from_pretrained`), with ``chunk_size`` if given.
+        progress: tqdm bar over chunk batches.
+
+    Returns:
+        A :class:`DocumentCache` on the model's device.
+
+    Raises:
+        TypeError: ``context_ids`` is not an integer tensor.
+        ValueError: empty or non-1-D context, ids outside the vocabulary or the mask id, context on
+            another device, ``chunk_size`` differing from ``prefilling.chunk_size``, no anchor token.
+    """
+    cfg = prefilling or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
+    if chunk_size is not None and chunk_size != cfg.chunk_size:
+        raise ValueError(f"chunk_size={chunk_size} differs from prefilling.chunk_size={cfg.chunk_size}")
+    if not torch.is_tensor(context_ids) or context_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError("context_ids must be an int64/int32 tensor of token ids")
+    if context_ids.dim() != 1 or context_ids.numel() == 0:
+        raise ValueError(f"context_ids must be a non-empty 1-D tensor, got shape {tuple(context_ids.shape)}")
+    if not same_device(context_ids.device, model.device):
+        raise ValueError(f"context_ids are on {context_ids.device} but the model is on {model.device}")
+    if (context_ids == model.mask_token_id).any():
+        raise ValueError(f"context_ids contain the mask token id {model.mask_token_id}")
+    if context_ids.min() < 0 or context_ids.max() >= model.config.vocab_size:
+        raise ValueError(f"context token ids must be in [0, {model.config.vocab_size})")
+    anchor, _source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
+    chunks, _nfe = encode_chunks(
+        model,
+        context_ids.long(),
+        cfg.chunk_size,
+        bos_id=anchor,
+        pad_id=pad_token_id(model, anchor),
+        batch=cfg.prefill_batch,
+        progress=progress,
+    )
+    return DocumentCache(chunks, cfg.chunk_size, anchor, model_fingerprint(model), _package_version())

@@ -1,0 +1,292 @@
+"""Document caches: answers from a cached (and saved, reloaded) document equal fresh answers token for token."""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+import dllm
+from dllm.prefilling import PrefillingConfig, PromptParts
+from tests.tiny_checkpoints import LLADA_BOS, write_dream_checkpoint, write_llada_checkpoint
+
+BOS = 128  # DREAM_TINY bos_token_id
+
+
+@pytest.fixture(scope="module")
+def dream_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dream")
+    write_dream_checkpoint(str(d), seed=21)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def dream(dream_dir):
+    return dllm.load_model(dream_dir, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def llada(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llada")
+    write_llada_checkpoint(str(d), seed=22, n_kv_heads=3)
+    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+
+
+def _parts(bos=BOS, vocab=120, n_ctx=53, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda n: torch.randint(0, vocab, (n,), generator=g)
+    return PromptParts(torch.cat([torch.tensor([bos]), r(5)]), r(n_ctx), r(6))
+
+
+def _questions(parts, n, vocab, seed=1):
+    """n different queries about the same context."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (4 + i,), generator=g) for i in range(n)]
+
+
+def _forward_inputs(model, fn):
+    """Shapes of every model forward's input ids while ``fn()`` runs."""
+    seen = []
+    handle = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(tuple(args[0].shape)), with_kwargs=True
+    )
+    try:
+        out = fn()
+    finally:
+        handle.remove()
+    return out, seen
+
+
+# Every unmasking rule in both cache modes; the token budget B alternates so that each mode runs with and without it.
+DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy", "origin", "confidence_threshold")
+LLADA_ALGS = ("low_confidence", "random")
+CASES = [
+    (family, alg, mode, 3 if (i + (mode == "joint")) % 2 else None)
+    for family, algs in (("dream", DREAM_ALGS), ("llada", LLADA_ALGS))
+    for i, alg in enumerate(algs)
+    for mode in ("independent", "joint")
+]
+
+
+@pytest.mark.parametrize(("family", "alg", "mode", "budget"), CASES)
+def test_cached_answers_equal_fresh_ones_before_and_after_save_load(family, alg, mode, budget, dream, llada, tmp_path):
+    model = dream if family == "dream" else llada
+    bos, vocab = (BOS, 120) if family == "dream" else (LLADA_BOS, 90)
+    parts = _parts(bos, vocab)
+    cfg = PrefillingConfig(chunk_size=8, top_k=3, token_budget=budget, cache_mode=mode, pool_kernel=3)
+    kw = dict(method="prefilling", prefilling=cfg, alg=alg, gen_length=8, steps=8, block_length=4, seed=5)
+    kw["threshold"] = 0.05
+    kw["temperature"] = 1.0 if alg in ("origin", "random") else 0.0
+    doc = dllm.encode_document(model, parts.context, prefilling=cfg)
+    doc.save(tmp_path / "doc.cache")
+    loaded = dllm.DocumentCache.load(tmp_path / "doc.cache", model)
+    for query in [parts.query, *_questions(parts, 1, vocab)]:
+        fresh = dllm.generate(model, prompt=PromptParts(parts.prefix, parts.context, query), **kw)
+        for d in (doc, loaded):
+            cached = dllm.generate(model, prompt=PromptParts(parts.prefix, None, query), document=d, **kw)
+            assert torch.equal(cached.tokens, fresh.tokens)
+            ex_c, ex_f = cached.stats.extra, fresh.stats.extra
+            assert ex_c["selected_chunks"] == ex_f["selected_chunks"]
+            assert ex_c.get("all_chunk_scores") == ex_f.get("all_chunk_scores")
+            assert ex_c["cached_tokens"] == ex_f["cached_tokens"] and ex_c["document"] is True
+            assert cached.stats.nfe == fresh.stats.nfe - 1  # the one chunk batch of the fresh prefill
+    assert (fresh.tokens != model.mask_token_id).all()
+
+
+def test_no_chunk_is_re_encoded(dream):
+    """The forwards of a run from a document are the fresh run's minus the chunk batch [N, C+1]."""
+    parts = _parts(n_ctx=61)
+    cfg = PrefillingConfig(chunk_size=8, top_k=2)
+    doc = dllm.encode_document(dream, parts.context, prefilling=cfg)
+    kw = dict(method="prefilling", prefilling=cfg, gen_length=4, steps=4)
+    fresh, seen_fresh = _forward_inputs(dream, lambda: dllm.generate(dream, prompt=parts, **kw))
+    cached, seen_doc = _forward_inputs(
+        dream, lambda: dllm.generate(dream, prompt=PromptParts(parts.prefix, None, parts.query), document=doc, **kw)
+    )
+    assert seen_fresh[0] == (8, 9)  # 61 tokens / C = 8: 8 chunks of BOS + up to 8 tokens
+    assert seen_doc == seen_fresh[1:]
+    assert seen_doc[0] == (1, 6)  # the prefill phase encodes the prefix alone
+    assert torch.equal(cached.tokens, fresh.tokens)
+
+
+def test_document_shape_bytes_and_header(dream, tmp_path):
+    ctx = _parts(n_ctx=37).context
+    doc = dllm.encode_document(dream, ctx, chunk_size=8)
+    c = dream.config
+    assert doc.num_chunks == 5 and len(doc) == 37 and doc.chunk_size == 8 and doc.anchor_token_id == BOS
+    kv = 2 * c.num_layers * 5 * 9 * c.num_kv_heads * c.head_dim * 4  # K and V, fp32, N x (C + 1)
+    assert doc.nbytes == kv + 5 * 9 * 8 + 5 * 4 + 5 * 8  # + ids (int64), lens (int32), starts (int64)
+    # the chunks hold BOS + the context, the last one padded
+    assert doc.chunks.ids[:, 0].tolist() == [BOS] * 5
+    assert torch.equal(torch.cat([doc.chunks.context_ids(j) for j in range(5)]), ctx)
+    path = tmp_path / "doc.cache"
+    doc.save(path)
+    assert os.path.getsize(path) > kv
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        head = json.loads(f.metadata()["dllm_document_cache"])
+    assert head["family"] == "dream" and head["dtype"] == "float32" and head["chunk_size"] == 8
+    assert head["anchor_token_id"] == BOS and head["num_chunks"] == 5 and head["num_tokens"] == 37
+    assert head["version"] == doc.version and len(head["model_config"]) == len(head["model_weights"]) == 16
+    loaded = dllm.DocumentCache.load(path, dream)
+    for a, b in zip(doc.chunks.k + doc.chunks.v, loaded.chunks.k + loaded.chunks.v):
+        assert torch.equal(a, b)
+    assert loaded.chunks.starts == doc.chunks.starts == [0, 8, 16, 24, 32]
+    if sys.platform.startswith("linux"):  # memory-mapped, not read into memory
+        with open("/proc/self/maps") as maps:
+            assert str(path) in maps.read()
+
+
+def test_load_names_the_mismatched_field(dream, dream_dir, llada, tmp_path):
+    path = tmp_path / "doc.cache"
+    dllm.encode_document(dream, _parts().context, chunk_size=8).save(path)
+    other = tmp_path / "other"
+    write_dream_checkpoint(str(other), seed=99)  # same architecture, other weights
+    with pytest.raises(ValueError, match="model_weights mismatch"):
+        dllm.DocumentCache.load(path, dllm.load_model(str(other), device="cpu", dtype=torch.float32))
+    with pytest.raises(ValueError, match="dtype mismatch.*'float32'.*'bfloat16'"):
+        dllm.DocumentCache.load(path, dllm.load_model(dream_dir, device="cpu", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="family mismatch"):
+        dllm.DocumentCache.load(path, llada)
+    not_a_cache = tmp_path / "weights.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(not_a_cache))
+    with pytest.raises(ValueError, match="not a dllm document cache"):
+        dllm.DocumentCache.load(not_a_cache, dream)
+    with pytest.raises(FileNotFoundError):
+        dllm.DocumentCache.load(tmp_path / "missing.cache", dream)
+
+
+def test_generate_from_a_document_rejects_bad_combinations(dream, llada):
+    parts = _parts()
+    doc = dllm.encode_document(dream, parts.context, chunk_size=8)
+    no_ctx = PromptParts(parts.prefix, None, parts.query)
+    gen = lambda model=dream, prompt=no_ctx, **kw: dllm.generate(
+        model, method="prefilling", prompt=prompt, document=doc, gen_length=4, **kw
+    )
+    with pytest.raises(ValueError, match="either in prompt.context or as document="):
+        gen(prompt=parts, prefilling=PrefillingConfig(chunk_size=8))
+    with pytest.raises(ValueError, match="chunk_size mismatch.*chunk_size=8.*16"):
+        gen(prefilling=PrefillingConfig(chunk_size=16))
+    other = _parts(bos=LLADA_BOS, vocab=90)
+    with pytest.raises(ValueError, match="family mismatch"):
+        gen(model=llada, prompt=PromptParts(other.prefix, None, other.query))
+    with pytest.raises(ValueError, match=f"anchor_token_id mismatch.*anchor {BOS}.*use 5"):
+        gen(prefilling=PrefillingConfig(chunk_size=8, anchor_token_id=5))
+    with pytest.raises(ValueError, match="top_k=9 exceeds the 7 chunk"):
+        gen(prefilling=PrefillingConfig(chunk_size=8, top_k=9))
+    with pytest.raises(ValueError, match="options of method='prefilling'"):
+        dllm.generate(dream, parts.full()[None], document=doc)
+    with pytest.raises(ValueError, match="prompt.context is None"):
+        dllm.generate(dream, method="prefilling", prompt=no_ctx, gen_length=4)
+    with pytest.raises(TypeError, match="DocumentCache"):
+        dllm.generate(dream, method="prefilling", prompt=no_ctx, document="doc.cache", gen_length=4)
+    # without a config the document's chunk size is used
+    res = gen()
+    assert res.stats.extra["num_chunks"] == 7 and res.stats.extra["document"] is True
+
+
+def test_encode_document_rejects_bad_context(dream):
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        dllm.encode_document(dream, torch.zeros(0, dtype=torch.long))
+    with pytest.raises(TypeError, match="int64"):
+        dllm.encode_document(dream, torch.zeros(4))
+    with pytest.raises(ValueError, match="mask token"):
+        dllm.encode_document(dream, torch.tensor([1, dream.mask_token_id]))
+    with pytest.raises(ValueError, match="differs from prefilling.chunk_size"):
+        dllm.encode_document(dream, torch.tensor([1, 2]), chunk_size=4, prefilling=PrefillingConfig(chunk_size=8))
+
+
+def test_bundled_model_answers_the_pass_key_from_a_saved_document(tmp_path):
+    """The demo's configuration on a 3000-token passkey case: the answer from a saved and reloaded
+    document equals the fresh one and is the pass key."""
+    from bench.demo import TINY_PREFILLING
+    from dllm.evaluation import case_inputs
+    from dllm.tasks import make_case, score
+
+    tiny = dllm.load_model(device="cpu")
+    case = make_case("passkey", 3000, 0.4, 10**9 + 3)
+    parts = case_inputs(tiny, case, "prefilling")["prompt"]
+    dllm.encode_document(tiny, parts.context, prefilling=TINY_PREFILLING).save(tmp_path / "doc.cache")
+    doc = dllm.DocumentCache.load(tmp_path / "doc.cache", tiny)
+    kw = dict(method="prefilling", prefilling=TINY_PREFILLING, gen_length=8, steps=8)
+    fresh = dllm.generate(tiny, prompt=parts, **kw)
+    cached = dllm.generate(tiny, prompt=PromptParts(parts.prefix, None, parts.query), document=doc, **kw)
+    assert torch.equal(cached.tokens, fresh.tokens)
+    assert score("passkey", cached.text[0], case), (cached.text[0], case.answer)
+
+
+def test_cli_encode_then_answer_several_questions_from_the_document(tmp_path, monkeypatch, capsys):
+    """encode + generate --document --question x2 answer as generate --context-file does; user errors are one
+    ``error:`` line and exit status 2."""
+    from dllm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text(
+        "The grass is green. " * 40 + "The pass key is 42917. Remember it. " + "The sky is blue. " * 40
+    )
+    (tmp_path / "q.txt").write_text("Find the pass key.\n\n{context}\n\n{question}\n")
+    questions = ["What is the pass key? The pass key is ", "What was the pass key? The pass key is "]
+    assert main(["encode", "--context-file", "doc.txt", "--out", "doc.cache", "--chunk-size", "128"]) == 0
+    assert "chunks of 128" in capsys.readouterr().out and (tmp_path / "doc.cache").is_file()
+    common = ["--prompt-file", "q.txt", "--gen-length", "8", "--top-k", "2"]
+    qargs = [a for q in questions for a in ("--question", q)]
+    assert main(["generate", "--document", "doc.cache", *common, *qargs]) == 0
+    out, err = capsys.readouterr()
+    answers = out.strip("\n").split("\n")
+    stats = [json.loads(line) for line in err.strip().splitlines() if line.startswith("{")]
+    assert len(answers) == 2 and len(stats) == 2 and all(s["document"] is True for s in stats)
+    assert all(s["num_chunks"] == len(stats[0]["all_chunk_scores"]) for s in stats)
+    for q, answer in zip(questions, answers):
+        fresh = ["generate", "--method", "prefilling", "--context-file", "doc.txt", "--chunk-size", "128"]
+        assert main([*fresh, *common, "--question", q]) == 0
+        assert capsys.readouterr().out.strip("\n") == answer
+    for bad, message in (
+        (["--chunk-size", "64"], "encoded with chunk size 128"),
+        (["--context-file", "doc.txt"], "--document and --context-file"),
+        (["--method", "dense"], "answers with --method prefilling"),
+    ):
+        assert main(["generate", "--document", "doc.cache", *common, "--question", "x", *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert main(["generate", "--document", "doc.txt", "--question", "x"]) == 2
+    assert "not a dllm document cache" in capsys.readouterr().err
+
+
+def test_bench_writes_both_parts_with_provenance(tmp_path):
+    """bench.document_cache on small documents: every row carries provenance, cached tokens equal fresh ones."""
+    import csv
+
+    from bench import document_cache
+
+    assert document_cache.main(["--out", str(tmp_path), "--length", "1024", "--long-length", "2048"]) == 0
+    rows = list(csv.DictReader((tmp_path / "document_cache.csv").open()))
+    assert {r["run"] for r in rows} == {"encode", "warm-up", "fresh", "cached"} and all(r["commit"] for r in rows)
+    q = [r for r in rows if r["part"] == "questions" and r["run"] in ("fresh", "cached")]
+    assert len(q) == 8 and all(r["equal_tokens"] == "1" for r in q)
+    long = [r for r in rows if r["part"] == "long"]
+    assert [r["run"] for r in long] == ["encode"] + ["cached"] * 4
+    assert int(long[0]["cache_bytes_disk"]) >= int(long[0]["cache_bytes_memory"]) > 0
+    assert all(r["selected_chunks"] for r in long[1:])
+    md = (tmp_path / "document_cache.md").read_text()
+    assert "Machine:" in md and "passkey document, 4 questions" in md
+
+
+def test_split_document_prompt_cuts_at_the_slot_or_takes_all_as_query():
+    from dllm.prefilling import split_document_prompt
+
+    tiny = dllm.load_model(device="cpu")
+    bos = dllm.encode_text(tiny, "", bos=True)
+    parts = split_document_prompt(tiny, "Read this.\n{context}\nThe pass key is ")
+    assert parts.context is None
+    assert torch.equal(parts.prefix, torch.cat([bos, dllm.encode_text(tiny, "Read this.\n")]))
+    assert torch.equal(parts.query, dllm.encode_text(tiny, "\nThe pass key is "))
+    no_slot = split_document_prompt(tiny, "The pass key is ")
+    assert torch.equal(no_slot.prefix, bos) and torch.equal(no_slot.query, dllm.encode_text(tiny, "The pass key is "))
+    with pytest.raises(ValueError, match="at most one"):
+        split_document_prompt(tiny, "{context}{context}q")
+    with pytest.raises(ValueError, match="query .* is empty"):
+        split_document_prompt(tiny, "prefix {context}")
