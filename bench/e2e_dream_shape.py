@@ -449,7 +449,13 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=200.0, help="seconds for the whole run, model build included")
     p.add_argument("--predict-only", action="store_true", help="print the predicted table, run nothing")
     p.add_argument("--out", default=str(REPO_ROOT / "runs" / "bench"), help="output folder (default: runs/bench/)")
-    p.add_argument("--threads", type=int, default=None, help="CPU: torch threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU: torch threads (default 1: on a small shared box an OpenMP team waiting for a descheduled "
+        "thread made steps 50x slower)",
+    )
     args = p.parse_args(argv)
     shape = shape_of(args.shape)
     device = torch.device(args.device or ("cuda" if args.shape == "dream7b" else "cpu"))
@@ -477,7 +483,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.threads:
+    if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.predict_only:

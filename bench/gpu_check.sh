@@ -46,6 +46,10 @@ if [ -z "${DRY_RUN:-}" ]; then
 fi
 pick() { if [ "$DRY_RUN" = 1 ]; then echo "$2"; else echo "$1"; fi; }  # pick GPU_VALUE DRY_RUN_VALUE
 
+# On a small shared CPU an OpenMP team waiting for a descheduled thread makes torch ops up to 50x
+# slower (the passkey stage once hit its timeout that way): the dry run uses one thread per process.
+[ "$DRY_RUN" = 1 ] && export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+
 DEADLINE_S="${DEADLINE_S:-$(pick 465 900)}"   # whole script (the dry run is only bounded for safety)
 MIN_STAGE_S=15                                # a stage with less time left than this is skipped
 

@@ -15,6 +15,15 @@ from bench import e2e_dream_shape as E
 from bench.budget import TimeBudget
 from dllm import DiffusionLM, PrefillingConfig
 
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """main() sets the CPU thread count (--threads): give the rest of the session its own back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 DREAM = {
     "num_layers": 28,
     "hidden_size": 3584,
