@@ -86,6 +86,13 @@ def test_random_prompt_parts():
     assert torch.equal(E.random_prompt(cfg, 700, "cpu", seed=1).context, parts.context)
     with pytest.raises(ValueError, match="no context"):
         E.random_prompt(cfg, 64, "cpu")
+    # Dream's mask id 151666 lies inside the vocabulary: 2M draws would hit it ~13 times, and the ids on
+    # both sides of it still occur
+    dream = E.dream7b_config()
+    ids = E.random_prompt(dream, 2_000_000, "cpu").full()
+    assert not (ids == dream.mask_token_id).any()
+    assert (ids == dream.mask_token_id - 1).any() and (ids == dream.mask_token_id + 1).any()
+    assert int(ids.max()) < dream.vocab_size
 
 
 def test_dense_prediction_is_the_hand_count():
