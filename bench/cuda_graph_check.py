@@ -1,6 +1,6 @@
 """CUDA-graph decode step vs eager: token for token, and the time per denoising step both ways (GPU only).
 
-    python -m bench.cuda_graph_check [--out DIR] [--layers 28] [--steps 32] [--repeats 20]
+    python -m bench.cuda_graph_check [--out DIR] [--layers 28] [--steps 32] [--repeats 20] [--dry-run]
 
 The prefilling loop replays each denoising step's forward from a CUDA graph
 (:class:`dllm.step_graph.GraphedStep`; ``generate(cuda_graph=None)`` turns it on where supported). This
@@ -17,8 +17,11 @@ check runs the same generations both ways and compares them:
    after the capture), the largest logit difference, and a whole ``--steps``-step denoising loop both
    ways, token for token.
 
-Without CUDA (or with the Triton interpreter, or the torch reference backend forced) it writes why it
-skipped and exits 0: the dry run of ``bench/gpu_check.sh``. Writes ``cuda_graph.csv`` (provenance on every
+Without CUDA (or with the Triton interpreter, or the torch reference backend forced, or ``--dry-run``)
+it writes why it skipped and exits 0: the dry run of ``bench/gpu_check.sh``, which runs this stage with
+8 layers (a step's host launches and weight reads both grow with the layers, so eager / graph is about
+the same at 28; predicted, the 28-layer figure is one ``--layers 28`` away). It exits 1 when a
+graph run's tokens differ from the eager run's. Writes ``cuda_graph.csv`` (provenance on every
 row) and ``cuda_graph.md`` to ``--out`` (default ``runs/bench/``, git-ignored).
 """
 
@@ -186,11 +189,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=32, help="response tokens = denoising steps of the loops")
     p.add_argument("--repeats", type=int, default=20, help="timed step forwards per way (median)")
     p.add_argument("--skip-dream", action="store_true", help="only the bundled model")
+    p.add_argument("--dry-run", action="store_true", help="skip (gpu_check.sh's dry run): say so and exit 0")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     cmd = " ".join(["python -m bench.cuda_graph_check", *(sys.argv[1:] if argv is None else argv)])
     head = ["# CUDA-graph decode step vs eager", "", f"Command: `{cmd}`  "]
     ok, why = cuda_graph_support("cuda") if torch.cuda.is_available() else (False, "no CUDA device here")
+    if args.dry_run:
+        ok, why = False, "dry run (--dry-run): a CUDA graph needs the GPU run"
     if not ok:
         text = "\n".join([*head, f"{machine_line()}.", "", f"Skipped: {why}."])
         Path(args.out, "cuda_graph.md").write_text(text + "\n")

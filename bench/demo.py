@@ -34,7 +34,7 @@ from dllm.tasks import make_case
 LENGTHS = (4096, 8192, 16384, 32768)
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent budget skips the costly ones
-# Cost growth with the context length L (DESIGN section 1): dense and prefix_cache pay O(L^2) attention
+# Cost growth with the context length L: dense and prefix_cache pay O(L^2) attention
 # (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
 EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # The bundled tiny model copies a key reliably over about a thousand tokens (passkey 100% dense at 1024),

@@ -1,4 +1,4 @@
-"""FLOP model of each decoding method (DESIGN section 1), for predictions beside measured times.
+"""FLOP model of each decoding method, for predictions beside measured times.
 
 Counts multiply-adds x 2 of the transformer for one generation:
 

@@ -1,6 +1,6 @@
 """Provenance fields carried by every benchmark CSV row, and the CSV writer.
 
-DESIGN section 8: each row says where and when it was measured (device name,
+Each row says where and when it was measured (device name,
 torch/triton versions, git commit, UTC date), so numbers from different
 machines and commits are never mixed up silently.
 """

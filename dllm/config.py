@@ -1,6 +1,6 @@
 """Model configuration: one dataclass for both dLLM families, read from a checkpoint's config.json.
 
-Families (DESIGN section 4):
+Families:
 
 - ``dream``: Qwen2 layout (Dream-v0-7B). q/k/v bias, GQA, RMSNorm, SwiGLU, RoPE,
   untied head, **shifted** logits (token i is predicted from position i-1).

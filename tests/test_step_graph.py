@@ -242,6 +242,8 @@ def test_cuda_graph_check_skips_cleanly_without_a_gpu(tmp_path, capsys):
     assert "cuda_graph_check skipped: no CUDA device here" in capsys.readouterr().out
     assert "Skipped: no CUDA device here." in (tmp_path / "cuda_graph.md").read_text()
     assert not (tmp_path / "cuda_graph.csv").exists()
+    assert cuda_graph_check.main(["--out", str(tmp_path), "--dry-run"]) == 0
+    assert "skipped: dry run" in capsys.readouterr().out
 
 
 class _EagerGraph:

@@ -1,6 +1,6 @@
 """Fused ops for long-context dLLM inference (Prefilling-dLLM).
 
-Public API (DESIGN section 3): ``split_s_attention``, ``merge_states``,
+Public API: ``split_s_attention``, ``merge_states``,
 ``chunk_attention_scores``, ``chunk_row_mass``, ``topb_gather``; for a KV-cache
 owner, ``check_segment_table`` (validate once) and ``skip_value_checks`` (then skip
 the per-call checks). :mod:`triton_kernels.plan` holds the launch plans,

@@ -1,6 +1,6 @@
 """Backend choice, output allocation and launch helpers shared by the ops.
 
-Dispatch rule (DESIGN section 2), in order of precedence:
+Dispatch rule, in order of precedence (CUDA runs the kernels, CPU the fast-enough references):
 
 1. the ``backend=`` keyword of a public op (``"triton"``, ``"torch"`` or ``None``);
 2. the environment variable ``PREFILLING_DLLM_BACKEND`` (``triton`` | ``torch`` | ``auto``);

@@ -6,7 +6,7 @@ keys, materialise the scores) so that it is easy to check by eye; none of them
 shares code with the kernels. Inputs are assumed valid: the public functions in
 the kernel files validate before dispatching here.
 
-Conventions (DESIGN section 3): token-major layouts ``[..., tokens, heads,
+Conventions: token-major layouts ``[..., tokens, heads,
 head_dim]``; GQA with ``Hq = G * Hkv`` where query head ``h`` reads KV head
 ``h // G``; log-sum-exp (LSE) in natural log, fp32; softmax scale defaults to
 ``1/sqrt(D)``.

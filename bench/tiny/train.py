@@ -7,7 +7,8 @@ SwiGLU, untied head), 4 layers x 256 wide, ~2.9M parameters, character-level
 vocabulary. Objective (LLaDA / Dream masked diffusion): draw t ~ U(t_min, 1),
 mask each eligible token with probability t, predict the masked tokens. Per-sequence
 loss = mean cross-entropy over the sequence's masked tokens, then mean over the batch:
-each sequence weighs the same however few answer tokens it has (DESIGN section 6), and
+each sequence weighs the same however few answer tokens it has (a batch-mean loss drowned
+the few answer tokens under whole-sequence rows in a feasibility probe), and
 since the realised mask count k has mean t * n this is the ELBO's 1/(t n) weight with
 k in place of t n (self-normalised). The literal 1/(t n) weights (``--weighting elbo``)
 learned the copy task far slower in a controlled probe (short passkey cases, bf16,
@@ -16,9 +17,10 @@ i.i.d. t, against 1.72 with the per-row mean; chance is ln 10 = 2.30).
 
 Curriculum: one row of :data:`PHASES` per phase (its steps, peak learning rate, length
 buckets and sample mix); the schedule, the ``--phaseN`` / ``--lrN`` flags and the list
-below come from that table. DESIGN section 6 warns that a robust mix from step 0 does not
-learn; a first run of this script with the mix from step 0 still retrieved nothing after
-750 steps. A phase with a peak lr starts its own warm-up and cosine decay (to 10% of the
+below come from that table. A robust mix from step 0 did not learn in a feasibility probe
+(0% passkey after 500-1000 steps, against ~700 steps in the fixed easy regime); a first
+run of this script with the mix from step 0 still retrieved nothing after 750 steps. A phase
+with a peak lr starts its own warm-up and cosine decay (to 10% of the
 peak) over itself and the phases after it that have none. Layouts (``bench.tiny.data``):
 dense ``BOS prompt answer``; chunked ``[BOS chunk]... query answer`` with segment-local
 attention (Prefilling-dLLM's chunk caches); query-only masking beside chunks with or
