@@ -224,3 +224,22 @@ def test_bad_batches(dream):
         gen(rows[:2], document=[None, "doc.cache"])
     with pytest.raises(ValueError, match=r"prompt\[0\]: pass the context either"):
         gen(rows[:2], document=doc)
+
+
+def test_per_row_forward_counts_of_a_shared_prefill(dream):
+    """Rows of 6, 3, 9 and 6 chunks stacked and encoded 3 chunks per forward: [0,6) [6,9) [9,18) [18,24);
+    each row counts the forwards its chunks took part in, plus its prefix (rows 0 and 3 share theirs)."""
+    rows = [r for r in _rows() if r.context.numel() >= 17]
+    cfg = PrefillingConfig(chunk_size=8, top_k=3, prefill_batch=3)
+    timer = PhaseTimer("cpu")
+    setup = build_prefilling_policy(dream, None, rows, cfg, timer, gen_length=4)
+    assert [r.prefill.chunks.num_chunks for r in setup.rows] == [6, 3, 9, 6]
+    assert [r.prefill.nfe for r in setup.rows] == [2 + 1, 1 + 1, 3 + 1, 2 + 1]
+    assert setup.rows[0].prefill.prefix is setup.rows[3].prefill.prefix  # one segment for the shared prefix
+    alone = [build_prefilling_policy(dream, None, r, cfg, timer, gen_length=4) for r in rows]
+    assert [a.prefill.nfe for a in alone] == [2 + 1, 1 + 1, 3 + 1, 2 + 1]  # the same counts as alone
+    # the batch: 8 chunk forwards and 3 distinct prefixes (the rows' counts sum to 12); the 3-chunk row keeps
+    # all (K = 3) and is not scored, the others' 6 + 9 + 6 chunks make 7 scoring batches of 3, 2 passes each
+    n_draft = 3  # prefix + query lengths 12, 9, 13 (one forward each)
+    assert setup.policy.nfe == 8 + 3 + n_draft + 7 * 2
+    assert setup.rows[1].selection.scores is None and setup.rows[1].selection.kept == [0, 1, 2]

@@ -124,10 +124,10 @@ def encode_chunks(
     Raises:
         ValueError: empty context, chunk_size < 1.
     """
-    caches, nfe = encode_chunks_rows(
+    caches, nfe, _per_row = encode_chunks_rows(
         model, [context], chunk_size, bos_id=bos_id, pad_id=pad_id, batch=batch, progress=progress
     )
-    return caches[0], nfe[0]
+    return caches[0], nfe
 
 
 def encode_chunks_rows(
@@ -155,8 +155,8 @@ def encode_chunks_rows(
             chunks of all rows).
 
     Returns:
-        (B chunk caches, B forward counts: the forwards each row's chunks took part in; a
-        forward shared by rows counts for each).
+        (B chunk caches, the number of model forwards, B forward counts: the forwards each row's
+        chunks took part in; a forward shared by rows counts for each).
 
     Raises:
         ValueError: an empty context, chunk_size < 1.
@@ -165,7 +165,7 @@ def encode_chunks_rows(
     groups: dict[int, list[int]] = {}
     for row, c in enumerate(contexts):
         groups.setdefault(min(chunk_size, c.numel()) + 1, []).append(row)
-    caches, nfe = [None] * len(contexts), [0] * len(contexts)
+    caches, per_row, nfe = [None] * len(contexts), [0] * len(contexts), 0
     for t, rows in groups.items():
         offsets, n = [], 0
         for row in rows:
@@ -191,9 +191,10 @@ def encode_chunks_rows(
             hi = min(n, lo + step)
             mask = None if bool(valid[lo:hi].all()) else valid[lo:hi]
             out = model(ids[lo:hi], pos, attention_mask=mask, logits_start=t, return_kv=True)
+            nfe += 1
             for row, off in zip(rows, offsets):
                 if off < hi and lo < off + len(spans[row]):
-                    nfe[row] += 1
+                    per_row[row] += 1
             if ks is None:
                 ks, vs = [[k] for k in out.k], [[v] for v in out.v]
             else:
@@ -205,4 +206,4 @@ def encode_chunks_rows(
         whole = ChunkCache(k, v, lens, starts, ids)
         for row, off in zip(rows, offsets):
             caches[row] = whole if len(rows) == 1 else whole.rows(off, len(spans[row]))
-    return caches, nfe
+    return caches, nfe, per_row

@@ -288,7 +288,7 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
     chunks, nfe_row = [None] * len(parts), [0] * len(parts)
     nfe = 0
     if fresh:
-        caches, counts = encode_chunks_rows(
+        caches, nfe, counts = encode_chunks_rows(
             model,
             [parts[b].context for b in fresh],
             cfg.chunk_size,
@@ -297,7 +297,6 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
             batch=cfg.prefill_batch,
             progress=progress,
         )
-        nfe += _forwards_of(caches, counts)
         for b, cache, count in zip(fresh, caches, counts):
             chunks[b], nfe_row[b] = cache, count
     for b, doc in enumerate(documents):
@@ -318,16 +317,6 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
             nfe_row[b] += 1
         out.append(Prefill(chunks[b], prefix, bos, source, documents[b] is not None, nfe_row[b]))
     return out, nfe
-
-
-def _forwards_of(caches: list, counts: list) -> int:
-    """Forwards of an :func:`encode_chunks_rows` call: the largest count per pool (rows of one pool
-    share its forwards; pools are encoded one after another)."""
-    per_pool: dict[int, int] = {}
-    for cache, count in zip(caches, counts):
-        key = id(cache.root[0])
-        per_pool[key] = max(per_pool.get(key, 0), count)
-    return sum(per_pool.values())
 
 
 # --- step 2: score and select ---------------------------------------------------------------------
