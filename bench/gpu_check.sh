@@ -147,7 +147,7 @@ stage e2e_dream "$((DREAM_BUDGET_S + 60))" "$OUT_DIR/e2e_dream_shape.log" \
 # bundled model on single prompts and a ragged batch; a Dream-7B-wide random model of CUDA_GRAPH_LAYERS
 # layers over a random K=4 x C=1024 cache, 1 and 8 rows) and the time per step both ways. Without CUDA
 # it writes why it skipped and succeeds: the dry run has no CUDA graph to capture.
-stage cuda_graph "${CUDA_GRAPH_TIMEOUT_S:-$(pick 90 60)}" "$OUT_DIR/cuda_graph.log" \
+stage cuda_graph "${CUDA_GRAPH_TIMEOUT_S:-$(pick 120 60)}" "$OUT_DIR/cuda_graph.log" \
     "$PYTHON" -m bench.cuda_graph_check --out "$OUT_DIR" --layers "${CUDA_GRAPH_LAYERS:-8}" $(pick "" --dry-run)
 
 # Stage 5 (last, takes what is left): microbenchmarks (runs even if tests failed; it re-checks
