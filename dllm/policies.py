@@ -71,7 +71,7 @@ class LiveBlock:
             :meth:`write`), padding.
         positions: ``[B, M]`` int64 RoPE positions (``start_b + column``), constant over the generation.
         resp_cols: ``[B, L_d]`` int64, the column of response token j in row b (``H_b + j``); the
-            model's ``logits_at``.
+            model's ``logits_at`` for ragged rows (rows of one length pass ``logits_start = H``).
         live_lens: ``[B]`` int32 real tokens per row (``H_b + L_d``), or None when no row is padded.
         head_lens: the B head lengths H_b.
         cos, sin: ``[B, M, D]`` float32 RoPE tables of ``positions``, once :meth:`precompute_rope`
@@ -129,7 +129,7 @@ def live_block_logits(model, live: LiveBlock, cache: StaticKVCache | None) -> to
     """The pure step: one forward over the live block's static buffers; what a CUDA graph captures.
 
     Reads only fixed addresses (``live.ids`` after :meth:`LiveBlock.write`, the positions, the
-    precomputed RoPE tables, ``live_lens``, ``resp_cols`` and the cache's pools and segment
+    precomputed RoPE tables, for ragged rows ``live_lens`` and ``resp_cols``, and the cache's pools and segment
     table) and makes no host-device synchronisation (the cache's and the live block's tables were
     range-checked when they were built, so the kernels' per-call value checks are skipped).
 
@@ -141,9 +141,13 @@ def live_block_logits(model, live: LiveBlock, cache: StaticKVCache | None) -> to
     Returns:
         ``[B, L_d, V]`` response logits in the model dtype.
     """
-    rope = None if live.cos is None else (live.cos, live.sin)
+    kw = {} if live.cos is None else {"rope": (live.cos, live.sin)}
+    if live.live_lens is None:  # rows of one length: the response starts at one column
+        kw["logits_start"] = live.head_lens[0]
+    else:
+        kw.update(live_lens=live.live_lens, logits_at=live.resp_cols)
     with triton_kernels.skip_value_checks():
-        out = model(live.ids, live.positions, cache, rope=rope, live_lens=live.live_lens, logits_at=live.resp_cols)
+        out = model(live.ids, live.positions, cache, **kw)
     return out.logits
 
 
@@ -162,7 +166,8 @@ class LiveBlockPolicy:
 
     def __init__(self, model, live: LiveBlock, cache: StaticKVCache | None = None, nfe: int = 0, *, cuda_graph=False):
         self.model, self.live, self.cache, self.nfe = model, live, cache, nfe
-        live.precompute_rope(model.rope)
+        if getattr(model, "rope", None) is not None:  # (a stand-in model without RoPE tables computes its own)
+            live.precompute_rope(model.rope)
         self.graph = GraphedStep(self._forward) if cuda_graph else None
 
     @property
