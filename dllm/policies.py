@@ -15,9 +15,11 @@ policy             live block                      static cache
 
 The protocol (:class:`DecodePolicy`) is what :func:`dllm.denoise.denoise` calls. A step's inputs
 live in a :class:`LiveBlock` allocated once per generation: the response is copied into the same
-buffer every step and the positions never change, so a step is one model forward over fixed
-addresses (what a captured CUDA graph replays; :meth:`LiveBlockPolicy.logits` is the one call
-such a graph would capture).
+buffer every step and the positions (and their RoPE tables) never change, so a step is one model
+forward over fixed addresses, :func:`live_block_logits`. The prefilling policy, whose cache is fixed
+for the whole generation, can replay that forward from a CUDA graph (:mod:`dllm.step_graph`; on by
+default where supported). A batch of requests of different lengths is one live block padded to the
+longest row (``live_lens``), each row with its response at its own columns.
 """
 
 from __future__ import annotations
