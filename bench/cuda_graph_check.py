@@ -78,6 +78,7 @@ def bundled_rows(gen: int, device="cuda") -> list[dict]:
                 "eager_ms_per_step": round(1e3 * e.stats.seconds["decode"] / e.stats.steps, 3),
                 "graph_ms_per_step": round(1e3 * g.stats.seconds["decode"] / g.stats.steps, 3),
                 "correct": sum(int(score("passkey", g.text[i], c)) for i, c in enumerate(its_cases)),
+                "graph": g.stats.extra.get("cuda_graph", "-"),  # "replayed", or why it ran eagerly
             }
         )
         print(rows[-1], flush=True)

@@ -171,8 +171,9 @@ def generate(
             for a row that brings its context) per row.
         cuda_graph: ``prefilling`` only: capture each denoising step's forward in a CUDA graph
             and replay it (:mod:`dllm.step_graph`; same tokens, less host overhead, the gain on a
-            GPU predicted). None = on where supported (CUDA, compiled Triton kernels); True where
-            unsupported raises; False = eager steps.
+            GPU predicted). None = on where supported (CUDA, compiled Triton kernels), a failed
+            capture then warns and runs the steps eagerly; True where unsupported raises; False = eager
+            steps. When a graph was asked for, ``stats.extra["cuda_graph"]`` says ``"replayed"`` or why not.
         progress: tqdm progress bars.
 
     Returns:
@@ -218,7 +219,8 @@ def generate(
         supported, why = cuda_graph_support(model.device)
         if cuda_graph and not supported:
             raise ValueError(f"cuda_graph=True is not supported here: {why}")
-        use_graph = supported if cuda_graph is None else bool(cuda_graph)
+        # default: on where supported, falling back to eager steps (with a warning) if the capture fails
+        use_graph = ("auto" if supported else False) if cuda_graph is None else bool(cuda_graph)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(int(seed))
@@ -273,4 +275,6 @@ def generate(
     stats.extra["gen_tokens"] = batch * gen_length
     if row_extra is not None:
         stats.rows = [{**r, "steps": n, "gen_tokens": gen_length} for r, n in zip(row_extra, row_steps)]
+    if getattr(policy, "graph", None) is not None:  # a CUDA graph was asked for: say whether it replayed
+        stats.extra["cuda_graph"] = "replayed" if policy.graph.replaying else f"eager ({policy.graph.failed})"
     return GenerationResult(resp, stats, decode_text(model, resp))

@@ -164,13 +164,14 @@ class LiveBlockPolicy:
         cuda_graph: capture the step's forward in a CUDA graph and replay it
             (:class:`dllm.step_graph.GraphedStep`); only for a cache fixed for the whole
             generation, and only where :func:`dllm.step_graph.cuda_graph_support` says so.
+            ``"auto"``: the same, but a failed capture warns and falls back to eager steps.
     """
 
     def __init__(self, model, live: LiveBlock, cache: StaticKVCache | None = None, nfe: int = 0, *, cuda_graph=False):
         self.model, self.live, self.cache, self.nfe = model, live, cache, nfe
         if getattr(model, "rope", None) is not None:  # (a stand-in model without RoPE tables computes its own)
             live.precompute_rope(model.rope)
-        self.graph = GraphedStep(self._forward) if cuda_graph else None
+        self.graph = GraphedStep(self._forward, fallback=cuda_graph == "auto") if cuda_graph else None
 
     @property
     def batch_size(self) -> int:

@@ -24,6 +24,8 @@ the static cache stays alive as long as the policy that holds both.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from triton_kernels._dispatch import is_interpreted, resolve_backend
@@ -61,28 +63,48 @@ class GraphedStep:
         fn: a function of fixed buffers only, returning one tensor (e.g. the step's logits); it
             must not synchronise with the host or allocate outside the capture.
         warmup: eager calls on a side stream before the capture (compilation, lazy initialisation).
+        fallback: when the capture fails, warn and call ``fn`` eagerly from then on (what
+            ``generate(cuda_graph=None)`` asks for) instead of raising.
 
     Attributes:
         captures: graphs captured so far (1 after the first call).
         warmup_calls: eager warm-up calls run so far.
+        failed: why the capture failed (``repr`` of the error) when it fell back, else None.
 
     Calling it returns the graph's output tensor: the same storage every call, overwritten by the
     next replay (clone it to keep a step's result).
 
     Raises:
         RuntimeError: on the first call, when :func:`cuda_graph_support` says no for the current
-            device (the message gives the reason).
+            device (the message gives the reason), or the capture's own error, unless ``fallback``.
     """
 
-    def __init__(self, fn, *, warmup: int = 1):
-        self.fn, self.warmup = fn, int(warmup)
+    def __init__(self, fn, *, warmup: int = 1, fallback: bool = False):
+        self.fn, self.warmup, self.fallback = fn, int(warmup), bool(fallback)
         self.captures = self.warmup_calls = 0
+        self.failed = None
         self._graph = None
         self._out = None
 
+    @property
+    def replaying(self) -> bool:
+        """True once a graph is captured and replayed (False before the first call and after a fallback)."""
+        return self._graph is not None
+
     def __call__(self) -> torch.Tensor:
+        if self.failed is not None:
+            return self.fn()
         if self._graph is None:
-            self._capture()
+            try:
+                self._capture()
+            except Exception as exc:  # a capture error: an op that cannot be captured, a host sync...
+                if not self.fallback:
+                    raise
+                self.failed, self._graph, self._out = repr(exc), None, None
+                warnings.warn(
+                    f"CUDA-graph capture of the denoising step failed, running it eagerly: {exc!r}", stacklevel=3
+                )
+                return self.fn()
         self._graph.replay()
         return self._out
 

@@ -169,23 +169,22 @@ class _FakeGraph:
         _FakeGraph.owner._out.copy_(self.fn())
 
 
-def test_graphed_step_warms_up_captures_once_and_replays(monkeypatch):
-    calls = []
-    state = torch.zeros(3)
-    graphs = []
-
-    def fn():
-        calls.append("capture" if _FakeGraph.capturing else "eager")
-        return state * 2
+@pytest.fixture()
+def fake_cuda(monkeypatch):
+    """torch.cuda's graph API replaced by :class:`_FakeGraph`; returns the list of graphs made and a switch
+    that makes the next capture fail."""
+    graphs, fail = [], []
 
     @contextlib.contextmanager
     def fake_graph(g):
         _FakeGraph.capturing = g
         try:
+            if fail:
+                raise RuntimeError("operation not permitted when stream is capturing")
             yield
         finally:
             _FakeGraph.capturing = None
-            g.fn = fn
+            g.fn = _FakeGraph.owner.fn
 
     def new_graph():
         graphs.append(_FakeGraph())
@@ -203,15 +202,45 @@ def test_graphed_step_warms_up_captures_once_and_replays(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", new_graph)
     monkeypatch.setattr(torch.cuda, "graph", fake_graph)
-    step = _FakeGraph.owner = step_graph.GraphedStep(fn)
+    return graphs, fail
+
+
+def _counting_fn(calls, state):
+    def fn():
+        calls.append("capture" if _FakeGraph.capturing else "eager")
+        return state * 2
+
+    return fn
+
+
+def test_graphed_step_warms_up_captures_once_and_replays(fake_cuda):
+    graphs, _ = fake_cuda
+    calls, state = [], torch.zeros(3)
+    step = _FakeGraph.owner = step_graph.GraphedStep(_counting_fn(calls, state))
     outs = []
     for i in range(4):
         state.fill_(i)
         outs.append(step())
         assert outs[-1].tolist() == [2.0 * i] * 3
     assert calls[:2] == ["eager", "capture"] and step.warmup_calls == 1
-    assert step.captures == 1 and len(graphs) == 1 and graphs[0].replays == 4
+    assert step.captures == 1 and len(graphs) == 1 and graphs[0].replays == 4 and step.replaying
     assert all(o is outs[0] for o in outs)  # one output buffer, overwritten by each replay
+
+
+def test_a_failed_capture_raises_or_falls_back_to_eager_steps(fake_cuda):
+    _, fail = fake_cuda
+    fail.append(True)
+    calls, state = [], torch.ones(2)
+    strict = _FakeGraph.owner = step_graph.GraphedStep(_counting_fn(calls, state))
+    with pytest.raises(RuntimeError, match="stream is capturing"):
+        strict()
+    auto = _FakeGraph.owner = step_graph.GraphedStep(_counting_fn(calls, state), fallback=True)
+    with pytest.warns(UserWarning, match="capture of the denoising step failed, running it eagerly"):
+        first = auto()
+    calls.clear()
+    state.fill_(5)
+    assert first.tolist() == [2.0, 2.0] and auto().tolist() == [10.0, 10.0] and calls == ["eager"]
+    assert not auto.replaying and "stream is capturing" in auto.failed and auto.captures == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -249,7 +278,9 @@ def test_cuda_graph_check_skips_cleanly_without_a_gpu(tmp_path, capsys):
 class _EagerGraph:
     """GraphedStep's interface, run eagerly (the CPU stand-in for the capture)."""
 
-    def __init__(self, fn):
+    replaying, failed = True, None
+
+    def __init__(self, fn, fallback=False):
         self.fn = fn
 
     def __call__(self):

@@ -494,7 +494,7 @@ def build_prefilling_policy(
     gen_length: int,
     document=None,
     progress: bool = False,
-    cuda_graph: bool = False,
+    cuda_graph: bool | str = False,
 ) -> PrefillingSetup:
     """Prefill, score and select, build the static cache; return the setup with its decode policy.
 
@@ -513,7 +513,8 @@ def build_prefilling_policy(
             list of prompts, one document for every row or a list with one document (or None: the
             row brings its own context) per row.
         progress: tqdm bar over the chunked prefill.
-        cuda_graph: the policy replays its step's forward from a CUDA graph.
+        cuda_graph: the policy replays its step's forward from a CUDA graph (``"auto"``: falling back
+            to eager steps if the capture fails; see :class:`dllm.policies.LiveBlockPolicy`).
 
     Returns:
         :class:`PrefillingSetup` (``.policy`` for the loop, ``.stats()`` / ``.row_stats()``).
