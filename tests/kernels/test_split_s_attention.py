@@ -121,11 +121,12 @@ def test_strided_inputs_and_int64_tables():
     _check(args, out, lse, torch.float32, 1 / 8)
 
 
-def test_torch_backend_is_the_reference():
+def test_torch_backend_matches_the_reference():
+    """backend="torch": the fused CPU path on CPU (tests/kernels/test_split_s_cpu.py), the reference elsewhere."""
     args = _case(3, 5, 7, 64, T, SLOTS, LENS, torch.float32)
     out, lse = split_s_attention(*args, backend="torch")
     ref_o, ref_lse = R.split_s_attention(*args)
-    assert torch.equal(out, ref_o) and torch.equal(lse, ref_lse)
+    assert max_err(out, ref_o) <= 1e-5 and max_err(lse, ref_lse) <= 1e-5
 
 
 # ----------------------------------------------------------------------------- ragged live blocks
