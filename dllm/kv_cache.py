@@ -1,4 +1,4 @@
-"""Static KV cache: per-layer key/value pools plus one segment table (DESIGN sections 3.1 and 4).
+"""Static KV cache: per-layer key/value pools plus one segment table.
 
 The static part of a prompt (a prefix, or the kept context chunks) is encoded
 once and reused for every denoising step. Its keys and values live in a pool of

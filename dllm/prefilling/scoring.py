@@ -43,7 +43,7 @@ class ChunkScores:
         pseudo_label: ``[N]`` fp32, s_P.
         answer_confidence: ``[N]`` fp32, s_C: mean over the m draft slots of the log of the top-1
             probability given chunk + query (how sure the model is of *some* answer; our variant,
-            from the probe of DESIGN section 6: it needs no draft to be right).
+            it needs no draft to be right).
         draft_contrast: ``[N]`` fp32 (property), s_C - s_P: sure of *some* answer and unlike the
             context-free draft (our variant: a chunk that holds the answer overrides the guessed draft,
             while an irrelevant chunk leaves the model answering the draft).
