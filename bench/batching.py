@@ -13,10 +13,10 @@ runs beside the batch's, and their ratio; rounds alternate which goes first.
 What to expect on this CPU: prefill and scoring are compute-bound (matrix multiplies at full width,
 chunk attention), so stacking rows gains little there. A denoising step is one forward over a
 48-token live block against about 1.2K cached keys per row: its projections, MLP and LM head batch
-(one call for all rows instead of one per row), but its split-S attention, the torch reference on
-CPU, computes each row's attention over that row's keys, which batching cannot share; at this
-configuration it is most of a step (the share is measured and reported), so the decode phase gains
-far less than the number of rows. ``--token-budget`` keeps fewer keys per chunk and shows the trend.
+(one call for all rows instead of one per row), but its split-S attention (on CPU torch's fused
+attention, one call per row: :mod:`triton_kernels.split_s_cpu`) computes each row's attention over
+that row's keys, which batching cannot share (the share is measured and reported), so the decode
+phase gains less than the number of rows. ``--token-budget`` keeps fewer keys per chunk and shows the trend.
 On a GPU the Triton kernel serves all rows in one launch and a step of the 7B-class models is
 bound by launches and weight reads, not by this attention: the gain there is predicted to be
 larger, not measured.
@@ -209,8 +209,9 @@ def summarize(rows: list[dict]) -> str:
     if share:
         lines += [
             "",
-            "Share of the denoising phase spent in split-S attention (the torch reference on CPU: each row's "
-            f"attention over its own cached keys): {share['single_decode_share']:.0%} for the longest prompt alone, "
+            "Share of the denoising phase spent in split-S attention (on CPU torch's fused attention, one call "
+            "per row: each row's attention over its own cached keys): "
+            f"{share['single_decode_share']:.0%} for the longest prompt alone, "
             f"{share['batch_decode_share']:.0%} for the batch. That work does not shrink with batching; on a GPU "
             "the Triton kernel serves every row in one launch (the gain there is predicted, not measured).",
         ]
