@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: compiled kernel tests, the model on the kernels, the paper's headline at the Dream-7B
-# shape, then the kernel microbenchmarks; one summary table at the end.
+# shape, the CUDA-graph decode step vs eager, then the kernel microbenchmarks; one summary table at the end.
 #
 #   bash bench/gpu_check.sh OUT_DIR
 #
@@ -143,7 +143,14 @@ DREAM_BUDGET_S=$(min "${DREAM_BUDGET_S:-$(pick 200 90)}" $(($(left_s) - 60)))
 stage e2e_dream "$((DREAM_BUDGET_S + 60))" "$OUT_DIR/e2e_dream_shape.log" \
     "$PYTHON" -m bench.e2e_dream_shape --shape "$(pick dream7b cpu)" --budget-s "$DREAM_BUDGET_S" --out "$OUT_DIR"
 
-# Stage 4 (last, takes what is left): microbenchmarks (runs even if tests failed; it re-checks
+# Stage 4: the prefilling denoising step replayed from a CUDA graph vs run eagerly: the same tokens (the
+# bundled model on single prompts and a ragged batch; a Dream-7B-wide random model of CUDA_GRAPH_LAYERS
+# layers over a random K=4 x C=1024 cache, 1 and 8 rows) and the time per step both ways. Without CUDA
+# it writes why it skipped and succeeds: the dry run has no CUDA graph to capture.
+stage cuda_graph "${CUDA_GRAPH_TIMEOUT_S:-$(pick 120 60)}" "$OUT_DIR/cuda_graph.log" \
+    "$PYTHON" -m bench.cuda_graph_check --out "$OUT_DIR" --layers "${CUDA_GRAPH_LAYERS:-8}" $(pick "" --dry-run)
+
+# Stage 5 (last, takes what is left): microbenchmarks (runs even if tests failed; it re-checks
 # correctness itself). On a GPU each latency is also given as a percentage of the H200 lower bound
 # of bench/roofline.py. Dry run: a few seconds of cases, no FlexAttention compile.
 BENCH_MARGIN_S=60   # bench stops starting new cases at its budget; the last case and the CSV need the rest
@@ -157,6 +164,12 @@ stage bench "$((BENCH_BUDGET_S + BENCH_MARGIN_S))" "$OUT_DIR/bench.log" \
     echo "| stage | status | seconds | log |"
     echo "|---|---|---:|---|"
     printf '%s\n' "${STAGE_ROWS[@]}"
+    if [ -f "$OUT_DIR/cuda_graph.md" ]; then
+        echo
+        echo "CUDA-graph step vs eager (bench/cuda_graph_check.py):"
+        echo
+        sed -n '/^| part\|^Skipped/,$p' "$OUT_DIR/cuda_graph.md"
+    fi
     if [ -f "$OUT_DIR/e2e_dream_shape.md" ]; then
         echo
         echo "End to end at the $(pick "Dream-7B" "small CPU (dry run)") shape (bench/e2e_dream_shape.py):"

@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from bench import chunk_tradeoff, document_cache, e2e_speed, lost_in_middle
+from bench import batching, chunk_tradeoff, document_cache, e2e_speed, lost_in_middle
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
 
-STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache")
+STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache", "batching")
 
 
 def main(argv=None) -> int:
@@ -74,6 +74,11 @@ def main(argv=None) -> int:
             + ["--long-length", str(max(4096, int(131072 * shrink)))]
         )
         done.append("document_cache.md")
+    if "batching" in args.only:
+        shrink = min(1.0, args.scale)
+        lengths = [str(max(1024, int(n * shrink))) for n in batching.LENGTHS]
+        batching.main(["--out", out, "--lengths", *lengths] + (["--rounds", "1"] if shrink < 1 else []))
+        done.append("batching.md")
     lines = [
         "# Benchmark summary",
         "",

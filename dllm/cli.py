@@ -293,6 +293,12 @@ def _add_decode_args(p, gen_length_default: int | None):
         help="terms summed into the chunk score: s_I, s_P (the paper's), s_C, s_C - s_P (ours) "
         f"(default: {' '.join(d.score_terms)})",
     )
+    g.add_argument(
+        "--no-cuda-graph",
+        action="store_true",
+        help="run each denoising step's forward eagerly (default: replayed from a CUDA graph where supported: "
+        "CUDA with the compiled Triton kernels; same tokens)",
+    )
 
 
 # ---------------------------------------------------------------- checks and builders (no model work)
@@ -329,8 +335,10 @@ def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
     """
     given = {f: getattr(args, f) for f in _PREFILLING_OPTIONS if getattr(args, f) is not None}
     if args.method != "prefilling":
+        if getattr(args, "no_cuda_graph", False):
+            given["no_cuda_graph"] = True
         if given:
-            names = ", ".join(_PREFILLING_OPTIONS[f] for f in given)
+            names = ", ".join(_PREFILLING_OPTIONS.get(f, "--no-cuda-graph") for f in given)
             raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
         return None
     given = {f: None if v == _ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
@@ -382,6 +390,11 @@ def _decode_kwargs(args, gen_length) -> dict:
         confidence_from=args.confidence_from,
         threshold=args.threshold,
     )
+
+
+def _graph_kwargs(args) -> dict:
+    """``cuda_graph=False`` for ``--no-cuda-graph`` (prefilling only; checked by :func:`_prefilling_config`)."""
+    return {"cuda_graph": False} if getattr(args, "no_cuda_graph", False) else {}
 
 
 def _load(args):
@@ -494,6 +507,7 @@ def cmd_generate(args) -> int:
                 prefilling=cfg,
                 seed=args.seed,
                 progress=True,
+                **_graph_kwargs(args),
                 **kw,
             )
         elif cfg is not None:
@@ -504,7 +518,14 @@ def cmd_generate(args) -> int:
             )
             fitted = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
             res = dllm.generate(
-                model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=True, **kw
+                model,
+                prompt=parts,
+                method="prefilling",
+                prefilling=fitted,
+                seed=args.seed,
+                progress=True,
+                **_graph_kwargs(args),
+                **kw,
             )
         else:
             text = template if context is None else template.replace("{context}", context)
@@ -609,7 +630,7 @@ def cmd_eval(args) -> int:
     kw = _decode_kwargs(args, args.gen_length)
 
     def run(i):
-        extra = {"prefilling": configs[i]} if cfg is not None else {}
+        extra = {"prefilling": configs[i], **_graph_kwargs(args)} if cfg is not None else {}
         return run_one(model, cases[i], args.method, seed=args.seed, **kw, **extra)
 
     t0 = time.perf_counter()

@@ -27,6 +27,7 @@ from dllm.denoise import denoise
 from dllm.devices import same_device
 from dllm.policies import DensePolicy, PrefixCachePolicy
 from dllm.prefilling.pipeline import build_prefilling_policy
+from dllm.step_graph import cuda_graph_support
 from dllm.timer import PhaseTimer
 from dllm.tokenization import decode_text
 from dllm.unmasking import UnmaskingConfig
@@ -44,13 +45,19 @@ class GenerationStats:
         seconds: wall-clock seconds per phase: ``prefill`` (building static caches; with a
             document only the prefix), ``scoring`` (prefilling only: draft, chunk scores,
             selection and the static cache), ``decode`` (the denoising steps), ``total``.
-        extra: method-specific details (prefilling: chunk ids, scores...).
+        extra: method-specific details (prefilling: chunk ids, scores...; for a batch of prompts
+            ``batch_size``, the rows' details being in ``rows``).
+        rows: prefilling only: one dict per batch row, that row's details (what ``extra`` holds for
+            a single prompt: ``selected_chunks``, scores, ``cached_tokens``...) plus ``steps``, the
+            denoising steps in which the row still had masks (its own run's ``steps``). ``nfe``,
+            ``steps`` and ``seconds`` above are the whole batch's: its rows share every forward.
     """
 
     nfe: int = 0
     steps: int = 0
     seconds: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -63,9 +70,10 @@ class GenerationResult:
     """Output of :func:`generate`.
 
     Attributes:
-        tokens: ``[B, gen_length]`` int64 response tokens (mask-free).
-        stats: :class:`GenerationStats`.
-        text: decoded responses cut at EOS (None when the model has no tokenizer).
+        tokens: ``[B, gen_length]`` int64 response tokens (mask-free); ``tokens[i]`` is row i's (for a
+            list of prompts, prompt i's).
+        stats: :class:`GenerationStats` (per-row details in ``stats.rows``).
+        text: decoded responses cut at EOS, ``text[i]`` for row i (None when the model has no tokenizer).
     """
 
     tokens: torch.Tensor
@@ -127,6 +135,7 @@ def generate(
     prompt=None,
     prefilling=None,
     document=None,
+    cuda_graph: bool | None = None,
     progress: bool = False,
 ) -> GenerationResult:
     """Generate a response with a diffusion LM.
@@ -149,12 +158,22 @@ def generate(
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
             :class:`dllm.policies.PrefixCachePolicy`).
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
-            context, query token ids).
+            context, query token ids), or a list of them: a batch of requests (any context, query
+            and chunk counts) decoded in one denoising loop over live blocks padded to the longest
+            row; row i's tokens equal those of prompt i alone (greedy decoding; sampling rules draw
+            from one generator for all rows, so their draws differ from single runs).
         prefilling: ``prefilling`` only: a :class:`dllm.prefilling.PrefillingConfig` (default:
             the defaults; with a document, the document's chunk size).
         document: ``prefilling`` only: a :class:`dllm.DocumentCache` of the context (from
             :func:`dllm.encode_document`); pass ``prompt=PromptParts(prefix, None, query)``. No
-            chunk is re-encoded; the tokens equal a fresh run on the same context and config.
+            chunk is re-encoded; the tokens equal a fresh run on the same context and config. With
+            a list of prompts: one document for every row, or a list of one document (or None,
+            for a row that brings its context) per row.
+        cuda_graph: ``prefilling`` only: capture each denoising step's forward in a CUDA graph
+            and replay it (:mod:`dllm.step_graph`; same tokens, less host overhead, the gain on a
+            GPU predicted). None = on where supported (CUDA, compiled Triton kernels), a failed
+            capture then warns and runs the steps eagerly; True where unsupported raises; False = eager
+            steps. When a graph was asked for, ``stats.extra["cuda_graph"]`` says ``"replayed"`` or why not.
         progress: tqdm progress bars.
 
     Returns:
@@ -165,7 +184,8 @@ def generate(
             steps not divisible by the number of blocks, a prompt containing the mask id,
             prompt on another device than the model, options of another method; with a
             document: a context too, or a chunk size, model, dtype or anchor other than the
-            document's.
+            document's; ``cuda_graph=True`` where CUDA graphs are not supported (the message says why).
+        TypeError: a prompt list or document of the wrong type.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
@@ -190,14 +210,23 @@ def generate(
     )
     if cfg.fixed_steps and steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
-    if method != "prefilling" and (prompt is not None or prefilling is not None or document is not None):
-        raise ValueError("prompt=, prefilling= and document= are options of method='prefilling'")
+    if method != "prefilling" and (
+        prompt is not None or prefilling is not None or document is not None or cuda_graph is not None
+    ):
+        raise ValueError("prompt=, prefilling=, document= and cuda_graph= are options of method='prefilling'")
+    use_graph = False
+    if method == "prefilling":
+        supported, why = cuda_graph_support(model.device)
+        if cuda_graph and not supported:
+            raise ValueError(f"cuda_graph=True is not supported here: {why}")
+        # default: on where supported, falling back to eager steps (with a warning) if the capture fails
+        use_graph = ("auto" if supported else False) if cuda_graph is None else bool(cuda_graph)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(int(seed))
 
     timer = PhaseTimer(model.device)
-    extra = {}
+    extra, row_extra = {}, None
     with timer.phase("total"):
         if method == "prefilling":
             setup = build_prefilling_policy(
@@ -209,8 +238,10 @@ def generate(
                 gen_length=gen_length,
                 document=document,
                 progress=progress,
+                cuda_graph=use_graph,
             )
             policy, extra = setup.policy, setup.stats()
+            row_extra = setup.row_stats()
         else:
             input_ids = check_prompt(model, input_ids)
             if method == "dense":
@@ -227,6 +258,7 @@ def generate(
                 )
         batch = policy.batch_size
         resp = torch.full((batch, gen_length), model.mask_token_id, dtype=torch.long, device=model.device)
+        row_steps = []
         n_steps = denoise(
             policy,
             resp,
@@ -237,7 +269,12 @@ def generate(
             timer=timer,
             generator=generator,
             progress=progress,
+            row_steps=row_steps,
         )
     stats = GenerationStats(nfe=policy.nfe, steps=n_steps, seconds=timer.seconds, extra=extra)
     stats.extra["gen_tokens"] = batch * gen_length
+    if row_extra is not None:
+        stats.rows = [{**r, "steps": n, "gen_tokens": gen_length} for r, n in zip(row_extra, row_steps)]
+    if getattr(policy, "graph", None) is not None:  # a CUDA graph was asked for: say whether it replayed
+        stats.extra["cuda_graph"] = "replayed" if policy.graph.replaying else f"eager ({policy.graph.failed})"
     return GenerationResult(resp, stats, decode_text(model, resp))

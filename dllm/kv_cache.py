@@ -1,4 +1,4 @@
-"""Static KV cache: per-layer key/value pools plus one segment table (DESIGN sections 3.1 and 4).
+"""Static KV cache: per-layer key/value pools plus one segment table.
 
 The static part of a prompt (a prefix, or the kept context chunks) is encoded
 once and reused for every denoising step. Its keys and values live in a pool of
@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+import triton_kernels
 
 
 @dataclass
@@ -50,6 +52,13 @@ class StaticKVCache:
         v: list over layers of ``[P, T, Hkv, D]`` values.
         seg_slots: ``[B, S]`` int32, pool slot of each segment per batch row, -1 = none.
         seg_lens: ``[B, S]`` int32, valid tokens 0..T of that slot.
+
+    Raises:
+        ValueError: K and V pools of different layer counts, tables of different shapes or not
+            ``[B, S]``, a slot outside ``[-1, P)`` or a length outside ``[0, T]``
+            (:func:`triton_kernels.check_segment_table`, run once here: the table is not checked again
+            when a forward attends to it).
+        TypeError: tables that are not int32/int64.
     """
 
     k: list
@@ -64,12 +73,10 @@ class StaticKVCache:
             raise ValueError(
                 f"seg_slots {tuple(self.seg_slots.shape)} and seg_lens {tuple(self.seg_lens.shape)} must both be [B, S]"
             )
-        # Checked once here so that the decode loop can skip the per-call value checks of the kernels.
+        # Checked once here (one host sync), so that every forward over this cache runs the kernels
+        # inside triton_kernels.skip_value_checks(): a denoising step pays no per-call value check.
         p, t = self.k[0].shape[:2]
-        if self.seg_slots.numel() and (bool((self.seg_slots < -1).any()) or bool((self.seg_slots >= p).any())):
-            raise ValueError(f"seg_slots must be -1 or a pool slot in [0, {p})")
-        if self.seg_lens.numel() and (bool((self.seg_lens < 0).any()) or bool((self.seg_lens > t).any())):
-            raise ValueError(f"seg_lens must be in [0, T={t}]")
+        triton_kernels.check_segment_table(self.seg_slots, self.seg_lens, p, t)
 
     @property
     def num_layers(self) -> int:

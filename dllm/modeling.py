@@ -25,6 +25,7 @@ import triton_kernels
 from dllm.config import ModelConfig
 from dllm.kv_cache import StaticKVCache
 from dllm.rope import RotaryEmbedding, apply_rope
+from triton_kernels._dispatch import check_values_enabled
 
 
 class RMSNorm(nn.Module):
@@ -50,7 +51,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.hq * self.d, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx):
+    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens=None):
         b, n, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, n, self.hq, self.d), cos, sin)  # [B, L, Hq, D]
         k = apply_rope(self.k_proj(x).view(b, n, self.hkv, self.d), cos, sin)  # [B, L, Hkv, D]
@@ -63,7 +64,9 @@ class Attention(nn.Module):
             ).transpose(1, 2)
         else:
             k_pool, v_pool = cache_kv
-            o, _ = triton_kernels.split_s_attention(q, k_pool, v_pool, cache.seg_slots, cache.seg_lens, k, v)
+            o, _ = triton_kernels.split_s_attention(
+                q, k_pool, v_pool, cache.seg_slots, cache.seg_lens, k, v, live_lens=live_lens
+            )
         return self.o_proj(o.reshape(b, n, self.hq * self.d)), k, v
 
 
@@ -86,8 +89,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx):
-        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, cache_kv, cache, attn_mask, hook, layer_idx)
+    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens=None):
+        h = self.input_layernorm(x)
+        a, k, v = self.self_attn(h, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
@@ -163,7 +167,10 @@ class DiffusionLM(nn.Module):
         cache: StaticKVCache | None = None,
         *,
         attention_mask: torch.Tensor | None = None,
+        live_lens: torch.Tensor | None = None,
         logits_start: int = 0,
+        logits_at: torch.Tensor | None = None,
+        rope: tuple | None = None,
         return_kv: bool = False,
         attn_hook=None,
     ) -> DecoderOutput:
@@ -177,8 +184,20 @@ class DiffusionLM(nn.Module):
                 its ``seg_slots`` must have B rows. None = attention over live tokens only.
             attention_mask: only without a cache. ``[B, L]`` bool (True = key is valid, e.g.
                 padding of a ragged batch) or ``[B, L, L]`` bool (query x key allowed).
+            live_lens: ``[B]`` int32/int64, real live tokens per row of a ragged batch padded to L
+                (each in ``0..L``; None = all L). Row b's tokens past ``live_lens[b]`` are padding:
+                no query sees them as keys, and their own outputs are meaningless. With a cache it
+                goes to ``split_s_attention``'s ``live_lens``; without one it becomes a key mask
+                (then no ``attention_mask`` may be given). Its values are checked on every call
+                unless inside :func:`triton_kernels.skip_value_checks` (one host sync on CUDA).
             logits_start: first live position whose logits are returned; earlier ones skip
                 the LM head (saves the ``V``-wide matmul for a long prompt).
+            logits_at: ``[B, K]`` int64 live columns whose logits are returned, per row (a ragged
+                batch whose response sits at other columns in each row); overrides ``logits_start``,
+                which must then stay 0.
+            rope: precomputed ``(cos, sin)`` float32 ``[B, L, D]`` of ``position_ids``
+                (``self.rope.cos_sin(position_ids)``, computed once per generation by a decode
+                policy); None = computed here.
             return_kv: also return every layer's live K (RoPE applied) and V.
             attn_hook: optional ``fn(layer_idx, q, k, v)`` called in every layer with the live
                 q ``[B, L, Hq, D]``, k/v ``[B, L, Hkv, D]`` (used by chunk scoring).
@@ -186,10 +205,12 @@ class DiffusionLM(nn.Module):
         Returns:
             :class:`DecoderOutput`. For shifted (Dream) models the logits of token i are the
             head output at position i-1; token 0 uses its own position (Dream's convention).
+            With ``logits_at`` the logits are ``[B, K, V]``, entry ``[b, j]`` for column ``logits_at[b, j]``.
 
         Raises:
-            ValueError: shape mismatches, a mask together with a cache, or a cache with the
-                wrong number of layers / batch rows.
+            ValueError: shape mismatches, a mask together with a cache or with ``live_lens``, a
+                cache with the wrong number of layers / batch rows, ``live_lens`` out of range,
+                ``logits_at`` together with ``logits_start``, rope tables of the wrong shape.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
@@ -200,6 +221,20 @@ class DiffusionLM(nn.Module):
             raise ValueError(f"position_ids {tuple(position_ids.shape)} does not match input_ids {(b, n)}")
         if not 0 <= logits_start <= n:
             raise ValueError(f"logits_start {logits_start} outside [0, {n}]")
+        if logits_at is not None:
+            if logits_start:
+                raise ValueError("pass logits_at or logits_start, not both")
+            if logits_at.dim() != 2 or logits_at.shape[0] != b:
+                raise ValueError(f"logits_at must be [B={b}, K], got shape {tuple(logits_at.shape)}")
+        if live_lens is not None:
+            if live_lens.shape != (b,) or live_lens.dtype not in (torch.int32, torch.int64):
+                raise ValueError(
+                    f"live_lens must be a [B={b}] int32/int64 tensor, got {live_lens.dtype} {tuple(live_lens.shape)}"
+                )
+            if attention_mask is not None:
+                raise ValueError("live_lens cannot be combined with attention_mask")
+            if check_values_enabled() and live_lens.numel() and bool(((live_lens < 0) | (live_lens > n)).any()):
+                raise ValueError(f"live_lens must be in [0, L={n}], got {live_lens.tolist()}")
         mask = None
         if cache is not None:
             if attention_mask is not None:
@@ -209,6 +244,8 @@ class DiffusionLM(nn.Module):
                     f"cache has {cache.num_layers} layers x {cache.batch_size} rows; "
                     f"model has {len(self.layers)} layers, batch is {b}"
                 )
+        elif live_lens is not None:
+            mask = (torch.arange(n, device=input_ids.device)[None, :] < live_lens[:, None])[:, None, None, :]
         elif attention_mask is not None:
             if attention_mask.dtype != torch.bool:
                 raise ValueError(f"attention_mask must be bool, got {attention_mask.dtype}")
@@ -220,19 +257,29 @@ class DiffusionLM(nn.Module):
                 raise ValueError(f"attention_mask must be [B, L] or [B, L, L], got {tuple(attention_mask.shape)}")
 
         cfg = self.config
-        cos, sin = self.rope.cos_sin(position_ids)  # [B, L, D] fp32, YaRN's attention factor included
+        if rope is None:
+            cos, sin = self.rope.cos_sin(position_ids)  # [B, L, D] fp32, YaRN's attention factor included
+        else:
+            cos, sin = rope
+            if tuple(cos.shape) != (b, n, cfg.head_dim) or tuple(sin.shape) != (b, n, cfg.head_dim):
+                raise ValueError(f"rope tables must be [B, L, D] = {(b, n, cfg.head_dim)}, got {tuple(cos.shape)}")
         x = self.embed_tokens(input_ids)
         ks, vs = [], []
+        cache_lens = live_lens if cache is not None else None
         # the cache's segment table was range-checked when it was built: skip the per-call host sync
         with triton_kernels.skip_value_checks():
             for i, layer in enumerate(self.layers):
                 cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
-                x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i)
+                x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i, cache_lens)
                 if return_kv:
                     ks.append(k)
                     vs.append(v)
         logits = None
-        if logits_start < n:
+        if logits_at is not None:
+            src = (logits_at - 1).clamp_min(0) if cfg.shift_logits else logits_at  # [B, K]
+            h = x.gather(1, src[..., None].expand(-1, -1, x.shape[-1]))
+            logits = self.lm_head(self.norm(h))
+        elif logits_start < n:
             if cfg.shift_logits:
                 src = torch.arange(logits_start - 1, n - 1, device=x.device).clamp_min(0)
                 h = x.index_select(1, src)

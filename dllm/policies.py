@@ -15,9 +15,11 @@ policy             live block                      static cache
 
 The protocol (:class:`DecodePolicy`) is what :func:`dllm.denoise.denoise` calls. A step's inputs
 live in a :class:`LiveBlock` allocated once per generation: the response is copied into the same
-buffer every step and the positions never change, so a step is one model forward over fixed
-addresses (what a captured CUDA graph replays; :meth:`LiveBlockPolicy.logits` is the one call
-such a graph would capture).
+buffer every step and the positions (and their RoPE tables) never change, so a step is one model
+forward over fixed addresses, :func:`live_block_logits`. The prefilling policy, whose cache is fixed
+for the whole generation, can replay that forward from a CUDA graph (:mod:`dllm.step_graph`; on by
+default where supported). A batch of requests of different lengths is one live block padded to the
+longest row (``live_lens``), each row with its response at its own columns.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from typing import Protocol
 
 import torch
 
+import triton_kernels
 from dllm.kv_cache import StaticKVCache
+from dllm.step_graph import GraphedStep
 from dllm.timer import PhaseTimer
 
 
@@ -52,28 +56,101 @@ class DecodePolicy(Protocol):
 class LiveBlock:
     """The tokens a step recomputes, in buffers allocated once per generation.
 
+    Row b of the block is ``head_b`` (fixed live tokens: the prompt, its tail or the query), then
+    the L_d response slots, then padding up to the longest row. Rows of one length (a plain batch)
+    have no padding; rows of different lengths (a ragged batch of requests) are padded on the right
+    and ``live_lens`` tells the model where each row ends.
+
     Args:
-        head: ``[B, H]`` int64 fixed live tokens before the response (the prompt, its tail or the query).
-        start: RoPE position of the first head token.
+        head: ``[B, H]`` int64 (every row H fixed tokens), or a list of B 1-D int64 tensors
+            (ragged rows; same device).
+        start: RoPE position of each row's first head token: an int for all rows, or a list of B ints.
         gen_length: response tokens L_d.
+        pad_id: token id written into padding slots (never attended to, never read).
 
     Attributes:
-        ids: ``[B, H + L_d]`` int64: the head, then the response slots (rewritten by :meth:`write`).
-        positions: ``[H + L_d]`` int64 RoPE positions, constant over the generation.
-        head_len: H; the model's ``logits_start`` (only response positions reach the LM head).
+        ids: ``[B, M]`` int64, ``M = max_b H_b + L_d``: head, response slots (rewritten by
+            :meth:`write`), padding.
+        positions: ``[B, M]`` int64 RoPE positions (``start_b + column``), constant over the generation.
+        resp_cols: ``[B, L_d]`` int64, the column of response token j in row b (``H_b + j``); the
+            model's ``logits_at`` for ragged rows (rows of one length pass ``logits_start = H``).
+        live_lens: ``[B]`` int32 real tokens per row (``H_b + L_d``), or None when no row is padded.
+        head_lens: the B head lengths H_b.
+        cos, sin: ``[B, M, D]`` float32 RoPE tables of ``positions``, once :meth:`precompute_rope`
+            ran (the decode policies do it), else None.
+
+    Raises:
+        ValueError: no row, an empty head list, heads on different devices, or a ``start`` list of
+            another length than the heads.
     """
 
-    def __init__(self, head: torch.Tensor, start: int, gen_length: int):
-        b, h = head.shape
-        self.ids = torch.empty(b, h + gen_length, dtype=torch.long, device=head.device)
-        self.ids[:, :h] = head
-        self.positions = torch.arange(start, start + h + gen_length, device=head.device)
-        self.head_len = h
+    def __init__(self, head, start, gen_length: int, *, pad_id: int = 0):
+        heads = list(head) if not torch.is_tensor(head) else list(head.unbind(0))
+        if not heads:
+            raise ValueError("a live block needs at least one row")
+        starts = [int(start)] * len(heads) if isinstance(start, int) else [int(s) for s in start]
+        if len(starts) != len(heads):
+            raise ValueError(f"{len(heads)} rows but {len(starts)} start positions")
+        dev = heads[0].device
+        if any(h.device != dev for h in heads):
+            raise ValueError("every head of a live block must be on one device")
+        self.head_lens = [int(h.numel()) for h in heads]
+        b, m = len(heads), max(self.head_lens) + gen_length
+        self.ids = torch.full((b, m), int(pad_id), dtype=torch.long, device=dev)
+        for row, h in enumerate(heads):
+            self.ids[row, : h.numel()] = h
+        cols = torch.arange(m, device=dev)
+        self.positions = torch.tensor(starts, device=dev)[:, None] + cols[None, :]
+        lens = torch.tensor(self.head_lens, device=dev)
+        self.resp_cols = lens[:, None] + torch.arange(gen_length, device=dev)[None, :]
+        ragged = any(n != self.head_lens[0] for n in self.head_lens)
+        self.live_lens = (lens + gen_length).to(torch.int32) if ragged else None
+        self.cos = self.sin = None
+        # uniform rows write the response with one slice copy, ragged rows with a scatter
+        self._resp_slice = None if ragged else slice(self.head_lens[0], self.head_lens[0] + gen_length)
+
+    @property
+    def batch_size(self) -> int:
+        return self.ids.shape[0]
+
+    def precompute_rope(self, rope) -> None:
+        """Build ``cos``/``sin`` for ``positions`` once (``rope``: the model's
+        :class:`~dllm.rope.RotaryEmbedding`), so that no step recomputes them."""
+        self.cos, self.sin = rope.cos_sin(self.positions)
 
     def write(self, resp: torch.Tensor) -> torch.Tensor:
         """Copy ``resp [B, L_d]`` into the response slots (same storage every step); returns ``ids``."""
-        self.ids[:, self.head_len :].copy_(resp)
+        if self._resp_slice is not None:
+            self.ids[:, self._resp_slice].copy_(resp)
+        else:
+            self.ids.scatter_(1, self.resp_cols, resp)
         return self.ids
+
+
+def live_block_logits(model, live: LiveBlock, cache: StaticKVCache | None) -> torch.Tensor:
+    """The pure step: one forward over the live block's static buffers; what a CUDA graph captures.
+
+    Reads only fixed addresses (``live.ids`` after :meth:`LiveBlock.write`, the positions, the
+    precomputed RoPE tables, for ragged rows ``live_lens`` and ``resp_cols``, and the cache's pools and segment
+    table) and makes no host-device synchronisation (the cache's and the live block's tables were
+    range-checked when they were built, so the kernels' per-call value checks are skipped).
+
+    Args:
+        model: the dLLM.
+        live: the live block (``precompute_rope`` done).
+        cache: the static KV it attends to, or None.
+
+    Returns:
+        ``[B, L_d, V]`` response logits in the model dtype.
+    """
+    kw = {} if live.cos is None else {"rope": (live.cos, live.sin)}
+    if live.live_lens is None:  # rows of one length: the response starts at one column
+        kw["logits_start"] = live.head_lens[0]
+    else:
+        kw.update(live_lens=live.live_lens, logits_at=live.resp_cols)
+    with triton_kernels.skip_value_checks():
+        out = model(live.ids, live.positions, cache, **kw)
+    return out.logits
 
 
 class LiveBlockPolicy:
@@ -81,25 +158,38 @@ class LiveBlockPolicy:
 
     Args:
         model: the dLLM.
-        live: the step's live block.
+        live: the step's live block (its RoPE tables are computed here, once).
         cache: static KV the live block attends to (None = none, or built later by ``prepare``).
         nfe: forwards already spent (e.g. building the cache).
+        cuda_graph: capture the step's forward in a CUDA graph and replay it
+            (:class:`dllm.step_graph.GraphedStep`); only for a cache fixed for the whole
+            generation, and only where :func:`dllm.step_graph.cuda_graph_support` says so.
+            ``"auto"``: the same, but a failed capture warns and falls back to eager steps.
     """
 
-    def __init__(self, model, live: LiveBlock, cache: StaticKVCache | None = None, nfe: int = 0):
+    def __init__(self, model, live: LiveBlock, cache: StaticKVCache | None = None, nfe: int = 0, *, cuda_graph=False):
         self.model, self.live, self.cache, self.nfe = model, live, cache, nfe
+        if getattr(model, "rope", None) is not None:  # (a stand-in model without RoPE tables computes its own)
+            live.precompute_rope(model.rope)
+        self.graph = GraphedStep(self._forward, fallback=cuda_graph == "auto") if cuda_graph else None
 
     @property
     def batch_size(self) -> int:
-        return self.live.ids.shape[0]
+        return self.live.batch_size
 
     def prepare(self, resp: torch.Tensor, block: slice, step: int) -> None:
         pass
 
+    def _forward(self) -> torch.Tensor:
+        return live_block_logits(self.model, self.live, self.cache)
+
     def logits(self, resp: torch.Tensor) -> torch.Tensor:
-        out = self.model(self.live.write(resp), self.live.positions, self.cache, logits_start=self.live.head_len)
+        """``[B, L_d, V]`` response logits for ``resp``. Under a CUDA graph the tensor is the graph's
+        output buffer, overwritten by the next step: clone it to keep it."""
+        self.live.write(resp)
+        out = self.graph() if self.graph is not None else self._forward()
         self.nfe += 1
-        return out.logits
+        return out
 
 
 class DensePolicy(LiveBlockPolicy):
@@ -170,13 +260,16 @@ class PrefillingPolicy(LiveBlockPolicy):
 
     Args:
         model: the dLLM.
-        query: ``[B, L_q]`` int64 query token ids.
-        query_start: RoPE position of the first query token.
+        query: ``[B, L_q]`` int64 query token ids, or a list of B 1-D query tensors (a ragged batch:
+            padded to the longest, see :class:`LiveBlock`).
+        query_start: RoPE position of the first query token: an int, or one per row.
         cache: the static segments (prefix, kept chunks), one row per batch row.
         gen_length: L_d.
         nfe: forwards already spent building the cache (prefill, draft, scoring).
+        cuda_graph: replay the step's forward from a CUDA graph (see :class:`LiveBlockPolicy`).
     """
 
-    def __init__(self, model, query: torch.Tensor, query_start: int, cache: StaticKVCache, gen_length: int, nfe: int):
-        super().__init__(model, LiveBlock(query, query_start, gen_length), cache, nfe)
+    def __init__(self, model, query, query_start, cache: StaticKVCache, gen_length: int, nfe: int, *, cuda_graph=False):
+        live = LiveBlock(query, query_start, gen_length, pad_id=model.mask_token_id)
+        super().__init__(model, live, cache, nfe, cuda_graph=cuda_graph)
         self.query_start = query_start

@@ -4,8 +4,7 @@ RoPE (Su et al., RoFormer) rotates each pair of channels ``(i, i + D/2)`` of q a
 k by the angle ``position * inv_freq[i]`` (the "rotate half" layout used by
 Qwen2/Dream, Llama and LLaDA). Attention logits then depend only on the
 relative position, so a chunk encoded alone at local positions can be moved to
-any position by one more rotation: ``R(p + delta) = R(delta) R(p)``
-(DESIGN section 4, "Positions").
+any position by one more rotation: ``R(p + delta) = R(delta) R(p)``.
 
 Frequencies. The plain variant uses ``inv_freq[i] = theta^(-2i/D)``. The static
 scaling variants of a checkpoint's ``rope_scaling`` (``linear`` position

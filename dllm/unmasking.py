@@ -1,6 +1,6 @@
 """Unmasking rules: which masked positions a denoising step fills, and with which tokens.
 
-Rules (DESIGN section 5; algorithms as described by their projects, code our own):
+Rules (algorithms as described by their projects, code our own):
 
 Dream (``Dream-org/Dream`` ``diffusion_generate``), linear schedule ``t_i = linspace(1, eps, steps+1)``:
   - ``origin``: every masked position is revealed independently with probability

@@ -47,6 +47,12 @@ def run_cli(capsys, *argv):
     return rc, out, err
 
 
+def test_no_cuda_graph_gives_the_same_answer(files, capsys):
+    cmd = "generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 256 --gen-length 8"
+    outs = [run_cli(capsys, *shlex.split(cmd + extra))[:2] for extra in ("", " --no-cuda-graph")]
+    assert outs[0] == outs[1] and outs[0][0] == 0
+
+
 @pytest.mark.parametrize("method", ["dense", "prefix_cache", "prefilling"])
 def test_generate_prints_answer_and_stats(files, method, capsys):
     extra = " --chunk-size 256 --top-k 2" if method == "prefilling" else ""
@@ -108,6 +114,10 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "token_budget",
     ),
     "prefilling option with dense": ("eval passkey --top-k 2", "--top-k: option(s) of --method prefilling"),
+    "graph option with dense": (
+        "generate --prompt-file prompt.txt --context-file doc.txt --no-cuda-graph",
+        "--no-cuda-graph: option(s) of --method prefilling",
+    ),
     "top-k word": ("eval passkey --method prefilling --top-k most", "integer >= 1, got 'most'"),
     "gen length 0": ("eval passkey --gen-length 0", "integer >= 1"),
     "negative temperature": ("eval passkey --temperature -1", "number >= 0"),

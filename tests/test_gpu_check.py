@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
-STAGES = ("tests", "e2e", "e2e_dream", "bench")
+STAGES = ("tests", "e2e", "e2e_dream", "cuda_graph", "bench")
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash")
 
@@ -42,6 +42,7 @@ def test_dry_run_passes_every_stage(tmp_path):
     dream = list(csv.DictReader(open(out / "e2e_dream_shape.csv")))
     assert len(dream) == 9 and {r["shape"] for r in dream} == {"cpu"} and {r["status"] for r in dream} == {"ok"}
     assert list(csv.DictReader(open(out / "bench_kernels_cpu.csv")))
+    assert "Skipped: dry run" in (out / "cuda_graph.md").read_text()  # no CUDA graph to capture in a dry run
     # the one summary table at the end carries the Dream-shaped table
     assert "End to end at the small CPU (dry run) shape" in summary
     assert summary.count("| prefilling | ok |") == 3

@@ -26,6 +26,8 @@ class ChunkCache:
         lens: ``[N]`` int32, cached tokens per chunk (BOS + context tokens).
         starts: offset of each chunk's first context token in the context.
         ids: ``[N, C+1]`` int64 the encoded tokens (BOS, chunk, padding).
+        pool, pool_offset: the cache these chunks are a slice of (rows ``pool_offset ..
+            pool_offset + N - 1``), or None: see :attr:`root`.
     """
 
     k: list
@@ -33,6 +35,28 @@ class ChunkCache:
     lens: torch.Tensor
     starts: list
     ids: torch.Tensor
+    pool: ChunkCache | None = None
+    pool_offset: int = 0
+
+    @property
+    def root(self) -> tuple[ChunkCache, int]:
+        """``(pool, offset)``: the cache these chunks are rows of and where they start in it (itself
+        and 0 unless it is a slice of a batch's encoding: :func:`encode_chunks_rows`). Chunk scoring
+        batches the rows of one pool in one forward without copying their K/V."""
+        return (self, 0) if self.pool is None else (self.pool, self.pool_offset)
+
+    def rows(self, lo: int, n: int) -> ChunkCache:
+        """Chunks ``lo .. lo+n-1`` as a view (no copy) that remembers this cache as its pool."""
+        base, off = self.root
+        return ChunkCache(
+            [k[lo : lo + n] for k in self.k],
+            [v[lo : lo + n] for v in self.v],
+            self.lens[lo : lo + n],
+            self.starts[lo : lo + n],
+            self.ids[lo : lo + n],
+            base,
+            off + lo,
+        )
 
     @property
     def num_chunks(self) -> int:
@@ -100,29 +124,86 @@ def encode_chunks(
     Raises:
         ValueError: empty context, chunk_size < 1.
     """
-    spans = cut_chunks(context.numel(), chunk_size)
-    n, t = len(spans), min(chunk_size, context.numel()) + 1
-    dev = context.device
-    ids = torch.full((n, t), pad_id, dtype=torch.long, device=dev)
-    ids[:, 0] = bos_id
-    for i, (s, c) in enumerate(spans):
-        ids[i, 1 : 1 + c] = context[s : s + c]
-    lens = torch.tensor([c + 1 for _, c in spans], dtype=torch.int32, device=dev)
-    valid = torch.arange(t, device=dev)[None, :] < lens[:, None]  # [N, T]
-    pos = torch.arange(t, device=dev)
-    step = batch or n
-    ks, vs, nfe = None, None, 0
-    for lo in tqdm(range(0, n, step), desc="chunked prefill", unit="batch", disable=not progress, leave=False):
-        hi = min(n, lo + step)
-        mask = None if bool(valid[lo:hi].all()) else valid[lo:hi]
-        out = model(ids[lo:hi], pos, attention_mask=mask, logits_start=t, return_kv=True)
-        nfe += 1
-        if ks is None:
-            ks, vs = [[k] for k in out.k], [[v] for v in out.v]
-        else:
-            for layer, (k, v) in enumerate(zip(out.k, out.v)):
-                ks[layer].append(k)
-                vs[layer].append(v)
-    k = [torch.cat(parts) for parts in ks]
-    v = [torch.cat(parts) for parts in vs]
-    return ChunkCache(k, v, lens, [s for s, _ in spans], ids), nfe
+    caches, nfe, _per_row = encode_chunks_rows(
+        model, [context], chunk_size, bos_id=bos_id, pad_id=pad_id, batch=batch, progress=progress
+    )
+    return caches[0], nfe
+
+
+def encode_chunks_rows(
+    model,
+    contexts: list,
+    chunk_size: int,
+    *,
+    bos_id: int,
+    pad_id: int,
+    batch: int | None = None,
+    progress: bool = False,
+) -> tuple[list, list]:
+    """Chunked prefill of several contexts at once: their chunks stacked along N in shared forwards.
+
+    Contexts whose chunks have the same padded length ``T = min(C, L_ctx) + 1`` (every context of
+    at least C tokens) are encoded together, ``batch`` chunks per forward; each row's
+    :class:`ChunkCache` is then a view of the group's encoding (:meth:`ChunkCache.rows`). A chunk's
+    K/V are those it gets encoded alone (attention is within the chunk; grouping by T keeps the
+    padding, and so the attention arithmetic, of a row's own run).
+
+    Args:
+        model: the dLLM.
+        contexts: B ``[L_ctx_b]`` int64 token id tensors on the model's device.
+        chunk_size, bos_id, pad_id, batch, progress: as :func:`encode_chunks` (``batch`` counts
+            chunks of all rows).
+
+    Returns:
+        (B chunk caches, the number of model forwards, B forward counts: the forwards each row's
+        chunks took part in; a forward shared by rows counts for each).
+
+    Raises:
+        ValueError: an empty context, chunk_size < 1.
+    """
+    spans = [cut_chunks(c.numel(), chunk_size) for c in contexts]
+    groups: dict[int, list[int]] = {}
+    for row, c in enumerate(contexts):
+        groups.setdefault(min(chunk_size, c.numel()) + 1, []).append(row)
+    caches, per_row, nfe = [None] * len(contexts), [0] * len(contexts), 0
+    for t, rows in groups.items():
+        offsets, n = [], 0
+        for row in rows:
+            offsets.append(n)
+            n += len(spans[row])
+        dev = contexts[rows[0]].device
+        ids = torch.full((n, t), pad_id, dtype=torch.long, device=dev)
+        ids[:, 0] = bos_id
+        lens_l, starts = [], []
+        i = 0
+        for row in rows:
+            for s, c in spans[row]:
+                ids[i, 1 : 1 + c] = contexts[row][s : s + c]
+                lens_l.append(c + 1)
+                starts.append(s)
+                i += 1
+        lens = torch.tensor(lens_l, dtype=torch.int32, device=dev)
+        valid = torch.arange(t, device=dev)[None, :] < lens[:, None]  # [N, T]
+        pos = torch.arange(t, device=dev)
+        step = batch or n
+        ks, vs = None, None
+        for lo in tqdm(range(0, n, step), desc="chunked prefill", unit="batch", disable=not progress, leave=False):
+            hi = min(n, lo + step)
+            mask = None if bool(valid[lo:hi].all()) else valid[lo:hi]
+            out = model(ids[lo:hi], pos, attention_mask=mask, logits_start=t, return_kv=True)
+            nfe += 1
+            for row, off in zip(rows, offsets):
+                if off < hi and lo < off + len(spans[row]):
+                    per_row[row] += 1
+            if ks is None:
+                ks, vs = [[k] for k in out.k], [[v] for v in out.v]
+            else:
+                for layer, (k, v) in enumerate(zip(out.k, out.v)):
+                    ks[layer].append(k)
+                    vs[layer].append(v)
+        k = [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in ks]
+        v = [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in vs]
+        whole = ChunkCache(k, v, lens, starts, ids)
+        for row, off in zip(rows, offsets):
+            caches[row] = whole if len(rows) == 1 else whole.rows(off, len(spans[row]))
+    return caches, nfe, per_row

@@ -15,7 +15,14 @@ The policy (:class:`dllm.policies.PrefillingPolicy`) then recomputes only the li
 itself through ``triton_kernels.split_s_attention`` (split-S partials + LSE merge).
 
 Each step returns a typed result that holds one batch row; the static cache is packed with
-:meth:`StaticKVCache.from_rows`, which already takes one list of segments per row.
+:meth:`StaticKVCache.from_rows`, which takes one list of segments per row.
+
+Batched requests (``prompt=[PromptParts, ...]``): the steps run once for all rows. The chunked
+prefill stacks the rows' chunks along N (:func:`~dllm.prefilling.chunks.encode_chunks_rows`),
+identical prefixes and drafts are encoded once, chunk scoring stacks every row's chunks with that
+row's scoring tokens (:func:`~dllm.prefilling.scoring.score_chunks_rows`), and each row keeps its
+own chunks in the segment table; the denoising loop then runs once over live blocks padded to the
+longest row (``live_lens``). Each row's tokens equal its own run (greedy decoding).
 """
 
 from __future__ import annotations
@@ -28,12 +35,12 @@ import triton_kernels
 from dllm.devices import same_device
 from dllm.kv_cache import Segment, StaticKVCache
 from dllm.policies import PrefillingPolicy
-from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, encode_segment, pad_token_id
+from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks_rows, encode_segment, pad_token_id
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
-from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
+from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
 
 
 @dataclass
@@ -46,7 +53,7 @@ class Prefill:
         anchor_token_id: the BOS anchor before every chunk, and ``anchor_source``: where it came
             from (:func:`~dllm.prefilling.config.resolve_anchor_token_id`).
         from_document: the chunks came from a :class:`DocumentCache` (none encoded here).
-        nfe: model forwards spent.
+        nfe: model forwards spent (in a batch: the shared forwards this row's chunks and prefix took part in).
     """
 
     chunks: ChunkCache
@@ -65,7 +72,7 @@ class Selection:
         kept: kept chunk indices, ascending.
         scores: every chunk's scores (None when nothing had to be scored: K = N and no token budget).
         pseudo_labels: the confirmed draft tokens the chunks were scored against, or None.
-        nfe: model forwards spent (draft + scoring passes).
+        nfe: model forwards spent (draft + scoring passes; in a batch: one draft and the batch's scoring passes).
     """
 
     kept: list[int]
@@ -90,25 +97,21 @@ class RowCache:
 
 
 @dataclass
-class PrefillingSetup:
-    """Everything :func:`build_prefilling_policy` did, and the policy it built.
+class RowSetup:
+    """What the three steps made of one request (one batch row).
 
     Attributes:
         parts: the checked prompt parts.
-        prefill, selection, row: the results of the three steps.
-        cache: the packed static cache the policy decodes over.
-        policy: the decode policy (its ``nfe`` starts at the forwards spent here).
+        prefill, selection, row: the results of the three steps for this row.
     """
 
     parts: PromptParts
     prefill: Prefill
     selection: Selection
     row: RowCache
-    cache: StaticKVCache
-    policy: PrefillingPolicy
 
-    def stats(self) -> dict:
-        """``stats.extra`` of the generation: ``num_chunks``, ``anchor_token_id`` and ``anchor_source``,
+    def stats(self, cached_tokens: int) -> dict:
+        """This row's ``stats.extra``: ``num_chunks``, ``anchor_token_id`` and ``anchor_source``,
         ``pseudo_labels``, ``selected_chunks``, the kept chunks' ``chunk_scores`` and the score terms
         that were computed (``s_I``, ``s_P``, ``s_C``), ``all_chunk_scores``, ``cached_tokens``,
         ``document`` (answered from a document)."""
@@ -128,10 +131,56 @@ class PrefillingSetup:
                 if term is not None:
                     extra[name] = [round(float(term[j]), 4) for j in sel.kept]
             extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
-        extra["cached_tokens"] = int(self.cache.tokens_per_row()[0])
-        if self.prefill.from_document:
+        extra["cached_tokens"] = cached_tokens
+        if pre.from_document:
             extra["document"] = True
         return extra
+
+
+@dataclass
+class PrefillingSetup:
+    """Everything :func:`build_prefilling_policy` did, and the policy it built.
+
+    Attributes:
+        rows: one :class:`RowSetup` per request (one for a single prompt).
+        cache: the packed static cache the policy decodes over (one segment-table row per request).
+        policy: the decode policy (its ``nfe`` starts at the forwards spent here).
+        batched: the prompt was a list of requests (``stats()`` then reports per row).
+    """
+
+    rows: list
+    cache: StaticKVCache
+    policy: PrefillingPolicy
+    batched: bool = False
+
+    # the single-request view (the first row)
+    @property
+    def parts(self) -> PromptParts:
+        return self.rows[0].parts
+
+    @property
+    def prefill(self) -> Prefill:
+        return self.rows[0].prefill
+
+    @property
+    def selection(self) -> Selection:
+        return self.rows[0].selection
+
+    @property
+    def row(self) -> RowCache:
+        return self.rows[0].row
+
+    def row_stats(self) -> list:
+        """Each row's ``stats.extra`` (:meth:`RowSetup.stats`)."""
+        cached = self.cache.tokens_per_row().tolist()
+        return [r.stats(int(n)) for r, n in zip(self.rows, cached)]
+
+    def stats(self) -> dict:
+        """``stats.extra`` of the generation: a single request's :meth:`RowSetup.stats`; for a batch,
+        ``batch_size`` (the rows' own stats are :meth:`row_stats`)."""
+        if self.batched:
+            return {"batch_size": len(self.rows)}
+        return self.row_stats()[0]
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -214,27 +263,60 @@ def prefill(
     The prefix is encoded alone at positions ``0..P-1`` in independent mode; joint mode encodes it
     later together with the kept chunks (:func:`build_cache`).
     """
-    nfe = 0
+    rows, _nfe = prefill_rows(model, [parts], cfg, documents=[document], progress=progress)
+    return rows[0]
+
+
+def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, progress=False):
+    """:func:`prefill` for B requests at once.
+
+    The rows without a document have their chunks encoded in shared forwards (stacked along N,
+    :func:`~dllm.prefilling.chunks.encode_chunks_rows`); rows with the same prefix share its segment.
+
+    Args:
+        model: the dLLM.
+        parts: B checked :class:`PromptParts`.
+        cfg: the configuration.
+        documents: B :class:`DocumentCache` or None (the row's context is in its parts).
+        progress: tqdm bar over the chunk batches.
+
+    Returns:
+        (B :class:`Prefill`, the number of model forwards run).
+    """
     bos, source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
-    if document is not None:
-        chunks = document.chunks
-    else:
-        chunks, nfe = encode_chunks(
+    fresh = [b for b, doc in enumerate(documents) if doc is None]
+    chunks, nfe_row = [None] * len(parts), [0] * len(parts)
+    nfe = 0
+    if fresh:
+        caches, nfe, counts = encode_chunks_rows(
             model,
-            parts.context,
+            [parts[b].context for b in fresh],
             cfg.chunk_size,
             bos_id=bos,
             pad_id=pad_token_id(model, bos),
             batch=cfg.prefill_batch,
             progress=progress,
         )
-    prefix = None
-    p = parts.prefix.numel()
-    if p and cfg.cache_mode == "independent":
-        k, v = encode_segment(model, parts.prefix, torch.arange(p, device=model.device))
-        prefix = Segment(k, v, p)
-        nfe += 1
-    return Prefill(chunks, prefix, bos, source, document is not None, nfe)
+        for b, cache, count in zip(fresh, caches, counts):
+            chunks[b], nfe_row[b] = cache, count
+    for b, doc in enumerate(documents):
+        if doc is not None:
+            chunks[b] = doc.chunks
+    prefixes: dict[tuple, Segment] = {}  # prefix token ids -> its segment (encoded once)
+    out = []
+    for b, pp in enumerate(parts):
+        prefix = None
+        p = pp.prefix.numel()
+        if p and cfg.cache_mode == "independent":
+            key = tuple(pp.prefix.tolist())
+            if key not in prefixes:
+                k, v = encode_segment(model, pp.prefix, torch.arange(p, device=model.device))
+                prefixes[key] = Segment(k, v, p)
+                nfe += 1
+            prefix = prefixes[key]
+            nfe_row[b] += 1
+        out.append(Prefill(chunks[b], prefix, bos, source, documents[b] is not None, nfe_row[b]))
+    return out, nfe
 
 
 # --- step 2: score and select ---------------------------------------------------------------------
@@ -243,27 +325,48 @@ def prefill(
 def score_and_select(model, parts: PromptParts, chunks: ChunkCache, cfg: PrefillingConfig) -> Selection:
     """Keep the top-K chunks by predictive score; scores are also computed when a token budget
     needs the per-token attention mass (independent mode)."""
-    n = chunks.num_chunks
-    k = n if cfg.top_k is None else cfg.top_k
-    need_select = k < n
+    rows, _nfe = score_and_select_rows(model, [parts], [chunks], cfg)
+    return rows[0]
+
+
+def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfig):
+    """:func:`score_and_select` for B requests: one draft per distinct ``prefix + query``, the
+    chunks of all rows scored in shared forwards (:func:`~dllm.prefilling.scoring.score_chunks_rows`).
+
+    Returns:
+        (B :class:`Selection`, the number of model forwards run).
+    """
     need_tokens = cfg.token_budget is not None and cfg.cache_mode == "independent"
-    if not (need_select or need_tokens):
-        return Selection(list(range(n)), None, None, 0)
-    labels, confirmed = draft_pseudo_labels(model, parts.prefix, parts.query, cfg.draft_tokens, cfg.draft_threshold)
-    window = parts.query if cfg.query_window is None else parts.query[-cfg.query_window :]
-    scores, nfe = score_chunks(
+    ks = [c.num_chunks if cfg.top_k is None else cfg.top_k for c in chunks]
+    scored = [b for b, c in enumerate(chunks) if ks[b] < c.num_chunks or need_tokens]
+    out = [Selection(list(range(c.num_chunks)), None, None, 0) for c in chunks]
+    if not scored:
+        return out, 0
+    drafts, nfe = draft_pseudo_labels_rows(
         model,
-        chunks,
-        window,
-        labels,
-        confirmed,
+        [parts[b].prefix for b in scored],
+        [parts[b].query for b in scored],
+        cfg.draft_tokens,
+        cfg.draft_threshold,
+    )
+    score_rows = []
+    for b, (labels, confirmed) in zip(scored, drafts):
+        window = parts[b].query if cfg.query_window is None else parts[b].query[-cfg.query_window :]
+        score_rows.append(ScoringRow(chunks[b], window, labels, confirmed))
+    scores, n_scoring = score_chunks_rows(
+        model,
+        score_rows,
         mode=cfg.score_mode,
         terms=cfg.score_terms,
         token_scores=need_tokens,
         batch=cfg.prefill_batch,
     )
-    kept = sorted(torch.topk(scores.total, k).indices.tolist()) if need_select else list(range(n))
-    return Selection(kept, scores, labels[confirmed].tolist(), nfe + 1)
+    nfe += n_scoring
+    for b, sc, (labels, confirmed) in zip(scored, scores, drafts):
+        n = chunks[b].num_chunks
+        kept = sorted(torch.topk(sc.total, ks[b]).indices.tolist()) if ks[b] < n else list(range(n))
+        out[b] = Selection(kept, sc, labels[confirmed].tolist(), n_scoring + 1)
+    return out, nfe
 
 
 # --- step 3: build the static cache ---------------------------------------------------------------
@@ -363,6 +466,23 @@ def build_cache(model, parts: PromptParts, pre: Prefill, sel: Selection, cfg: Pr
 # --- all steps ------------------------------------------------------------------------------------
 
 
+def _documents_per_row(document, n_rows: int, batched: bool) -> list:
+    """One document (or None) per row: a single document serves every row; a list gives one per row."""
+    if isinstance(document, (list, tuple)):
+        if not batched:
+            raise TypeError("document= is a list: pass prompt= as a list of PromptParts too (one per document)")
+        if len(document) != n_rows:
+            raise ValueError(f"document= holds {len(document)} entries for {n_rows} prompts; give one per prompt")
+        docs = list(document)
+    else:
+        docs = [document] * n_rows
+    for i, doc in enumerate(docs):
+        if doc is not None and not isinstance(doc, DocumentCache):
+            where = f"document[{i}]" if isinstance(document, (list, tuple)) else "document="
+            raise TypeError(f"{where} must be a DocumentCache, got {type(doc).__name__}")
+    return docs
+
+
 @torch.no_grad()
 def build_prefilling_policy(
     model,
@@ -372,36 +492,48 @@ def build_prefilling_policy(
     timer,
     *,
     gen_length: int,
-    document: DocumentCache | None = None,
+    document=None,
     progress: bool = False,
+    cuda_graph: bool | str = False,
 ) -> PrefillingSetup:
     """Prefill, score and select, build the static cache; return the setup with its decode policy.
 
     Args:
         model: the dLLM.
         input_ids: used only when ``prompt`` is None (fallback split, see :func:`parts_from_ids`).
-        prompt: :class:`PromptParts` (prefix, context, query token ids); ``context`` None with a document.
+        prompt: :class:`PromptParts` (prefix, context, query token ids; ``context`` None with a
+            document), or a list of them: a batch of requests decoded together (ragged lengths allowed).
         cfg: :class:`PrefillingConfig` (None = the checkpoint's ``prefilling_config.json``, else the
             paper's defaults: :meth:`PrefillingConfig.from_pretrained`; with a document, its chunk size).
+            One configuration serves every row.
         timer: the generation's :class:`~dllm.timer.PhaseTimer` (phases ``prefill`` and ``scoring``;
             ``scoring`` also holds building the cache).
         gen_length: response length L_d.
-        document: a :class:`DocumentCache` holding the context's chunks (nothing re-encoded).
+        document: a :class:`DocumentCache` holding the context's chunks (nothing re-encoded); with a
+            list of prompts, one document for every row or a list with one document (or None: the
+            row brings its own context) per row.
         progress: tqdm bar over the chunked prefill.
+        cuda_graph: the policy replays its step's forward from a CUDA graph (``"auto"``: falling back
+            to eager steps if the capture fails; see :class:`dllm.policies.LiveBlockPolicy`).
 
     Returns:
-        :class:`PrefillingSetup` (``.policy`` for the loop, ``.stats()`` for ``stats.extra``).
+        :class:`PrefillingSetup` (``.policy`` for the loop, ``.stats()`` / ``.row_stats()``).
 
     Raises:
-        TypeError: bad types (config, prompt parts).
+        TypeError: bad types (config, prompt parts, documents).
         ValueError: bad prompt parts (empty context or query, mask id, device), ``top_k`` larger
             than the number of chunks, a context together with a document, a document encoded for
-            another model, dtype, chunk size or anchor.
+            another model, dtype, chunk size or anchor, an empty prompt list, a document list of
+            another length. In a batch the message names the row (``prompt[i]``).
     """
-    if document is not None and not isinstance(document, DocumentCache):
-        raise TypeError(f"document= must be a DocumentCache, got {type(document).__name__}")
+    batched = isinstance(prompt, (list, tuple))
+    if batched and not prompt:
+        raise ValueError("prompt= is an empty list: pass at least one PromptParts")
+    n_rows = len(prompt) if batched else 1
+    docs = _documents_per_row(document, n_rows, batched)
     if cfg is None:
-        chunk_size = None if document is None else document.chunk_size
+        first = next((d for d in docs if d is not None), None)
+        chunk_size = None if first is None else first.chunk_size
         cfg = PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
     if not isinstance(cfg, PrefillingConfig):
         raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
@@ -409,23 +541,37 @@ def build_prefilling_policy(
     if prompt is None:
         if input_ids is None:
             raise ValueError("method='prefilling' needs prompt=PromptParts(...) or input_ids")
-        if document is not None:
+        if docs[0] is not None:
             raise ValueError("with document= pass prompt=PromptParts(prefix, None, query)")
         prompt = parts_from_ids(model, input_ids, cfg, bos)
-    parts = check_parts(model, prompt, document)
-    if document is not None:
-        document.check_model(model)
-        document.check_config(cfg, bos)
-        check_top_k(cfg, document.num_chunks, len(document))
-    else:
-        check_top_k(cfg, len(cut_chunks(parts.context.numel(), cfg.chunk_size)), parts.context.numel())
+    prompts = list(prompt) if batched else [prompt]
+    parts = []
+    for i, (pp, doc) in enumerate(zip(prompts, docs)):
+        try:
+            parts.append(check_parts(model, pp, doc))
+            if doc is not None:
+                doc.check_model(model)
+                doc.check_config(cfg, bos)
+                check_top_k(cfg, doc.num_chunks, len(doc))
+            else:
+                ctx = parts[-1].context.numel()
+                check_top_k(cfg, len(cut_chunks(ctx, cfg.chunk_size)), ctx)
+        except (TypeError, ValueError) as exc:
+            if not batched:
+                raise
+            raise type(exc)(f"prompt[{i}]: {exc}") from exc
 
     with timer.phase("prefill"):
-        pre = prefill(model, parts, cfg, document=document, progress=progress)
+        pres, nfe_prefill = prefill_rows(model, parts, cfg, documents=docs, progress=progress)
     with timer.phase("scoring"):
-        sel = score_and_select(model, parts, pre.chunks, cfg)
-        row = build_cache(model, parts, pre, sel, cfg, gen_length)
-        cache = StaticKVCache.from_rows([row.segments])
-    nfe = pre.nfe + sel.nfe + row.nfe
-    policy = PrefillingPolicy(model, parts.query[None], row.query_start, cache, gen_length, nfe)
-    return PrefillingSetup(parts, pre, sel, row, cache, policy)
+        sels, nfe_scoring = score_and_select_rows(model, parts, [p.chunks for p in pres], cfg)
+        rows = [build_cache(model, pp, pre, sel, cfg, gen_length) for pp, pre, sel in zip(parts, pres, sels)]
+        cache = StaticKVCache.from_rows([r.segments for r in rows])
+    nfe = nfe_prefill + nfe_scoring + sum(r.nfe for r in rows)
+    if batched:
+        query, start = [pp.query for pp in parts], [r.query_start for r in rows]
+    else:
+        query, start = parts[0].query[None], rows[0].query_start
+    policy = PrefillingPolicy(model, query, start, cache, gen_length, nfe, cuda_graph=cuda_graph)
+    setup_rows = [RowSetup(pp, pre, sel, r) for pp, pre, sel, r in zip(parts, pres, sels, rows)]
+    return PrefillingSetup(setup_rows, cache, policy, batched)

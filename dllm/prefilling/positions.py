@@ -1,4 +1,4 @@
-"""Where kept chunks and the query sit at decode time (DESIGN section 4, "Positions").
+"""Where kept chunks and the query sit at decode time.
 
 Chunks are cached at local positions (BOS anchor at 0). After selection each kept
 chunk is moved by rotating its keys by a position delta (RoPE is relative, so that
