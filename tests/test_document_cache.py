@@ -353,3 +353,21 @@ def test_load_rejects_a_damaged_or_forged_cache_with_one_value_error(damage, dre
     with pytest.raises(ValueError, match=str(bad)):
         dllm.DocumentCache.load(bad, dream)
     dllm.DocumentCache.load(good, dream)  # the untouched copy still loads
+
+
+def test_save_failures_are_os_errors_naming_the_path(dream, tmp_path):
+    doc = dllm.encode_document(dream, _parts(n_ctx=5).context, chunk_size=8)
+    with pytest.raises(FileNotFoundError) as missing:
+        doc.save(tmp_path / "no-such-folder" / "doc.cache")
+    assert missing.value.filename == str(tmp_path / "no-such-folder" / "doc.cache")
+    with pytest.raises(IsADirectoryError):
+        doc.save(tmp_path)
+
+
+def test_a_one_token_document_round_trips(dream, tmp_path):
+    ctx = torch.tensor([7])
+    doc = dllm.encode_document(dream, ctx, chunk_size=8)
+    assert doc.num_chunks == 1 and len(doc) == 1 and doc.chunks.k[0].shape[1] == 2  # anchor + the token
+    doc.save(tmp_path / "one.cache")
+    loaded = dllm.DocumentCache.load(tmp_path / "one.cache", dream)
+    assert torch.equal(loaded.chunks.context_ids(0), ctx) and torch.equal(loaded.chunks.k[0], doc.chunks.k[0])

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import asdict, dataclass
 from importlib import metadata
 
@@ -146,14 +148,27 @@ class DocumentCache:
             )
 
     def save(self, path) -> None:
-        """Write the cache to ``path`` (one safetensors file with the JSON header in its metadata)."""
+        """Write the cache to ``path`` (one safetensors file with the JSON header in its metadata).
+
+        Raises:
+            OSError: the file cannot be written (its subclass and ``filename`` as for ``open``: e.g.
+                ``FileNotFoundError`` for a missing folder, ``IsADirectoryError`` for a directory).
+        """
         c = self.chunks
         tensors = {f"k.{i}": k.contiguous() for i, k in enumerate(c.k)}
         tensors.update({f"v.{i}": v.contiguous() for i, v in enumerate(c.v)})
         tensors["lens"] = c.lens.contiguous()
         tensors["ids"] = c.ids.contiguous()
         tensors["starts"] = torch.tensor(c.starts, dtype=torch.int64)
-        save_file({k: t.cpu() for k, t in tensors.items()}, str(path), metadata={HEADER_KEY: json.dumps(self.header())})
+        try:
+            save_file(
+                {k: t.cpu() for k, t in tensors.items()}, str(path), metadata={HEADER_KEY: json.dumps(self.header())}
+            )
+        except SafetensorError as exc:  # safetensors reports I/O failures as its own error, with the errno in text
+            code = re.search(r"os error (\d+)", str(exc))
+            if code is None:
+                raise OSError(f"cannot write the document cache {path}: {exc}") from None
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
 
     @staticmethod
     def read_header(path) -> dict:
