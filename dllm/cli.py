@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import re
+import stat
 import sys
 import time
 
@@ -83,7 +86,8 @@ examples (each runs as written on the bundled tiny model):
 {EXAMPLE_FILES["eval"]}
 
 A user error (a missing file, a bad option value, an empty context, --top-k above the number of
-chunks, ...) prints one line "error: ..." and exits with status 2; --debug shows the traceback.
+chunks, ...) prints one line "error: ..." and exits with status 2, as does running out of memory (the
+line says what to lower); Ctrl-C exits with status 130. --debug shows the traceback instead.
 The demo and the benchmarks live in bench/ of the repository (make demo, make bench)."""
 LONGBENCH = "longbench"  # eval's task for a local LongBench file (--data), beside the seeded tasks
 _ALL = "all"  # --top-k all / --token-budget all: keep every chunk / every token (the library's None)
@@ -134,9 +138,27 @@ def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):  # inf would turn every token distribution into NaN
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+_SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits
+
+
+def _seed(text: str) -> int:
+    """A seed in [0, 2**64): a negative one is refused (to many tools -1 means "unseeded")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [0, 2**64), got {text!r} (leave --seed out: unseeded)"
+        )
+    if value >= _SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}")
     return value
 
 
@@ -173,8 +195,24 @@ def _existing_dir(text: str) -> str:
 
 
 def _existing_file(text: str) -> str:
+    """A regular file (a document cache: it is read twice, its header first, so not a pipe)."""
     if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"{text!r}: " + ("not a file" if os.path.exists(text) else "no such file"))
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: " + ("not a regular file" if os.path.exists(text) else "no such file")
+        )
+    return text
+
+
+def _input_file(text: str) -> str:
+    """A file read once: a regular file, or a pipe such as the shell's ``<(...)``."""
+    try:
+        mode = os.stat(text).st_mode
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"{text!r}: no such file") from None
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise argparse.ArgumentTypeError(f"{text!r}: not a file")
     return text
 
 
@@ -235,7 +273,9 @@ def _add_decode_args(p, gen_length_default: int | None):
         "(default: the rule's reference: tempered for Dream's rules, logits for the others)",
     )
     p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
-    p.add_argument("--seed", type=int, default=None, help="seeds the sampling RNG (default: unseeded)")
+    p.add_argument(
+        "--seed", type=_seed, default=None, help="seeds the sampling RNG, an integer in [0, 2**64) (default: unseeded)"
+    )
     d = _PREFILLING_DEFAULTS
     tuned = ", ".join(
         f"{k}={v}" for k, v in PrefillingConfig.from_pretrained(default_model_dir()).changed_fields().items()
@@ -325,6 +365,23 @@ def _unmasking_check(args, gen_length: int | None) -> None:
     steps = args.steps or gen_length
     if cfg.fixed_steps and steps % (gen_length // block):
         raise UserError(f"--steps {steps} is not a multiple of the {gen_length // block} blocks")
+
+
+def _positions_check(args, gen_length: int | None) -> None:
+    """``--gen-length`` against the positions the checkpoint was trained for (its config.json, read before
+    the weights load): a response longer than the model's whole window is a mistake, not a long answer."""
+    from dllm.config import load_config
+    from dllm.loader import default_model_dir
+
+    if gen_length is None:
+        return
+    cfg = load_config(args.model or default_model_dir())  # its errors name the file
+    if cfg.max_position_embeddings and gen_length > cfg.max_position_embeddings:
+        field = "max_sequence_length" if cfg.family == "llada" else "max_position_embeddings"
+        raise UserError(
+            f"--gen-length {gen_length} exceeds the model's {field}={cfg.max_position_embeddings} "
+            "(the positions it was trained for)"
+        )
 
 
 def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
@@ -418,6 +475,9 @@ def _templates(args) -> list[str]:
     )
     if not args.question:
         return [template]
+    for i, question in enumerate(args.question, 1):
+        if not question.strip():
+            raise UserError(f"--question #{i} is empty")
     if "{question}" not in template:
         template += "{question}"
     return [template.replace("{question}", q) for q in args.question]
@@ -484,7 +544,13 @@ def cmd_generate(args) -> int:
             raise UserError("the prompt has a {context} slot but no --context-file or --document was given")
         if not template.strip() and context is None:
             raise UserError(f"--prompt-file {args.prompt_file} is empty")
+        if args.method == "prefilling" and slots == 1 and not template.split("{context}")[1].strip():
+            raise UserError(
+                f"--prompt-file {args.prompt_file} has no text after its {{context}} slot: --method prefilling "
+                "scores the chunks by the question that follows the context"
+            )
     _unmasking_check(args, args.gen_length)
+    _positions_check(args, args.gen_length)
     if args.document is not None:
         cfg = _document_config(args, header)
     else:
@@ -551,6 +617,8 @@ def cmd_encode(args) -> int:
     text = _read_text(args.context_file, "--context-file")
     if not text.strip():
         raise UserError(f"--context-file {args.context_file} is empty")
+    if not args.out.strip():
+        raise UserError("--out is empty; give a file name")
     if os.path.isdir(args.out):
         raise UserError(f"--out {args.out} is a directory; give a file name")
     folder = os.path.dirname(os.path.abspath(args.out))
@@ -586,7 +654,10 @@ def cmd_eval(args) -> int:
     if args.limit is not None and not longbench:
         raise UserError("--limit goes with the longbench task")
     _unmasking_check(args, args.gen_length)
+    _positions_check(args, args.gen_length)
     cfg = _prefilling_config(args, args.model or default_model_dir())
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out is empty; give a file name (or leave --out out for the default)")
     out = args.out or os.path.join(RUNS_DIR, f"eval_{args.task}_{args.method}.csv")
     if os.path.isdir(out):
         raise UserError(f"--out {out} is a directory; give a file name")
@@ -597,7 +668,10 @@ def cmd_eval(args) -> int:
     if longbench:  # the file is read and checked before the model is loaded
         from dllm.longbench import load_longbench, metric_for
 
-        cases = load_longbench(args.data, limit=args.limit)
+        try:
+            cases = load_longbench(args.data, limit=args.limit)
+        except UnicodeDecodeError:
+            raise UserError(f"--data {args.data}: not UTF-8 text") from None
         if not cases:
             raise UserError(f"--data {args.data}: no LongBench examples to score (--limit {args.limit})")
         for case in cases:
@@ -682,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--prompt-file",
-        type=_existing_file,
+        type=_input_file,
         default=None,
         help="UTF-8 prompt; may hold one {context} slot (and a {question} slot for --question); one trailing "
         "newline (an editor's) is removed. Without a slot and --context-file, --method prefilling takes the last "
@@ -690,9 +764,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--context-file",
-        type=_existing_file,
+        type=_input_file,
         default=None,
-        help="UTF-8 text put into the prompt's {context} slot, read as is (default: none)",
+        help="UTF-8 text put into the prompt's {context} slot, read as is; a pipe such as <(...) works (default: none)",
     )
     g.add_argument(
         "--document",
@@ -724,7 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_epilog("encode"),
         formatter_class=_HelpFormatter,
     )
-    c.add_argument("--context-file", type=_existing_file, required=True, help="UTF-8 document text, read as is")
+    c.add_argument("--context-file", type=_input_file, required=True, help="UTF-8 document text, read as is")
     c.add_argument("--out", required=True, help="the cache file to write")
     c.add_argument(
         "--chunk-size",
@@ -763,7 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--by-depth", action="store_true", help="one table row per depth")
     e.add_argument(
         "--data",
-        type=_existing_file,
+        type=_input_file,
         default=None,
         help="longbench: a local LongBench JSONL file, e.g. data/hotpotqa.jsonl of THUDM/LongBench (default: none)",
     )
@@ -791,22 +865,64 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# what to lower when a command runs out of memory (its options that size the tensors)
+_OOM_HINTS = {
+    "generate": "lower --gen-length or the context's length (with --method prefilling: --top-k, --token-budget)",
+    "encode": "lower --prefill-batch (chunks per forward) or --chunk-size",
+    "eval": "lower --lengths or --gen-length (with --method prefilling: --top-k, --token-budget)",
+}
+_CPU_OOM = re.compile(r"DefaultCPUAllocator: (can't allocate|not enough) memory", re.IGNORECASE)
+
+
+def _out_of_memory(exc: BaseException) -> str | None:
+    """Where ``exc`` ran out of memory ("the GPU", "CPU memory"), or None when it is no allocation failure."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "the GPU"
+    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and _CPU_OOM.search(str(exc))):
+        return "CPU memory"
+    return None
+
+
+def _oom_line(exc: BaseException, where: str, command: str | None) -> str:
+    size = re.search(r"tried to allocate ([\d.]+ ?[KMGT]i?B|\d+ bytes)", str(exc), re.IGNORECASE)
+    asked = f", tried to allocate {size[1]}" if size else ""
+    hint = _OOM_HINTS.get(command, "use smaller inputs")
+    return f"out of memory ({where}{asked}): {hint}, or a 16-bit --dtype (--debug shows the traceback)"
+
+
 def main(argv=None) -> int:
-    """Run the command line; returns the exit status (0, or 2 for a user error).
+    """Run the command line; returns the exit status (0; 2 for a user error; 130 after Ctrl-C).
 
     User errors (bad options or paths, invalid values that the library rejects with ``ValueError``,
-    files that cannot be read or written) print one ``error:`` line on stderr; with ``--debug`` the
-    exception propagates with its traceback. Other exceptions (bugs) always propagate.
+    files that cannot be read or written) and running out of GPU or CPU memory (with what to lower)
+    print one ``error:`` line on stderr; Ctrl-C prints ``interrupted``. With ``--debug`` the exception
+    propagates with its traceback. Other exceptions (bugs) always propagate.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    command = None
     try:
         args = build_parser().parse_args(argv)
+        command = args.command
         return args.func(args)
     except (UserError, ValueError, OSError) as exc:
-        if "--debug" in argv:
+        if debug:
             raise
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except (RuntimeError, MemoryError) as exc:
+        where = _out_of_memory(exc)
+        if where is None or debug:  # any other RuntimeError is a bug: its traceback is the report
+            raise
+        print(f"error: {_oom_line(exc, where, command)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
 
 
 def _one_line(exc: BaseException) -> str:

@@ -3,11 +3,14 @@
 import argparse
 import csv
 import json
+import os
 import re
 import shlex
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 import dllm.evaluation
 from dllm.cli import UserError, _strip_one_newline, build_parser, main
@@ -38,6 +41,9 @@ def files(tmp_path, monkeypatch):
     write_example_files(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
+    (tmp_path / "slot_last.txt").write_text("Read this: {context}")
+    (tmp_path / "latin1.jsonl").write_bytes('{"input": "caf\xe9"}\n'.encode("latin-1"))
+    os.mkfifo(tmp_path / "pipe.fifo")  # a named pipe nobody writes to (only stat-ed)
     return tmp_path
 
 
@@ -142,7 +148,27 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     ),
     "info of a missing model": ("info --model nope", "no such directory"),
     "no command": ("", "required: COMMAND"),
+    # found by trying to break the CLI; each is reported before the model loads (test below)
+    "infinite temperature": ("generate --prompt-file noslot.txt --temperature inf", "finite number >= 0, got 'inf'"),
+    "seed beyond 64 bits": ("generate --prompt-file noslot.txt --seed 99999999999999999999999", "in [0, 2**64)"),
+    "negative seed": ("generate --prompt-file noslot.txt --seed -1", "got '-1' (leave --seed out: unseeded)"),
+    "empty --out of encode": ("encode --context-file doc.txt --out ''", "--out is empty"),
+    "empty --out of eval": ("eval passkey --out ''", "--out is empty"),
+    "empty question": ("generate --context-file doc.txt --question ''", "--question #1 is empty"),
+    "nothing after the context slot": (  # prefilling's query; dense may continue the text (test below)
+        "generate --prompt-file slot_last.txt --context-file doc.txt --method prefilling",
+        "no text after its {context} slot",
+    ),
+    "whitespace question": ("generate --prompt-file prompt.txt --context-file doc.txt --question ' '", "#1 is empty"),
+    "document cache from a pipe": ("generate --document pipe.fifo --prompt-file prompt.txt", "not a regular file"),
+    "gen length beyond the model's positions": (
+        "generate --prompt-file noslot.txt --gen-length 99999999999",
+        "max_position_embeddings=1536",
+    ),
+    "longbench file not UTF-8": ("eval longbench --data latin1.jsonl", "latin1.jsonl: not UTF-8 text"),
 }
+AFTER_LOAD = ("chat", "length", "model", "top_k")  # need the tokenizer (or are the loader's own errors)
+BEFORE_LOAD = [name for name in BAD_INPUTS if name.split()[0] not in AFTER_LOAD]
 
 
 @pytest.mark.parametrize("argv,message", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
@@ -152,6 +178,97 @@ def test_user_errors_are_one_line_and_exit_2(files, capsys, argv, message):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
     assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize("name", BEFORE_LOAD)
+def test_user_errors_are_found_before_the_model_loads(files, capsys, monkeypatch, name):
+    """A 7B checkpoint takes minutes to load: a mistake in the command line must not wait for it, and
+    its message is the same whether the model could load or not."""
+    argv, message = BAD_INPUTS[name]
+    loads = []
+    real_load = dllm.load_model
+    monkeypatch.setattr(dllm, "load_model", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    rc, _, with_model = run_cli(capsys, *shlex.split(argv))
+    assert rc == 2 and loads == [], with_model
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the error was found")
+
+    monkeypatch.setattr(dllm, "load_model", no_load)
+    rc, _, err = run_cli(capsys, *shlex.split(argv))
+    assert rc == 2 and message in err and err == with_model, err
+
+
+def test_dense_may_end_its_prompt_with_the_context(files, capsys):
+    """Only prefilling needs a query after {context}; a dense prompt may end with the document."""
+    rc, out, err = run_cli(
+        capsys, "generate", "--prompt-file", "slot_last.txt", "--context-file", "doc.txt", "--gen-length", "2"
+    )
+    assert rc == 0 and out.endswith("\n") and json.loads(err.strip().splitlines()[-1])["steps"] == 2, err
+
+
+@pytest.mark.parametrize(
+    "exc,where",
+    [
+        (
+            torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has"),
+            "the GPU, tried to allocate 12.00 GiB",
+        ),
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+                "to allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)"  # torch.empty(2**50)
+            ),
+            "CPU memory, tried to allocate 1125899906842624 bytes",
+        ),
+        (
+            RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried"),
+            "CPU memory",
+        ),
+        (MemoryError(), "CPU memory"),
+    ],
+    ids=["cuda", "cpu-size", "cpu", "python"],
+)
+def test_out_of_memory_is_one_line_with_what_to_lower(files, capsys, monkeypatch, exc, where):
+    def oom(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(dllm, "generate", oom)
+    rc, out, err = run_cli(capsys, "generate", "--prompt-file", "noslot.txt", "--gen-length", "4")
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith("error: out of memory") and "--gen-length" in lines[0]
+    assert f"({where})" in lines[0], lines[0]
+    monkeypatch.setattr(dllm, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # other runtime errors are bugs: they keep their traceback
+        main(["generate", "--prompt-file", "noslot.txt", "--gen-length", "4"])
+
+
+def test_ctrl_c_is_one_line_and_exit_130(files, capsys, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dllm, "load_model", interrupted)
+    rc, out, err = run_cli(capsys, "generate", "--prompt-file", "noslot.txt")
+    assert rc == 130 and out == "" and err == "interrupted\n"
+    with pytest.raises(KeyboardInterrupt):
+        main(["generate", "--prompt-file", "noslot.txt", "--debug"])
+
+
+def test_context_from_a_pipe(files, capsys):
+    """``--context-file <(...)`` (a shell's process substitution) is a FIFO, not a regular file: it is read once."""
+    fifo = files / "ctx.fifo"
+    os.mkfifo(fifo)
+    text = (files / "doc.txt").read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text), daemon=True)
+    writer.start()
+    piped = TUNED.replace("doc.txt", str(fifo))
+    rc, out, err = run_cli(capsys, *shlex.split(f"generate --prompt-file prompt.txt {piped}"), "--gen-length", "8")
+    assert rc == 0, err
+    writer.join(timeout=5)
+    piped_out = out
+    rc, out, _ = run_cli(capsys, *shlex.split(f"generate --prompt-file prompt.txt {TUNED}"), "--gen-length", "8")
+    assert rc == 0 and out == piped_out and "12345" in out
 
 
 def test_debug_shows_the_traceback(files):

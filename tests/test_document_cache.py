@@ -290,3 +290,84 @@ def test_split_document_prompt_cuts_at_the_slot_or_takes_all_as_query():
         split_document_prompt(tiny, "{context}{context}q")
     with pytest.raises(ValueError, match="query .* is empty"):
         split_document_prompt(tiny, "prefix {context}")
+
+
+def _rewrite(src, dst, edit_tensors=None, edit_header=None):
+    """Copy the cache ``src`` to ``dst`` with its tensors and/or JSON header edited (a damaged or forged file)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from dllm.prefilling.document import HEADER_KEY
+
+    with safe_open(str(src), framework="pt") as f:
+        raw = f.metadata()[HEADER_KEY]
+    tensors = {k: t.clone() for k, t in load_file(str(src)).items()}
+    if edit_tensors is not None:
+        edit_tensors(tensors)
+    if edit_header is not None:
+        head = json.loads(raw)
+        raw = edit_header(head)
+        raw = raw if isinstance(raw, str) else json.dumps(head if raw is None else raw)
+    save_file(tensors, str(dst), metadata={HEADER_KEY: raw})
+
+
+def _set(d, key, value):
+    d[key] = value
+
+
+def _shift_lens(t):
+    t["lens"][0] -= 2
+    t["lens"][1] += 2
+
+
+DAMAGE = {  # what is wrong -> (tensor edit, header edit)
+    "header is not JSON": (None, lambda h: "{not json"),
+    "header is a list": (None, lambda h: "[1, 2]"),
+    "header lacks chunk_size": (None, lambda h: h.pop("chunk_size") and None),
+    "chunk_size is a string": (None, lambda h: _set(h, "chunk_size", "8")),
+    "header lies about chunk_size": (None, lambda h: _set(h, "chunk_size", 16)),
+    "anchor is the mask id": (None, lambda h: _set(h, "anchor_token_id", 129)),  # DREAM_TINY's mask id
+    "no K of layer 1": (lambda t: t.pop("k.1"), None),
+    "no starts": (lambda t: t.pop("starts"), None),
+    "K of layer 0 too short": (lambda t: _set(t, "k.0", t["k.0"][:, :4].contiguous()), None),
+    "V of layer 0 in float16": (lambda t: _set(t, "v.0", t["v.0"].half()), None),
+    "lens are floats": (lambda t: _set(t, "lens", t["lens"].float()), None),
+    "ids of 3 chunks": (lambda t: _set(t, "ids", t["ids"][:3].contiguous()), None),
+    "lens moved between chunks": (_shift_lens, None),
+    "starts reversed": (lambda t: _set(t, "starts", t["starts"].flip(0).contiguous()), None),
+    "ids without the anchor": (lambda t: t["ids"][:, 0].fill_(7), None),
+    "ids outside the vocabulary": (lambda t: t["ids"][2, 3].fill_(10**6), None),
+    "a K of a layer the model lacks": (lambda t: _set(t, "k.99", t["k.0"].clone()), None),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_load_rejects_a_damaged_or_forged_cache_with_one_value_error(damage, dream, tmp_path):
+    """Every inconsistency between the header, the tensors and the model is a ValueError naming the file,
+    never a KeyError/SafetensorError or a silently wrong cache."""
+    good = tmp_path / "good.cache"
+    dllm.encode_document(dream, _parts(n_ctx=37).context, chunk_size=8).save(good)
+    bad = tmp_path / "bad.cache"
+    edit_tensors, edit_header = DAMAGE[damage]
+    _rewrite(good, bad, edit_tensors, edit_header)
+    with pytest.raises(ValueError, match=str(bad)):
+        dllm.DocumentCache.load(bad, dream)
+    dllm.DocumentCache.load(good, dream)  # the untouched copy still loads
+
+
+def test_save_failures_are_os_errors_naming_the_path(dream, tmp_path):
+    doc = dllm.encode_document(dream, _parts(n_ctx=5).context, chunk_size=8)
+    with pytest.raises(FileNotFoundError) as missing:
+        doc.save(tmp_path / "no-such-folder" / "doc.cache")
+    assert missing.value.filename == str(tmp_path / "no-such-folder" / "doc.cache")
+    with pytest.raises(IsADirectoryError):
+        doc.save(tmp_path)
+
+
+def test_a_one_token_document_round_trips(dream, tmp_path):
+    ctx = torch.tensor([7])
+    doc = dllm.encode_document(dream, ctx, chunk_size=8)
+    assert doc.num_chunks == 1 and len(doc) == 1 and doc.chunks.k[0].shape[1] == 2  # anchor + the token
+    doc.save(tmp_path / "one.cache")
+    loaded = dllm.DocumentCache.load(tmp_path / "one.cache", dream)
+    assert torch.equal(loaded.chunks.context_ids(0), ctx) and torch.equal(loaded.chunks.k[0], doc.chunks.k[0])

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import asdict, dataclass
 from importlib import metadata
 
@@ -30,7 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dllm.devices import same_device
-from dllm.prefilling.chunks import ChunkCache, encode_chunks, pad_token_id
+from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, pad_token_id
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 
 FORMAT = 1
@@ -146,14 +148,27 @@ class DocumentCache:
             )
 
     def save(self, path) -> None:
-        """Write the cache to ``path`` (one safetensors file with the JSON header in its metadata)."""
+        """Write the cache to ``path`` (one safetensors file with the JSON header in its metadata).
+
+        Raises:
+            OSError: the file cannot be written (its subclass and ``filename`` as for ``open``: e.g.
+                ``FileNotFoundError`` for a missing folder, ``IsADirectoryError`` for a directory).
+        """
         c = self.chunks
         tensors = {f"k.{i}": k.contiguous() for i, k in enumerate(c.k)}
         tensors.update({f"v.{i}": v.contiguous() for i, v in enumerate(c.v)})
         tensors["lens"] = c.lens.contiguous()
         tensors["ids"] = c.ids.contiguous()
         tensors["starts"] = torch.tensor(c.starts, dtype=torch.int64)
-        save_file({k: t.cpu() for k, t in tensors.items()}, str(path), metadata={HEADER_KEY: json.dumps(self.header())})
+        try:
+            save_file(
+                {k: t.cpu() for k, t in tensors.items()}, str(path), metadata={HEADER_KEY: json.dumps(self.header())}
+            )
+        except SafetensorError as exc:  # safetensors reports I/O failures as its own error, with the errno in text
+            code = re.search(r"os error (\d+)", str(exc))
+            if code is None:
+                raise OSError(f"cannot write the document cache {path}: {exc}") from None
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
 
     @staticmethod
     def read_header(path) -> dict:
@@ -161,7 +176,8 @@ class DocumentCache:
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: not a document cache of a known format.
+            ValueError: not a document cache of a known format, or a header with missing or ill-typed
+                fields (the message names the file).
         """
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -170,9 +186,15 @@ class DocumentCache:
             raise ValueError(f"{path} is not a dllm document cache (not a safetensors file: {exc})") from None
         if raw is None:
             raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
-        head = json.loads(raw)
+        try:
+            head = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is damaged: its {HEADER_KEY!r} header is not JSON ({exc})") from None
+        if not isinstance(head, dict):
+            raise ValueError(f"{path} is damaged: its {HEADER_KEY!r} header is not a JSON object")
         if head.get("format") != FORMAT:
             raise ValueError(f"format mismatch: {path} has format {head.get('format')!r}, this version reads {FORMAT}")
+        _check_header(head, path)
         return head
 
     @classmethod
@@ -180,28 +202,115 @@ class DocumentCache:
         """Open a cache written by :meth:`save` for ``model``.
 
         On CPU the tensors are memory-mapped (pages are read when first touched); on another
-        device they are copied there.
+        device they are copied there. Before any K/V page is read, the file's tensor names, shapes
+        and dtypes, its chunk lengths, offsets and token ids are checked against the header and the
+        model (the values of K/V themselves are not scanned).
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: not a document cache of a known format, or a field of :data:`MODEL_FIELDS`
-                differs from the model's (the message names it).
+            ValueError: not a document cache of a known format, a field of :data:`MODEL_FIELDS`
+                differs from the model's (the message names it), or the file is damaged (tensors
+                missing, extra or of the wrong shape or dtype, lengths or offsets that do not cut
+                the header's token count, token ids that are not the anchor or lie outside the
+                vocabulary).
         """
         head = DocumentCache.read_header(path)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             _check_fields({k: head.get(k) for k in MODEL_FIELDS}, model_fingerprint(model), str(path))
+            _check_tensor_layout(f, head, model, path)
+            lens, ids = f.get_tensor("lens"), f.get_tensor("ids")
+            starts = f.get_tensor("starts").tolist()
+            _check_chunk_tokens(head, lens, starts, ids, model, path)
             n_layers = model.config.num_layers
             dev = model.device
             k = [f.get_tensor(f"k.{i}").to(dev) for i in range(n_layers)]
             v = [f.get_tensor(f"v.{i}").to(dev) for i in range(n_layers)]
-            lens, ids = f.get_tensor("lens").to(dev), f.get_tensor("ids").to(dev)
-            starts = f.get_tensor("starts").tolist()
-        chunks = ChunkCache(k, v, lens, starts, ids)
+        chunks = ChunkCache(k, v, lens.to(dev), starts, ids.to(dev))
         fingerprint = {k: head[k] for k in MODEL_FIELDS}
-        doc = cls(chunks, head["chunk_size"], head["anchor_token_id"], fingerprint, head["version"])
-        if doc.num_chunks != head["num_chunks"] or len(doc) != head["num_tokens"]:
-            raise ValueError(f"{path} is damaged: its header and its tensors disagree on the chunk count or tokens")
-        return doc
+        return cls(chunks, head["chunk_size"], head["anchor_token_id"], fingerprint, head["version"])
+
+
+_INT_FIELDS = ("chunk_size", "anchor_token_id", "num_chunks", "num_tokens")
+
+
+def _check_header(head: dict, path) -> None:
+    """Every field of :data:`HEADER_FIELDS` present, the counts positive integers that agree."""
+    missing = [name for name in HEADER_FIELDS if name not in head]
+    if missing:
+        raise ValueError(f"{path} is damaged: its header lacks {', '.join(missing)}")
+    for name in _INT_FIELDS:
+        value = head[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "anchor_token_id" else 1):
+            raise ValueError(f"{path} is damaged: header field {name}={value!r} is not a valid integer")
+    n = len(cut_chunks(head["num_tokens"], head["chunk_size"]))
+    if head["num_chunks"] != n:
+        raise ValueError(
+            f"{path} is damaged: {head['num_tokens']} tokens in chunks of {head['chunk_size']} are {n} chunks, "
+            f"its header says {head['num_chunks']}"
+        )
+
+
+def _check_tensor_layout(f, head: dict, model, path) -> None:
+    """Names, shapes and dtypes of the file's tensors (read from the safetensors index, no data)."""
+    c = model.config
+    n, t = head["num_chunks"], min(head["chunk_size"], head["num_tokens"]) + 1
+    want = {
+        f"{kv}.{i}": ([n, t, c.num_kv_heads, c.head_dim], _dtype_name(model.dtype))
+        for kv in "kv"
+        for i in range(c.num_layers)
+    }
+    want.update(lens=([n], "int32"), starts=([n], "int64"), ids=([n, t], "int64"))
+    names = set(f.keys())
+    if names != set(want):
+        extra, lacking = sorted(names - set(want)), sorted(set(want) - names)
+        what = "; ".join(
+            p
+            for p in (
+                f"lacks {', '.join(lacking)}" if lacking else "",
+                f"has unexpected {', '.join(extra)}" if extra else "",
+            )
+            if p
+        )
+        raise ValueError(f"{path} is damaged: it {what} (a {c.num_layers}-layer model's cache)")
+    for name, (shape, dtype) in want.items():
+        sl = f.get_slice(name)
+        have_shape, have_dtype = list(sl.get_shape()), _safetensors_dtype(sl.get_dtype())
+        if have_shape != shape or have_dtype != dtype:
+            raise ValueError(f"{path} is damaged: tensor {name} is {have_dtype} {have_shape}, expected {dtype} {shape}")
+
+
+def _safetensors_dtype(code: str) -> str:
+    """safetensors' dtype code (``F32``, ``BF16``, ``I64``) as the torch dtype name."""
+    return {
+        "F64": "float64",
+        "F32": "float32",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "I64": "int64",
+        "I32": "int32",
+    }.get(code, code)
+
+
+def _check_chunk_tokens(head: dict, lens, starts, ids, model, path) -> None:
+    """Chunk lengths and offsets are those of cutting ``num_tokens`` into ``chunk_size`` chunks; every chunk
+    starts with the anchor; the ids lie in the vocabulary and the context holds no mask token."""
+    spans = cut_chunks(head["num_tokens"], head["chunk_size"])
+    if lens.tolist() != [size + 1 for _, size in spans] or starts != [s for s, _ in spans]:
+        raise ValueError(
+            f"{path} is damaged: its chunk lengths or offsets do not cut {head['num_tokens']} tokens into chunks of "
+            f"{head['chunk_size']}"
+        )
+    anchor, vocab, mask = head["anchor_token_id"], model.config.vocab_size, model.mask_token_id
+    if anchor >= vocab or anchor == mask:
+        raise ValueError(f"{path} is damaged: anchor_token_id={anchor} is the mask id or outside the vocabulary")
+    if bool((ids[:, 0] != anchor).any()):
+        raise ValueError(f"{path} is damaged: not every chunk starts with the anchor token {anchor}")
+    if bool((ids < 0).any()) or bool((ids >= vocab).any()):
+        raise ValueError(f"{path} is damaged: token ids outside [0, {vocab})")
+    context = torch.arange(ids.shape[1])[None, :] < lens[:, None]
+    context[:, 0] = False
+    if bool((ids[context] == mask).any()):
+        raise ValueError(f"{path} is damaged: its context holds the mask token id {mask}")
 
 
 def _check_fields(have: dict, want: dict, what: str) -> None:
