@@ -6,8 +6,8 @@ Cases come from the registry ``bench/kernel_cases.py`` (``gpu`` cases in bf16 on
 ``cpu`` cases in fp32 elsewhere), in priority order: the time budget cuts from the end.
 Per op, side by side in one run, after a warm-up:
 
-* ``split_s_attention``: ours (Triton on a GPU; on CPU the torch reference, which is what
-  CPU tensors dispatch to) against
+* ``split_s_attention``: ours (Triton on a GPU; on CPU what CPU tensors dispatch to, torch's
+  fused CPU attention one row at a time, with the naive torch reference beside it) against
   - ``flex_compiled``: vanilla ``torch.compile(flex_attention)`` over the segments laid out
     as a padded pool plus the live block, with a cached ``BlockMask`` (built untimed);
   - ``flex_gqa_pad8`` (GPU, when G is not a power of two, e.g. Dream's 7): the same with each
@@ -192,10 +192,17 @@ def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
             ours=True,
         )
     else:
+        # what CPU tensors dispatch to: torch's fused CPU attention, one call per row
         ours = Method(
-            "torch_reference", lambda: R.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live), ours=True
+            "split_s_cpu",
+            lambda: tk.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live, backend="torch"),
+            ours=True,
         )
     methods = [ours]
+    if device.type != "cuda":  # the naive reference beside it
+        methods.append(
+            Method("torch_reference", lambda: R.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live))
+        )
 
     flex = _flex(flex_cache)
     if flex is not None:

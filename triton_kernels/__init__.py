@@ -8,7 +8,8 @@ the per-call checks). :mod:`triton_kernels.plan` holds the launch plans,
 
 Each op validates its inputs, then dispatches (see :mod:`triton_kernels._dispatch`):
 CUDA tensors -> Triton kernels, other devices -> the torch references of
-:mod:`triton_kernels.reference` (same signatures); ``backend="triton"|"torch"`` or
+:mod:`triton_kernels.reference` (same signatures; ``split_s_attention`` on CPU: torch's
+fused CPU attention, :mod:`triton_kernels.split_s_cpu`); ``backend="triton"|"torch"`` or
 ``PREFILLING_DLLM_BACKEND`` overrides. The ops are registered with
 ``torch.library`` (namespace ``prefilling_dllm``) so they compose with ``torch.compile``.
 """

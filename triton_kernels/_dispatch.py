@@ -1,11 +1,12 @@
 """Backend choice, output allocation and launch helpers shared by the ops.
 
-Dispatch rule, in order of precedence (CUDA runs the kernels, CPU the fast-enough references):
+Dispatch rule, in order of precedence (CUDA runs the kernels, CPU a torch path):
 
 1. the ``backend=`` keyword of a public op (``"triton"``, ``"torch"`` or ``None``);
 2. the environment variable ``PREFILLING_DLLM_BACKEND`` (``triton`` | ``torch`` | ``auto``);
-3. ``auto``: CUDA tensors -> the Triton kernels, any other device -> the torch
-   references of :mod:`triton_kernels.reference`.
+3. ``auto``: CUDA tensors -> the Triton kernels, any other device -> ``torch``: the
+   references of :mod:`triton_kernels.reference`, except ``split_s_attention`` on CPU,
+   which runs torch's fused CPU attention per row (:mod:`triton_kernels.split_s_cpu`).
 
 Forcing ``triton`` on CPU tensors works only when the kernels were built by the
 Triton interpreter, i.e. ``TRITON_INTERPRET=1`` was set before ``triton_kernels``
