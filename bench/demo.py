@@ -43,7 +43,7 @@ EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # (draft_contrast, our variant): confident in an answer that the context-free draft did not guess.
 # The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
 # bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to
-# filler chunks it is confident about whatever the needle (bench/results/score_terms*.md; README Results).
+# filler chunks it is confident about whatever the needle (bench/results/score_terms*.md and bench/results/README.md).
 TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",))
 GEN = dict(gen_length=8, steps=8)  # a 5-digit key and its EOS, one token per step
 

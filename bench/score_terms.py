@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         "",
         f"Most often in the top 4 here: {' + '.join(SHORT[t] for t in best)} ({hits[best]}/{len(ranks[best])}). "
         f"The demo and benchmarks score chunks with {' + '.join(SHORT[t] for t in TINY_PREFILLING.score_terms)} "
-        "(`bench.demo.TINY_PREFILLING`; why: the comment there and the README's Results).",
+        "(`bench.demo.TINY_PREFILLING`; why: the comment there and `bench/results/README.md`).",
     ]
     table = "\n".join(lines)
     print(table)

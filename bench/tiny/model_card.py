@@ -253,7 +253,7 @@ number_string to 100% but kept the needle chunk less often, so Prefilling-dLLM a
 long-context cases (`bench/results/tiny_phase8_trial.md`); these weights stop at phase 7.
 
 Beyond the training window dense decoding must extrapolate RoPE; Prefilling-dLLM with the demo's
-C=256, K=4 keeps every position inside the window (see the README's demo and `bench/results/`).
+C=256, K=4 keeps every position inside the window (see the demo in `bench/results/demo/` and `bench/results/README.md`).
 """
 
 if __name__ == "__main__":
