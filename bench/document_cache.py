@@ -1,7 +1,7 @@
 """Document caches on the bundled tiny model: many questions over one document, and a 128K-token document.
 
     python -m bench.document_cache [--out DIR | --record] [--length 16384] [--long-length 131072]
-                                   [--long-depth 0.5] [--skip-long]
+                                   [--long-depths 0.1 0.3 0.5 0.7 0.9] [--skip-long]
 
 Part 1 (``questions``): a passkey document of ``--length`` tokens is asked four questions (four
 wordings of "what is the pass key?"), each once fresh (chunked prefill + scoring + decoding, the
@@ -10,10 +10,11 @@ decoding only). Both runs of a question use the same configuration, so their tok
 equal (checked and reported); the table gives seconds per question side by side, their ratio,
 and the one-off encoding time (with the break-even number of questions).
 
-Part 2 (``long``): a passkey document of ``--long-length`` tokens is encoded once, saved, loaded
-back (memory-mapped) and asked the same four questions: encoding, saving and loading seconds,
-cache bytes in memory and on disk, seconds per question, the answers (with the kept chunks and
-the chunks the needle lies in), and the peak resident memory of the process.
+Part 2 (``long``): for each needle depth of ``--long-depths`` (one document each, so the answer
+is not one lucky position), a passkey document of ``--long-length`` tokens is encoded once, saved,
+loaded back (memory-mapped) and asked the same four questions: encoding, saving and loading
+seconds, cache bytes in memory and on disk, seconds per question, the answers (with the kept
+chunks and the chunks the needle lies in), and the peak resident memory of the process.
 
 Warm-ups run first, untimed and reported apart (with the model's load time): an encoding of a
 short document, then one fresh and one cached run of the first question on the measured
@@ -144,7 +145,7 @@ def long_document(model, length: int, depth: float = 0.5) -> list[dict]:
     t0 = time.perf_counter()
     doc = encode_document(model, parts.context, prefilling=CONFIG)
     encode_s = time.perf_counter() - t0
-    shared = {"part": "long", "tokens": len(doc), "cache_bytes_memory": doc.nbytes}
+    shared = {"part": "long", "depth": depth, "tokens": len(doc), "cache_bytes_memory": doc.nbytes}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "doc.cache")
@@ -174,7 +175,7 @@ def long_document(model, length: int, depth: float = 0.5) -> list[dict]:
                     "peak_rss_gib": round(_peak_rss_gib(), 3),
                 }
             )
-            print(f"  {length} tokens, question {i}: {ask_s:.1f} s, answer {res.text[0]!r}", flush=True)
+            print(f"  {length} tokens, depth {depth}, question {i}: {ask_s:.1f} s, answer {res.text[0]!r}", flush=True)
         del loaded
     return rows
 
@@ -212,15 +213,17 @@ def summarize(rows: list[dict]) -> str:
             "",
         ]
     long_rows = [r for r in rows if r["part"] == "long"]
-    if long_rows:
-        enc = next(r for r in long_rows if r["run"] == "encode")
-        asked = [r for r in long_rows if r["run"] == "cached"]
+    depths = sorted({r["depth"] for r in long_rows})
+    for depth in depths:
+        at = [r for r in long_rows if r["depth"] == depth]
+        enc = next(r for r in at if r["run"] == "encode")
+        asked = [r for r in at if r["run"] == "cached"]
         lines += [
-            f"### {enc['tokens']}-token passkey document",
+            f"### {enc['tokens']}-token passkey document, needle at depth {depth}",
             "",
             f"Encoded in {enc['seconds']:.1f} s, saved in {enc['save_s']:.2f} s, loaded (memory-mapped) in "
             f"{enc['load_s']:.3f} s; the cache holds {enc['cache_bytes_memory'] / 2**20:.0f} MiB in memory and "
-            f"{enc['cache_bytes_disk'] / 2**20:.0f} MiB on disk. Peak resident memory of the process: "
+            f"{enc['cache_bytes_disk'] / 2**20:.0f} MiB on disk. Peak resident memory of the process so far: "
             f"{max(r['peak_rss_gib'] for r in asked):.2f} GiB.",
             "",
             "| question | from cache s | answer | kept chunks (needle chunks) |",
@@ -232,6 +235,13 @@ def summarize(rows: list[dict]) -> str:
                 f"{r['selected_chunks']} ({r['needle_chunks']}) |"
             )
         lines.append("")
+    if depths:
+        asked = [r for r in long_rows if r["run"] == "cached"]
+        lines += [
+            f"Long documents: {sum(r['correct'] for r in asked)} of {len(asked)} questions answered over "
+            f"{len(depths)} needle depths; peak resident memory {max(r['peak_rss_gib'] for r in asked):.2f} GiB.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -240,9 +250,17 @@ def main(argv=None) -> int:
     add_output_args(p, "bench")
     p.add_argument("--length", type=int, default=16384, help="tokens of the document asked four questions")
     p.add_argument("--long-length", type=int, default=131072, help="tokens of the long document")
-    p.add_argument("--long-depth", type=float, default=0.5, help="needle depth in the long document, 0..1")
+    p.add_argument(
+        "--long-depths",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.3, 0.5, 0.7, 0.9],
+        help="needle depths (0..1) of the long documents, one document each",
+    )
     p.add_argument("--skip-long", action="store_true", help="run part 1 only")
     args = p.parse_args(argv)
+    if not all(0.0 <= d <= 1.0 for d in args.long_depths):
+        p.error(f"--long-depths must lie in 0..1, got {args.long_depths}")
     out = str(output_dir(args, "bench"))
     torch.set_num_threads(2)
     t0 = time.perf_counter()
@@ -255,7 +273,8 @@ def main(argv=None) -> int:
     enc_warm_s = time.perf_counter() - t1
     rows = questions(model, args.length)
     if not args.skip_long:
-        rows += long_document(model, args.long_length, args.long_depth)
+        for depth in args.long_depths:
+            rows += long_document(model, args.long_length, depth)
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "document_cache.csv"), rows, "cpu")
     q_warm = next(r["seconds"] for r in rows if r["run"] == "warm-up")

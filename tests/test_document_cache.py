@@ -262,17 +262,31 @@ def test_bench_writes_both_parts_with_provenance(tmp_path):
 
     from bench import document_cache
 
-    assert document_cache.main(["--out", str(tmp_path), "--length", "1024", "--long-length", "2048"]) == 0
+    argv = ["--out", str(tmp_path), "--length", "1024", "--long-length", "2048", "--long-depths", "0.2", "0.8"]
+    assert document_cache.main(argv) == 0
     rows = list(csv.DictReader((tmp_path / "document_cache.csv").open()))
     assert {r["run"] for r in rows} == {"encode", "warm-up", "fresh", "cached"} and all(r["commit"] for r in rows)
     q = [r for r in rows if r["part"] == "questions" and r["run"] in ("fresh", "cached")]
     assert len(q) == 8 and all(r["equal_tokens"] == "1" for r in q)
     long = [r for r in rows if r["part"] == "long"]
-    assert [r["run"] for r in long] == ["encode"] + ["cached"] * 4
+    assert [(r["depth"], r["run"]) for r in long] == [
+        (d, run) for d in ("0.2", "0.8") for run in ["encode"] + ["cached"] * 4
+    ]
     assert int(long[0]["cache_bytes_disk"]) >= int(long[0]["cache_bytes_memory"]) > 0
-    assert all(r["selected_chunks"] for r in long[1:])
+    assert all(r["selected_chunks"] for r in long if r["run"] == "cached")
     md = (tmp_path / "document_cache.md").read_text()
     assert "Machine:" in md and "passkey document, 4 questions" in md
+    correct = sum(int(r["correct"]) for r in long if r["run"] == "cached")
+    assert f"Long documents: {correct} of 8 questions answered over 2 needle depths" in md
+    assert md.count("needle at depth") == 2
+
+
+def test_bench_rejects_a_depth_outside_0_1(capsys):
+    from bench import document_cache
+
+    with pytest.raises(SystemExit) as e:
+        document_cache.main(["--long-depths", "1.5"])
+    assert e.value.code == 2 and "--long-depths must lie in 0..1" in capsys.readouterr().err
 
 
 def test_split_document_prompt_cuts_at_the_slot_or_takes_all_as_query():
