@@ -32,15 +32,14 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import sys
 import time
 
 import torch
 
 import dllm.modeling
 from bench.demo import TINY_PREFILLING
-from bench.outputs import add_output_args, output_dir
-from bench.provenance import machine_line, write_csv
+from bench.outputs import add_output_args, output_dir, write_report
+from bench.provenance import write_csv
 from dllm.evaluation import case_inputs
 from dllm.generate import generate
 from dllm.loader import load_model
@@ -257,26 +256,20 @@ def main(argv=None) -> int:
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "batching.csv"), rows, "cpu")
     warm = next(r["seconds"] for r in rows if r["run"] == "warm-up")
-    cmd = " ".join(["python -m bench.batching", *(sys.argv[1:] if argv is None else argv)])
-    text = "\n".join(
+    write_report(
+        os.path.join(out, "batching.md"),
+        f"Batched ragged requests: {len(args.lengths)} passkey prompts one by one vs one batch (bundled tiny model)",
+        "bench.batching",
+        argv,
+        "cpu",
+        time.perf_counter() - t0,
         [
-            f"# Batched ragged requests: {len(args.lengths)} passkey prompts one by one vs one batch "
-            "(bundled tiny model)",
-            "",
-            f"Command: `{cmd}`  ",
-            f"{machine_line('cpu')}; {time.perf_counter() - t0:.0f} s in all.",
-            "",
             f"Configuration: {cfg}; {GEN} response tokens, {STEPS} steps; context lengths {args.lengths}.",
-            "",
             f"Start-up, not in the table: model load {load_s:.2f} s; untimed warm-up (one single run and one batch) "
             f"{warm:.2f} s.",
-            "",
             summarize(rows),
-        ]
+        ],
     )
-    with open(os.path.join(out, "batching.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
     return 0
 
 

@@ -29,15 +29,14 @@ import argparse
 import dataclasses
 import os
 import resource
-import sys
 import tempfile
 import time
 
 import torch
 
 from bench.demo import TINY_PREFILLING
-from bench.outputs import add_output_args, output_dir
-from bench.provenance import machine_line, write_csv
+from bench.outputs import add_output_args, output_dir, write_report
+from bench.provenance import write_csv
 from bench.selection_recall import needle_chunk_ids
 from bench.warmup import WARMUP_SEED
 from dllm.evaluation import case_inputs
@@ -282,24 +281,15 @@ def main(argv=None) -> int:
         f"Start-up, not in the tables: model load {load_s:.2f} s; untimed warm-ups: an encoding of 1024 tokens "
         f"{enc_warm_s:.2f} s, then one fresh and one cached run of question 0 on the measured document {q_warm:.2f} s."
     )
-    cmd = " ".join(["python -m bench.document_cache", *(sys.argv[1:] if argv is None else argv)])
-    text = "\n".join(
-        [
-            "# Document cache: questions from a cached document vs fresh runs (bundled tiny model)",
-            "",
-            f"Command: `{cmd}`  ",
-            f"{machine_line('cpu')}; {time.perf_counter() - t0:.0f} s in all.",
-            "",
-            f"Configuration: {CONFIG}; {GEN} response tokens, {STEPS} steps.",
-            "",
-            startup,
-            "",
-            summarize(rows),
-        ]
+    write_report(
+        os.path.join(out, "document_cache.md"),
+        "Document cache: questions from a cached document vs fresh runs (bundled tiny model)",
+        "bench.document_cache",
+        argv,
+        "cpu",
+        time.perf_counter() - t0,
+        [f"Configuration: {CONFIG}; {GEN} response tokens, {STEPS} steps.", startup, summarize(rows)],
     )
-    with open(os.path.join(out, "document_cache.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
     return 0
 
 

@@ -8,7 +8,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from bench.provenance import machine_line
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNS_DIR = REPO_ROOT / "runs"  # git-ignored
@@ -33,3 +36,19 @@ def output_dir(args: argparse.Namespace, runs_sub: str, results_sub: str = "") -
 
 def _rel(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT))
+
+
+def write_report(path, title: str, module: str, argv, device: str, seconds: float, paragraphs: list[str]) -> str:
+    """Write a study's Markdown report to ``path`` and print it: the title, the command that made it
+    (``python -m <module>`` with ``argv``, or this process's arguments when ``argv`` is None), the
+    machine line with ``seconds`` of run time, then ``paragraphs`` separated by blank lines.
+
+    Returns the text written. Raises ``OSError`` if ``path`` cannot be written.
+    """
+    cmd = " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)])
+    head = [f"# {title}", "", f"Command: `{cmd}`  ", f"{machine_line(device)}; {seconds:.0f} s in all."]
+    text = "\n\n".join(["\n".join(head), *paragraphs])
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return text
