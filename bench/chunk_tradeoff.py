@@ -24,6 +24,7 @@ import torch
 
 from bench.budget import TimeBudget
 from bench.demo import TINY_PREFILLING
+from bench.figures import save_figure
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
@@ -111,10 +112,7 @@ def plot(rows, chunk_sizes, top_ks, lengths, path):
             ax.set_xlabel("chunk size C")
             ax.grid(alpha=0.3)
             ax.legend()
-    fig.suptitle("Prefilling-dLLM chunk-size trade-off (tiny-dream, CPU, passkey + needle)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, "Prefilling-dLLM chunk-size trade-off (tiny-dream, CPU, passkey + needle)", dpi=110)
 
 
 def main(argv=None) -> int:

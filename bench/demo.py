@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
+from bench.figures import save_figure
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line, write_csv
 from bench.selection_recall import write_recall
@@ -168,10 +169,7 @@ def plot_demo(rows, path: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     ax_t.set_yscale("log")
-    fig.suptitle("Bundled tiny dLLM, passkey, CPU: dense vs prefix_cache vs prefilling")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, "Bundled tiny dLLM, passkey, CPU: dense vs prefix_cache vs prefilling", dpi=120)
 
 
 def main(argv=None) -> int:

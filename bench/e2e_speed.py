@@ -26,6 +26,7 @@ import torch
 from bench import flop_model
 from bench.budget import TimeBudget
 from bench.demo import EXPONENT, TINY_PREFILLING
+from bench.figures import save_figure
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
@@ -208,10 +209,7 @@ def plot(rows, path: str) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
         ax.legend()
-    fig.suptitle("tiny-dream on CPU: passkey, 8 tokens, 8 steps")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, "tiny-dream on CPU: passkey, 8 tokens, 8 steps", dpi=120)
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,7 @@ import torch
 
 from bench.budget import TimeBudget
 from bench.demo import EXPONENT, TINY_PREFILLING
+from bench.figures import save_figure
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
@@ -98,10 +99,7 @@ def plot(rows, tasks, lengths, depths, path):
             ax.set_xlabel("context tokens")
             if mi == 0:
                 ax.set_ylabel("needle depth")
-    fig.suptitle("tiny-dream, CPU: green = correct, red = wrong, grey = not run (time budget)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, "tiny-dream, CPU: green = correct, red = wrong, grey = not run (time budget)", dpi=110)
 
 
 def main(argv=None) -> int:

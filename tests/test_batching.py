@@ -12,23 +12,19 @@ import torch
 import dllm
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
 from dllm.timer import PhaseTimer
-from tests.tiny_checkpoints import LLADA_BOS, write_dream_checkpoint, write_llada_checkpoint
+from tests.tiny_checkpoints import LLADA_BOS, load_tiny
 
 BOS = 128  # DREAM_TINY bos_token_id
 
 
 @pytest.fixture(scope="module")
 def dream(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dream")
-    write_dream_checkpoint(str(d), seed=31)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "dream", seed=31)
 
 
 @pytest.fixture(scope="module")
 def llada(tmp_path_factory):
-    d = tmp_path_factory.mktemp("llada")
-    write_llada_checkpoint(str(d), seed=32, n_kv_heads=3)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "llada", seed=32, n_kv_heads=3)
 
 
 # (prefix, context, query) lengths: chunk counts 6, 3, 9, 1 and 6 at C = 8; the empty prefix leaves a

@@ -4,21 +4,17 @@ import pytest
 import torch
 
 import dllm
-from tests.tiny_checkpoints import write_dream_checkpoint, write_llada_checkpoint
+from tests.tiny_checkpoints import load_tiny
 
 
 @pytest.fixture(scope="module")
 def dream(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dream")
-    write_dream_checkpoint(str(d), seed=3)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "dream", seed=3)
 
 
 @pytest.fixture(scope="module")
 def llada(tmp_path_factory):
-    d = tmp_path_factory.mktemp("llada")
-    write_llada_checkpoint(str(d), seed=4, n_kv_heads=2)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "llada", seed=4, n_kv_heads=2)
 
 
 def _prompt(model, n=19, b=1, seed=0):

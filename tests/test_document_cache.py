@@ -9,7 +9,7 @@ import torch
 
 import dllm
 from dllm.prefilling import PrefillingConfig, PromptParts
-from tests.tiny_checkpoints import LLADA_BOS, write_dream_checkpoint, write_llada_checkpoint
+from tests.tiny_checkpoints import LLADA_BOS, load_tiny, write_dream_checkpoint
 
 BOS = 128  # DREAM_TINY bos_token_id
 
@@ -28,9 +28,7 @@ def dream(dream_dir):
 
 @pytest.fixture(scope="module")
 def llada(tmp_path_factory):
-    d = tmp_path_factory.mktemp("llada")
-    write_llada_checkpoint(str(d), seed=22, n_kv_heads=3)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "llada", seed=22, n_kv_heads=3)
 
 
 def _parts(bos=BOS, vocab=120, n_ctx=53, seed=0):

@@ -8,23 +8,19 @@ from dllm.policies import PrefixCachePolicy
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy, chunk_offsets
 from dllm.rope import rotate_keys
 from dllm.timer import PhaseTimer
-from tests.tiny_checkpoints import LLADA_BOS, write_dream_checkpoint, write_llada_checkpoint
+from tests.tiny_checkpoints import LLADA_BOS, load_tiny
 
 BOS = 128  # DREAM_TINY bos_token_id
 
 
 @pytest.fixture(scope="module")
 def dream(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dream")
-    write_dream_checkpoint(str(d), seed=11)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "dream", seed=11)
 
 
 @pytest.fixture(scope="module")
 def llada(tmp_path_factory):
-    d = tmp_path_factory.mktemp("llada")
-    write_llada_checkpoint(str(d), seed=12, n_kv_heads=3)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "llada", seed=12, n_kv_heads=3)
 
 
 def _parts(n_prefix=6, n_ctx=37, n_query=6, seed=0, bos=BOS, vocab=120):

@@ -22,16 +22,14 @@ from dllm.kv_cache import StaticKVCache
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
 from dllm.timer import PhaseTimer
 from dllm.unmasking import UnmaskingConfig
-from tests.tiny_checkpoints import write_dream_checkpoint
+from tests.tiny_checkpoints import load_tiny
 
 BOS = 128
 
 
 @pytest.fixture(scope="module")
 def dream(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dream")
-    write_dream_checkpoint(str(d), seed=41)
-    return dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    return load_tiny(tmp_path_factory, "dream", seed=41)
 
 
 def _rows(seed=0):

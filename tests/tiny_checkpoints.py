@@ -197,6 +197,16 @@ def write_llada_checkpoint(out_dir: str, seed: int = 0, shards: int = 1, **over)
     return hf
 
 
+def load_tiny(tmp_path_factory, family: str, seed: int, **over):
+    """Write a random tiny ``family`` ("dream" or "llada") checkpoint into a fresh temporary folder
+    and load it on CPU in fp32 (the model fixtures of the tests)."""
+    import dllm  # here, so that writing checkpoints needs no dllm import
+
+    d = str(tmp_path_factory.mktemp(family))
+    {"dream": write_dream_checkpoint, "llada": write_llada_checkpoint}[family](d, seed=seed, **over)
+    return dllm.load_model(d, device="cpu", dtype=torch.float32)
+
+
 def _save(tensors: dict, out_dir: str, shards: int):
     if shards == 1:
         save_file(tensors, os.path.join(out_dir, "model.safetensors"))

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from bench.figures import save_figure
 from bench.provenance import machine_line, write_csv
 from dllm.evaluation import EvalRow, accuracy_table, evaluate
 from dllm.loader import load_model
@@ -61,9 +62,7 @@ def plot_loss(loss_csv: str, png: str) -> dict:
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title("tiny-dream: masked-diffusion training loss")
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png)
     # a --resume run appends to the log and restarts its clock: add up the segments, count each step once
     seg_ends = [a for a, b in zip(secs, secs[1:]) if b < a] + secs[-1:]
     return {"steps": len(set(steps)), "train_minutes": sum(seg_ends) / 60, "final_ce": smooth[-1]}
