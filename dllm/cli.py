@@ -79,7 +79,7 @@ def _examples(*commands: str) -> str:
 DESCRIPTION = f"""\
 Long-context inference of diffusion LMs (Dream, LLaDA) with Prefilling-dLLM.
 
-examples (each runs as written on the bundled tiny model):
+examples (each runs as written on the bundled tiny model, given the files described below):
 {_examples("generate", "encode", "eval", "info")}
 
 {EXAMPLE_FILES["generate"]}
@@ -238,7 +238,7 @@ def _add_common_args(p):
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
 
 
-def _add_decode_args(p, gen_length_default: int | None):
+def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
     from dllm.loader import default_model_dir
 
     p.add_argument(
@@ -246,7 +246,7 @@ def _add_decode_args(p, gen_length_default: int | None):
         default=None,
         choices=METHODS,
         help="dense (recompute all every step), prefix_cache (Fast-dLLM style) or prefilling (Prefilling-dLLM) "
-        "(default: dense; prefilling with --document)",
+        + ("(default: dense; prefilling with --document)" if document else "(default: dense)"),
     )
     gen_help = "response tokens" + ("" if gen_length_default else " (default: the answer's tokens + 4, per case)")
     p.add_argument("--gen-length", type=_positive_int, default=gen_length_default, help=gen_help)
@@ -344,6 +344,14 @@ def _add_decode_args(p, gen_length_default: int | None):
 # ---------------------------------------------------------------- checks and builders (no model work)
 
 
+def _as_flags(exc: Exception) -> str:
+    """A config error in the words of the command line: field names become their flags, None 'all'."""
+    msg = str(exc)
+    for field, flag in {**_PREFILLING_OPTIONS, "threshold": "--threshold", "temperature": "--temperature"}.items():
+        msg = re.sub(rf"\b{field}\b", flag, msg)
+    return re.sub(r"\bor None\b", "or 'all'", msg)
+
+
 def _unmasking_check(args, gen_length: int | None) -> None:
     """Validate the decoding options as :func:`dllm.generate` will, before the model is loaded."""
     try:
@@ -354,7 +362,7 @@ def _unmasking_check(args, gen_length: int | None) -> None:
             confidence_from=args.confidence_from,
         )
     except ValueError as exc:
-        raise UserError(f"decoding options: {exc}") from exc
+        raise UserError(f"decoding options: {_as_flags(exc)}") from exc
     if gen_length is None:
         if args.block_length is not None:
             raise UserError("--block-length needs --gen-length (the default gen length differs per case)")
@@ -403,7 +411,7 @@ def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
     try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
         return dataclasses.replace(base, **given)
     except ValueError as exc:
-        raise UserError(f"prefilling options: {exc}") from exc
+        raise UserError(f"prefilling options: {_as_flags(exc)}") from exc
 
 
 def _fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> PrefillingConfig:
@@ -661,8 +669,11 @@ def cmd_eval(args) -> int:
     out = args.out or os.path.join(RUNS_DIR, f"eval_{args.task}_{args.method}.csv")
     if os.path.isdir(out):
         raise UserError(f"--out {out} is a directory; give a file name")
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(out))
+    if args.out is not None and not os.path.isdir(folder):  # a mistyped path must not create folders
+        raise UserError(f"--out {out}: no such directory {folder}")
+    try:  # the default folder, runs/, is ours to create
+        os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
     if longbench:  # the file is read and checked before the model is loaded
@@ -787,7 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="instruct checkpoints: the prompt (context slot inside) is the user turn of the tokenizer's chat template",
     )
     _add_common_args(g)
-    _add_decode_args(g, 32)
+    _add_decode_args(g, 32, document=True)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser(

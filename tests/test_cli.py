@@ -117,7 +117,7 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "unknown score term": ("eval passkey --method prefilling --score-terms s_X", "invalid choice"),
     "token budget above the chunk size": (
         "eval passkey --method prefilling --chunk-size 64 --token-budget 65",
-        "token_budget",
+        "--token-budget (B) must be in [1, --chunk-size=64] or 'all', got 65",
     ),
     "prefilling option with dense": ("eval passkey --top-k 2", "--top-k: option(s) of --method prefilling"),
     "graph option with dense": (
@@ -127,7 +127,8 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "top-k word": ("eval passkey --method prefilling --top-k most", "integer >= 1, got 'most'"),
     "gen length 0": ("eval passkey --gen-length 0", "integer >= 1"),
     "negative temperature": ("eval passkey --temperature -1", "number >= 0"),
-    "threshold above 1": ("eval passkey --threshold 1.5", "threshold"),
+    "threshold above 1": ("eval passkey --threshold 1.5", "--threshold must be in (0, 1], got 1.5"),
+    "eval --out in a missing folder": ("eval passkey --out nowhere/x.csv", "--out nowhere/x.csv: no such directory"),
     "block length without gen length": ("eval passkey --block-length 2", "needs --gen-length"),
     "block length not dividing": ("eval passkey --gen-length 8 --block-length 3", "does not divide"),
     "depth above 1": ("eval passkey --depths 1.5", "depth in [0, 1]"),
