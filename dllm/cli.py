@@ -409,9 +409,24 @@ def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
     given = {f: None if v == _ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
     base = PrefillingConfig.from_pretrained(model_dir)  # its errors name the file
     try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
-        return dataclasses.replace(base, **given)
+        cfg = dataclasses.replace(base, **given)
     except ValueError as exc:
         raise UserError(f"prefilling options: {_as_flags(exc)}") from exc
+    _chunk_fits(cfg.chunk_size, model_dir)
+    return cfg
+
+
+def _chunk_fits(chunk_size: int, model_dir: str) -> None:
+    """A chunk is encoded alone at positions 0..C (its BOS anchor first): past the checkpoint's trained
+    positions its keys would be out of distribution, silently."""
+    from dllm.config import load_config
+
+    limit = load_config(model_dir).max_position_embeddings
+    if limit and chunk_size + 1 > limit:
+        raise UserError(
+            f"--chunk-size {chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than "
+            f"the model's {limit} trained positions"
+        )
 
 
 def _fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> PrefillingConfig:
@@ -635,6 +650,7 @@ def cmd_encode(args) -> int:
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
     cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    _chunk_fits(cfg.chunk_size, args.model or default_model_dir())
 
     model, _ = _load(args)
     doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=True)

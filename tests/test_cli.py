@@ -128,6 +128,14 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "gen length 0": ("eval passkey --gen-length 0", "integer >= 1"),
     "negative temperature": ("eval passkey --temperature -1", "number >= 0"),
     "threshold above 1": ("eval passkey --threshold 1.5", "--threshold must be in (0, 1], got 1.5"),
+    "chunk beyond the trained positions": (
+        "encode --context-file doc.txt --out d.cache --chunk-size 99999",
+        "--chunk-size 99999: a chunk and its BOS anchor take 100000 positions, more than the model's 1536",
+    ),
+    "prefilling chunk beyond the trained positions": (
+        "eval passkey --method prefilling --chunk-size 1536",
+        "more than the model's 1536 trained positions",
+    ),
     "eval --out in a missing folder": ("eval passkey --out nowhere/x.csv", "--out nowhere/x.csv: no such directory"),
     "block length without gen length": ("eval passkey --block-length 2", "needs --gen-length"),
     "block length not dividing": ("eval passkey --gen-length 8 --block-length 3", "does not divide"),
