@@ -37,17 +37,12 @@ from pathlib import Path
 
 import torch
 
+from bench.e2e_dream_shape import _sync, build_random_model, dream7b_config
+from bench.outputs import REPO_ROOT
 from bench.provenance import machine_line, write_csv
 from dllm.step_graph import cuda_graph_support
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DREAM_CONFIG_DIR = REPO_ROOT / "tests" / "data" / "reference" / "dream-v0-7b"
 PASSKEY_LENGTHS = (4096, 8192, 6000)
-
-
-def _sync(device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bundled_rows(gen: int, device="cuda") -> list[dict]:
@@ -86,14 +81,9 @@ def bundled_rows(gen: int, device="cuda") -> list[dict]:
 
 
 def dream_model(layers: int):
-    """Dream-v0-7B's architecture with ``layers`` layers and random bf16 weights, on the GPU."""
-    from dllm import DiffusionLM, load_config
-
-    cfg = dataclasses.replace(load_config(str(DREAM_CONFIG_DIR)), num_layers=layers)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = DiffusionLM(cfg)  # fp32 random init on the GPU, then one bf16 copy
-    return model.to(torch.bfloat16).eval()
+    """Dream-v0-7B's architecture with ``layers`` layers and random bf16 weights, on the GPU (built as
+    :func:`bench.e2e_dream_shape.build_random_model` does: never in fp32)."""
+    return build_random_model(dataclasses.replace(dream7b_config(), num_layers=layers), "cuda", torch.bfloat16).eval()
 
 
 def _random_cache(model, n_rows: int, seed: int, chunk: int):

@@ -48,11 +48,11 @@ import torch
 
 from bench import flop_model
 from bench.budget import TimeBudget
+from bench.outputs import REPO_ROOT
 from bench.provenance import machine_line, write_csv
 from bench.roofline import H200_PEAK
 from dllm import DiffusionLM, ModelConfig, PrefillingConfig, PromptParts, generate, load_config
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DREAM_CONFIG_DIR = REPO_ROOT / "tests" / "data" / "reference" / "dream-v0-7b"  # Dream-v0-Instruct-7B's config.json
 METHODS = ("prefilling", "prefix_cache", "dense")  # run order in a length: cheapest first, dense last
 TABLE_ORDER = ("dense", "prefix_cache", "prefilling")

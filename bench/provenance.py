@@ -79,16 +79,13 @@ def machine_line(device: str | None = None) -> str:
     )
 
 
-def write_csv(path, rows: list[dict], device: str | None = None, *, prov: dict | None = None) -> Path:
-    """Write ``rows`` (dicts) to ``path`` with the provenance columns prepended to every row.
-
-    Columns are the union of all row keys in first-seen order; missing cells are empty.
-    ``prov`` gives the provenance of the run that made the rows when it is not this process
-    (a recorded file rewritten later); by default it is :func:`provenance` of ``device``.
-    """
+def write_csv(path, rows: list[dict], device: str | None = None) -> Path:
+    """Write ``rows`` (dicts) to ``path`` with the provenance columns (:func:`provenance` of ``device``)
+    prepended to every row. Columns are the union of all row keys in first-seen order; missing cells
+    are empty. Returns the path; raises ``OSError`` if it cannot be written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    prov = provenance(device) if prov is None else prov
+    prov = provenance(device)
     full = [{**prov, **row} for row in rows]
     fields: list[str] = []
     for row in full:

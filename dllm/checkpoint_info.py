@@ -41,7 +41,8 @@ _ST_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bflo
 
 
 def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
-    """Bytes of cached K and V per token over all layers: ``2 * layers * Hkv * D * itemsize``."""
+    """Bytes of cached K and V per token over all layers of ``cfg`` (a :class:`dllm.ModelConfig`) in
+    ``dtype``: ``2 * layers * Hkv * D * itemsize``."""
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
@@ -155,7 +156,8 @@ def _human_bytes(n: int) -> str:
 
 
 def format_info(info: dict) -> str:
-    """:func:`checkpoint_info` as aligned ``key: value`` lines (exact byte counts, plus a readable size)."""
+    """:func:`checkpoint_info` as aligned ``key: value`` lines (exact byte counts, plus a readable size).
+    Raises ``KeyError`` for a dict that did not come from :func:`checkpoint_info`."""
     a = info["architecture"]
     rope = info["rope"]
     rope_txt = f"{rope['type']}, theta {rope['theta']:g}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -238,8 +239,16 @@ def _add_common_args(p):
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
 
 
-def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
+@functools.cache
+def _bundled_tuned() -> str:
+    """The bundled model's prefilling_config.json settings, for the help text (read once per process)."""
     from dllm.loader import default_model_dir
+
+    tuned = PrefillingConfig.from_pretrained(default_model_dir()).changed_fields()
+    return ", ".join(f"{k}={v}" for k, v in tuned.items())
+
+
+def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
 
     p.add_argument(
         "--method",
@@ -277,9 +286,7 @@ def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
         "--seed", type=_seed, default=None, help="seeds the sampling RNG, an integer in [0, 2**64) (default: unseeded)"
     )
     d = _PREFILLING_DEFAULTS
-    tuned = ", ".join(
-        f"{k}={v}" for k, v in PrefillingConfig.from_pretrained(default_model_dir()).changed_fields().items()
-    )
+    tuned = _bundled_tuned()
     g = p.add_argument_group(
         "prefilling (with --method prefilling; the defaults shown are the library's; a checkpoint's "
         f"prefilling_config.json overrides them, the bundled model's with {tuned or 'nothing'})"
@@ -375,15 +382,23 @@ def _unmasking_check(args, gen_length: int | None) -> None:
         raise UserError(f"--steps {steps} is not a multiple of the {gen_length // block} blocks")
 
 
-def _positions_check(args, gen_length: int | None) -> None:
-    """``--gen-length`` against the positions the checkpoint was trained for (its config.json, read before
-    the weights load): a response longer than the model's whole window is a mistake, not a long answer."""
+def _model_config(args):
+    """The checkpoint's ``config.json`` (a :class:`dllm.ModelConfig`), read once per command, before the
+    weights load; its errors name the file."""
     from dllm.config import load_config
     from dllm.loader import default_model_dir
 
+    if getattr(args, "_model_config", None) is None:
+        args._model_config = load_config(args.model or default_model_dir())
+    return args._model_config
+
+
+def _positions_check(args, gen_length: int | None) -> None:
+    """``--gen-length`` against the positions the checkpoint was trained for: a response longer than the
+    model's whole window is a mistake, not a long answer."""
     if gen_length is None:
         return
-    cfg = load_config(args.model or default_model_dir())  # its errors name the file
+    cfg = _model_config(args)
     if cfg.max_position_embeddings and gen_length > cfg.max_position_embeddings:
         field = "max_sequence_length" if cfg.family == "llada" else "max_position_embeddings"
         raise UserError(
@@ -412,16 +427,14 @@ def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
         cfg = dataclasses.replace(base, **given)
     except ValueError as exc:
         raise UserError(f"prefilling options: {_as_flags(exc)}") from exc
-    _chunk_fits(cfg.chunk_size, model_dir)
+    _chunk_fits(cfg.chunk_size, args)
     return cfg
 
 
-def _chunk_fits(chunk_size: int, model_dir: str) -> None:
+def _chunk_fits(chunk_size: int, args) -> None:
     """A chunk is encoded alone at positions 0..C (its BOS anchor first): past the checkpoint's trained
     positions its keys would be out of distribution, silently."""
-    from dllm.config import load_config
-
-    limit = load_config(model_dir).max_position_embeddings
+    limit = _model_config(args).max_position_embeddings
     if limit and chunk_size + 1 > limit:
         raise UserError(
             f"--chunk-size {chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than "
@@ -632,6 +645,20 @@ def cmd_generate(args) -> int:
 # ---------------------------------------------------------------- encode
 
 
+def _check_out(out: str, create_folder: bool = False) -> None:
+    """``--out``: a file name (not a folder) in an existing folder. Only our default folder (runs/) is
+    created (``create_folder``): a mistyped path must not create folders."""
+    if os.path.isdir(out):
+        raise UserError(f"--out {out} is a directory; give a file name")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not create_folder and not os.path.isdir(folder):
+        raise UserError(f"--out {out}: no such directory {folder}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
+
+
 def cmd_encode(args) -> int:
     """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache`."""
     import dllm
@@ -642,15 +669,11 @@ def cmd_encode(args) -> int:
         raise UserError(f"--context-file {args.context_file} is empty")
     if not args.out.strip():
         raise UserError("--out is empty; give a file name")
-    if os.path.isdir(args.out):
-        raise UserError(f"--out {args.out} is a directory; give a file name")
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder):
-        raise UserError(f"--out {args.out}: no such directory {folder}")
+    _check_out(args.out)
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
     cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
-    _chunk_fits(cfg.chunk_size, args.model or default_model_dir())
+    _chunk_fits(cfg.chunk_size, args)
 
     model, _ = _load(args)
     doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=True)
@@ -683,15 +706,7 @@ def cmd_eval(args) -> int:
     if args.out is not None and not args.out.strip():
         raise UserError("--out is empty; give a file name (or leave --out out for the default)")
     out = args.out or os.path.join(RUNS_DIR, f"eval_{args.task}_{args.method}.csv")
-    if os.path.isdir(out):
-        raise UserError(f"--out {out} is a directory; give a file name")
-    folder = os.path.dirname(os.path.abspath(out))
-    if args.out is not None and not os.path.isdir(folder):  # a mistyped path must not create folders
-        raise UserError(f"--out {out}: no such directory {folder}")
-    try:  # the default folder, runs/, is ours to create
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
+    _check_out(out, create_folder=args.out is None)
     if longbench:  # the file is read and checked before the model is loaded
         from dllm.longbench import load_longbench, metric_for
 

@@ -272,4 +272,3 @@ class PrefillingPolicy(LiveBlockPolicy):
     def __init__(self, model, query, query_start, cache: StaticKVCache, gen_length: int, nfe: int, *, cuda_graph=False):
         live = LiveBlock(query, query_start, gen_length, pad_id=model.mask_token_id)
         super().__init__(model, live, cache, nfe, cuda_graph=cuda_graph)
-        self.query_start = query_start

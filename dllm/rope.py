@@ -243,5 +243,7 @@ class RotaryEmbedding:
         )
 
     def rotate_keys(self, k: torch.Tensor, delta: torch.Tensor | int) -> torch.Tensor:
-        """:func:`rotate_keys` with this model's frequencies (no attention factor)."""
+        """:func:`rotate_keys` with this model's frequencies (no attention factor): keys ``k``
+        ``[..., L, H, D]`` (any float dtype, kept) moved by ``delta`` positions (an int, or an int tensor
+        broadcastable to ``k.shape[:-2]``); returns a new tensor of ``k``'s shape and dtype."""
         return rotate_keys(k, delta, self.theta, inv_freq=self._inv(k.device))

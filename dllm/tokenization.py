@@ -50,6 +50,9 @@ def save_portable_tokenizer(tok, out_dir: str) -> None:
     Args:
         tok: a transformers fast tokenizer.
         out_dir: directory (created).
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
     """
     os.makedirs(out_dir, exist_ok=True)
     tok.save_pretrained(out_dir)

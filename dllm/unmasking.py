@@ -139,12 +139,13 @@ def choose_tokens(logits: torch.Tensor, cfg: UnmaskingConfig, generator=None):
     """
     logits = logits.float()
     tempered = logits / cfg.temperature if cfg.temperature > 0 else logits
-    probs = torch.softmax(_filter_logits(tempered, cfg.top_p, cfg.top_k), dim=-1)
+    filtered = _filter_logits(tempered, cfg.top_p, cfg.top_k)
+    probs = torch.softmax(filtered, dim=-1)
     if cfg.temperature > 0:
         x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     else:
         x0 = probs.argmax(dim=-1)
-    if cfg.confidence_from == "logits":
+    if cfg.confidence_from == "logits" and filtered is not logits:  # else probs is softmax(logits) already
         probs = torch.softmax(logits, dim=-1)
     return x0, probs
 

@@ -139,7 +139,7 @@ def encode_chunks_rows(
     pad_id: int,
     batch: int | None = None,
     progress: bool = False,
-) -> tuple[list, list]:
+) -> tuple[list, int, list]:
     """Chunked prefill of several contexts at once: their chunks stacked along N in shared forwards.
 
     Contexts whose chunks have the same padded length ``T = min(C, L_ctx) + 1`` (every context of

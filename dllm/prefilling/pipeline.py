@@ -546,11 +546,14 @@ def build_prefilling_policy(
         prompt = parts_from_ids(model, input_ids, cfg, bos)
     prompts = list(prompt) if batched else [prompt]
     parts = []
+    checked = set()  # a document shared by rows is fingerprinted once (it hashes weights)
     for i, (pp, doc) in enumerate(zip(prompts, docs)):
         try:
             parts.append(check_parts(model, pp, doc))
             if doc is not None:
-                doc.check_model(model)
+                if id(doc) not in checked:
+                    doc.check_model(model)
+                    checked.add(id(doc))
                 doc.check_config(cfg, bos)
                 check_top_k(cfg, doc.num_chunks, len(doc))
             else:

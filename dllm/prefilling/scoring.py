@@ -207,6 +207,8 @@ def _causal_pass(model, pool: ChunkCache, slots: torch.Tensor, live: torch.Tenso
 
 
 def raise_if_unshifted(model):
+    """Raise ``ValueError`` unless ``model`` (a :class:`dllm.DiffusionLM`) has shifted, next-token logits:
+    the causal score mode reads position i's prediction of token i+1 (Dream yes, LLaDA no)."""
     if not model.shift_logits:
         raise ValueError("score_mode='causal' needs a model with shifted (next-token) logits, e.g. the Dream family")
 
@@ -382,7 +384,7 @@ class _RowScores:
             self.s_i if need_i else None,
             self.s_p if need_pc else None,
             self.s_c if need_pc else None,
-            total=torch.zeros_like(self.s_i),
+            total=None,  # set below, from the terms just stored
             token_scores=self.tokens,
         )
         sc.total = sum(getattr(sc, t) for t in terms)  # term names are the attribute names
