@@ -225,6 +225,11 @@ def test_bad_prefilling_input(dream):
         PrefillingConfig(chunk_size=0)
     with pytest.raises(ValueError, match="mask token"):
         gen(PromptParts(ok.prefix, torch.tensor([1, dream.mask_token_id, 2]), ok.query), chunk_size=8)
+    vocab = dream.config.vocab_size  # an id past the embedding table is an error, not an index crash
+    with pytest.raises(ValueError, match=rf"prompt.query token ids must be in \[0, {vocab}\)"):
+        gen(PromptParts(ok.prefix, ok.context, torch.tensor([1, vocab])), chunk_size=8)
+    with pytest.raises(ValueError, match="prompt.prefix token ids"):
+        gen(PromptParts(torch.tensor([-1]), ok.context, ok.query), chunk_size=8)
     with pytest.raises(ValueError, match="position_mode"):
         PrefillingConfig(position_mode="relative")
     with pytest.raises(ValueError, match="pool_kernel"):

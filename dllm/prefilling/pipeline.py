@@ -214,6 +214,8 @@ def check_parts(model, parts: PromptParts, document: DocumentCache | None) -> Pr
             raise ValueError(f"prompt.{name} is on {t.device} but the model is on {model.device}")
         if (t == model.mask_token_id).any():
             raise ValueError(f"prompt.{name} contains the mask token id {model.mask_token_id}")
+        if t.numel() and (t.min() < 0 or t.max() >= model.config.vocab_size):  # as generate.check_prompt
+            raise ValueError(f"prompt.{name} token ids must be in [0, {model.config.vocab_size})")
         out.append(t.to(model.device).long())
     parts = PromptParts(*out)
     if parts.context is not None and parts.context.numel() == 0:
