@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -83,7 +84,10 @@ class ModelConfig:
         if self.family not in FAMILIES:
             raise ConfigError(f"unknown model family {self.family!r}; expected one of {FAMILIES}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
-            if int(getattr(self, name)) < 1:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"config field {name} must be an integer, got {value!r}")
+            if value < 1:
                 raise ConfigError(f"config field {name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
@@ -91,8 +95,17 @@ class ModelConfig:
             raise ConfigError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads} (GQA)")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
-        if not self.rope_theta > 0:
-            raise ConfigError(f"rope_theta must be > 0, got {self.rope_theta}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ConfigError(f"config field rope_theta must be a finite number > 0, got {self.rope_theta}")
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
+            raise ConfigError(f"config field rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps}")
+        for key, value in (self.rope_scaling or {}).items():
+            # factor, attention_factor, low/high_freq_factor, beta_fast/slow: a zero, negative or
+            # infinite value gives inf/NaN frequencies (and NaN logits), never a usable model
+            if key == "rope_type" or key == "type" or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"config field rope_scaling.{key} must be a finite number > 0, got {value!r}")
         from dllm.rope import scaled_inv_frequencies
 
         try:  # the frequencies themselves are computed again by the model; this only validates
@@ -145,6 +158,34 @@ def _require(raw: dict, key: str, path: str):
     return raw[key]
 
 
+def _int(raw: dict, key: str, path: str, *, default=None, minimum: int = 1) -> int | None:
+    """A JSON integer field (never a bool or a float such as ``1e9``), ``>= minimum``; ``default`` when
+    absent or null (required when ``default`` is None)."""
+    value = raw.get(key)
+    if value is None:
+        if default is None:
+            _require(raw, key, path)
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{path}: field {key!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{path}: field {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _optional_id(raw: dict, key: str, path: str) -> int | None:
+    """A special token id field: a non-negative integer or null."""
+    return None if raw.get(key) is None else _int(raw, key, path, minimum=0)
+
+
+def _positive_float(raw: dict, key: str, path: str, default: float) -> float:
+    """A finite, positive JSON number (``rms_norm_eps``)."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{path}: field {key!r} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 def family_of(raw: dict) -> str:
     """Family of a raw config dict from its ``model_type`` (or ``architectures``).
 
@@ -168,8 +209,8 @@ def family_of(raw: dict) -> str:
 
 
 def _dream_config(raw: dict, path: str) -> ModelConfig:
-    hidden = int(_require(raw, "hidden_size", path))
-    heads = int(_require(raw, "num_attention_heads", path))
+    hidden = _int(raw, "hidden_size", path)
+    heads = _int(raw, "num_attention_heads", path)
     if raw.get("use_sliding_window"):
         raise ConfigError(f"{path}: sliding-window attention is not supported (use_sliding_window=true)")
     theta, scaling = rope_fields(raw, 1e6)
@@ -178,23 +219,23 @@ def _dream_config(raw: dict, path: str) -> ModelConfig:
         raise ConfigError(f"{path}: hidden_act {act!r} is not supported (SwiGLU with silu only)")
     return ModelConfig(
         family="dream",
-        vocab_size=int(_require(raw, "vocab_size", path)),
+        vocab_size=_int(raw, "vocab_size", path),
         hidden_size=hidden,
-        intermediate_size=int(_require(raw, "intermediate_size", path)),
-        num_layers=int(_require(raw, "num_hidden_layers", path)),
+        intermediate_size=_int(raw, "intermediate_size", path),
+        num_layers=_int(raw, "num_hidden_layers", path),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or hidden // heads),
+        num_kv_heads=_int(raw, "num_key_value_heads", path, default=heads),
+        head_dim=_int(raw, "head_dim", path, default=hidden // heads),
         rope_theta=theta,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=_positive_float(raw, "rms_norm_eps", path, 1e-6),
         qkv_bias=True,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         shift_logits=True,
-        mask_token_id=int(_require(raw, "mask_token_id", path)),
-        bos_token_id=raw.get("bos_token_id"),
-        eos_token_id=raw.get("eos_token_id"),
-        pad_token_id=raw.get("pad_token_id"),
-        max_position_embeddings=raw.get("max_position_embeddings"),
+        mask_token_id=_int(raw, "mask_token_id", path, minimum=0),
+        bos_token_id=_optional_id(raw, "bos_token_id", path),
+        eos_token_id=_optional_id(raw, "eos_token_id", path),
+        pad_token_id=_optional_id(raw, "pad_token_id", path),
+        max_position_embeddings=_int(raw, "max_position_embeddings", path, default=0) or None,
         rope_scaling=scaling,
     )
 
@@ -214,30 +255,30 @@ def _llada_config(raw: dict, path: str) -> ModelConfig:
         raise ConfigError(f"{path}: models without RoPE are not supported (rope=false)")
     if raw.get("include_bias"):
         raise ConfigError(f"{path}: include_bias=true is not supported for LLaDA")
-    d_model = int(_require(raw, "d_model", path))
-    heads = int(_require(raw, "n_heads", path))
-    mlp = raw.get("mlp_hidden_size") or int(raw.get("mlp_ratio", 4)) * d_model
-    vocab = int(raw.get("embedding_size") or _require(raw, "vocab_size", path))
+    d_model = _int(raw, "d_model", path)
+    heads = _int(raw, "n_heads", path)
+    mlp = _int(raw, "mlp_hidden_size", path, default=0) or _int(raw, "mlp_ratio", path, default=4) * d_model
+    vocab = _int(raw, "embedding_size", path, default=0) or _int(raw, "vocab_size", path)
     theta, scaling = rope_fields(raw, 10000.0)
     return ModelConfig(
         family="llada",
         vocab_size=vocab,
         hidden_size=d_model,
-        intermediate_size=int(mlp),
-        num_layers=int(_require(raw, "n_layers", path)),
+        intermediate_size=mlp,
+        num_layers=_int(raw, "n_layers", path),
         num_heads=heads,
-        num_kv_heads=int(raw.get("n_kv_heads") or heads),
+        num_kv_heads=_int(raw, "n_kv_heads", path, default=heads),
         head_dim=d_model // heads,
         rope_theta=theta,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        rms_norm_eps=_positive_float(raw, "rms_norm_eps", path, 1e-5),
         qkv_bias=bool(raw.get("include_qkv_bias", False)),
         tie_word_embeddings=bool(raw.get("weight_tying", False)),
         shift_logits=False,
-        mask_token_id=int(_require(raw, "mask_token_id", path)),
-        bos_token_id=raw.get("bos_token_id"),
-        eos_token_id=raw.get("eos_token_id"),
-        pad_token_id=raw.get("pad_token_id"),
-        max_position_embeddings=raw.get("max_sequence_length"),
+        mask_token_id=_int(raw, "mask_token_id", path, minimum=0),
+        bos_token_id=_optional_id(raw, "bos_token_id", path),
+        eos_token_id=_optional_id(raw, "eos_token_id", path),
+        pad_token_id=_optional_id(raw, "pad_token_id", path),
+        max_position_embeddings=_int(raw, "max_sequence_length", path, default=0) or None,
         rope_scaling=scaling,
     )
 

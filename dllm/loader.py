@@ -17,7 +17,7 @@ import torch
 
 from dllm.config import ConfigError, load_config, quiet_transformers
 from dllm.modeling import DiffusionLM
-from dllm.weights import load_weights_into
+from dllm.weights import check_checkpoint_shapes, checkpoint_index, checkpoint_num_layers, load_weights_into
 
 _DTYPES = {
     "float32": torch.float32,
@@ -154,21 +154,37 @@ def load_model(
         config) and ``tokenizer`` (a transformers tokenizer, see :func:`load_tokenizer`, or None) attributes.
 
     Raises:
-        dllm.config.ConfigError: missing/invalid config, unknown family, unsupported RoPE scaling,
-            unusable tokenizer files.
-        dllm.weights.WeightError: missing/misnamed tensors, shape mismatch, an empty, truncated or
-            corrupt safetensors file (the message names the file).
+        dllm.config.ConfigError: missing/invalid config (a field of the wrong type or range, named),
+            unknown family, unsupported RoPE scaling, a layer count the checkpoint's tensors do not
+            have, unusable tokenizer files.
+        dllm.weights.WeightError: missing/misnamed tensors, shape mismatch (checked from the
+            safetensors headers before the model is allocated), a tensor stored in two shards, an
+            integer-typed weight, an index that is not a mapping, an empty, truncated or corrupt
+            safetensors file (the message names the file).
         ValueError: unsupported dtype.
     """
     path = default_model_dir() if path is None else str(path)
     cfg = load_config(path, rope_theta=rope_theta)
     device, dtype = resolve_device_dtype(device, dtype)
+    # The checkpoint's headers are read before anything is built: a config.json whose sizes do not
+    # match its tensors (num_hidden_layers=1e9, a wrong vocab_size) fails here, not in an allocation.
+    index = checkpoint_index(path, cfg.family)
+    have_layers = checkpoint_num_layers(index)
+    if have_layers != cfg.num_layers:
+        field = "num_hidden_layers" if cfg.family == "dream" else "n_layers"
+        raise ConfigError(
+            f"{os.path.join(path, 'config.json')}: {field}={cfg.num_layers} but the checkpoint's tensors hold "
+            f"{have_layers} layer(s)"
+        )
     with torch.device("meta"):
         model = DiffusionLM(cfg)
+    if cfg.tie_word_embeddings:  # the tie is also what the shape check expects
+        model.lm_head.weight = model.embed_tokens.weight
+    check_checkpoint_shapes(model, index, path)
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:  # to_empty breaks the tie
         model.lm_head.weight = model.embed_tokens.weight
-    load_weights_into(model, path, cfg.family)
+    load_weights_into(model, path, cfg.family, index)
     model.eval()
     model.requires_grad_(False)
     model.tokenizer = load_tokenizer(tokenizer_path or path, family=cfg.family)

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -109,6 +110,25 @@ def module_to_checkpoint_name(name: str, family: str) -> str:
     raise WeightError(f"no LLaDA name for parameter {name!r}")
 
 
+def _read_index(index: str) -> dict[str, str]:
+    """``weight_map`` of a safetensors index: tensor name -> shard file name."""
+    try:
+        with open(index, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise WeightError(f"{index} is not a valid safetensors index ({e})") from e
+    if not isinstance(raw, dict):
+        raise WeightError(f"{index} is not a valid safetensors index (a JSON {type(raw).__name__}, not an object)")
+    weight_map = raw.get("weight_map")
+    if not isinstance(weight_map, dict):
+        what = "no 'weight_map'" if weight_map is None else f"a 'weight_map' that is a {type(weight_map).__name__}"
+        raise WeightError(f"{index} is not a valid safetensors index ({what}, not a mapping of tensor -> file)")
+    bad = [f for f in weight_map.values() if not isinstance(f, str) or not f or os.path.isabs(f) or ".." in f.split("/")]
+    if bad:
+        raise WeightError(f"{index} is not a valid safetensors index (shard names {bad[:3]!r} are not file names)")
+    return weight_map
+
+
 def checkpoint_files(model_dir: str) -> list[str]:
     """The safetensors files of a checkpoint.
 
@@ -116,16 +136,12 @@ def checkpoint_files(model_dir: str) -> list[str]:
     ``model.safetensors``, else any single ``*.safetensors`` file.
 
     Raises:
-        WeightError: no safetensors file, or an index naming a missing shard.
+        WeightError: no safetensors file, an index that is not a JSON object with a ``weight_map``
+            mapping, or an index naming a missing shard.
     """
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise WeightError(f"{index} is not a valid safetensors index ({e})") from e
-        files = sorted(set(weight_map.values()))
+        files = sorted(set(_read_index(index).values()))
         missing = [f for f in files if not os.path.isfile(os.path.join(model_dir, f))]
         if missing:
             raise WeightError(f"{index} names shard(s) not in {model_dir}: {missing}")
@@ -139,40 +155,112 @@ def checkpoint_files(model_dir: str) -> list[str]:
     raise WeightError(f"{model_dir!r} has no model.safetensors or model.safetensors.index.json")
 
 
-@torch.no_grad()
-def load_weights_into(model: torch.nn.Module, model_dir: str, family: str) -> None:
-    """Copy a checkpoint's tensors into ``model`` (converting to its dtype/device).
+# safetensors dtype codes of floating-point tensors (weights must be one of them).
+_FLOAT_CODES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
-    Every parameter must be present exactly once with the expected shape; tied
-    LM heads may be absent.
+
+@dataclass(frozen=True)
+class CheckpointTensor:
+    """Where one parameter lives in a checkpoint (read from the safetensors headers, no data)."""
+
+    file: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def checkpoint_index(model_dir: str, family: str) -> dict[str, CheckpointTensor]:
+    """Our parameter name -> its tensor in the checkpoint, from the safetensors headers only.
+
+    Reads no tensor data, so a config can be checked against the checkpoint (layer count, shapes)
+    before any memory is allocated for the model.
 
     Raises:
-        WeightError: unexpected names, missing parameters, shape mismatches.
+        WeightError: unreadable files or index (see :func:`checkpoint_files`), names outside the
+            family's layout, a tensor stored in two shards (both named), or a weight that is not a
+            floating-point tensor.
     """
-    params = dict(model.named_parameters(remove_duplicate=False))
-    tied = model.lm_head.weight is model.embed_tokens.weight
-    loaded: set[str] = set()
+    found: dict[str, CheckpointTensor] = {}
     for path in checkpoint_files(model_dir):
         with open_safetensors(path) as f:
             for ck_name in f.keys():
                 name = checkpoint_to_module_name(ck_name, family)
                 if name is None:
                     continue
-                if name not in params:
-                    where = os.path.basename(path)
-                    raise WeightError(f"{where}: tensor {ck_name!r} maps to unknown parameter {name!r}")
-                t = f.get_tensor(ck_name)
-                p = params[name]
-                if tuple(t.shape) != tuple(p.shape):
+                sl = f.get_slice(ck_name)
+                entry = CheckpointTensor(path, ck_name, tuple(sl.get_shape()), sl.get_dtype())
+                if name in found:
+                    other = found[name]
                     raise WeightError(
-                        f"shape mismatch for {ck_name!r}: checkpoint {tuple(t.shape)}, config expects {tuple(p.shape)}"
+                        f"tensor {ck_name!r} is stored twice: in {os.path.basename(other.file)} and in "
+                        f"{os.path.basename(path)}"
                     )
-                p.copy_(t.to(dtype=p.dtype, device=p.device))
-                loaded.add(name)
-    missing = [n for n in params if n not in loaded and not (tied and n == "lm_head.weight")]
+                if entry.dtype not in _FLOAT_CODES:
+                    raise WeightError(
+                        f"{os.path.basename(path)}: tensor {ck_name!r} has dtype {entry.dtype}; weights must be "
+                        "floating point"
+                    )
+                found[name] = entry
+    return found
+
+
+def checkpoint_num_layers(index: dict[str, CheckpointTensor]) -> int:
+    """Decoder blocks a checkpoint holds: 1 + the largest ``layers.N`` index among its tensors (0 if none)."""
+    layers = [int(m.group(1)) for n in index if (m := re.match(r"^layers\.(\d+)\.", n))]
+    return max(layers) + 1 if layers else 0
+
+
+def check_checkpoint_shapes(model: torch.nn.Module, index: dict[str, CheckpointTensor], model_dir: str) -> None:
+    """Every parameter of ``model`` (may live on the meta device) is in ``index`` with its shape.
+
+    Tied LM heads may be absent.
+
+    Raises:
+        WeightError: a checkpoint tensor with no parameter, a shape mismatch, missing parameters.
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    for name, entry in index.items():
+        if name not in params:
+            where = os.path.basename(entry.file)
+            raise WeightError(f"{where}: tensor {entry.name!r} maps to unknown parameter {name!r}")
+        if entry.shape != tuple(params[name].shape):
+            raise WeightError(
+                f"shape mismatch for {entry.name!r}: checkpoint {entry.shape}, config expects {tuple(params[name].shape)}"
+            )
+    missing = [n for n in params if n not in index and not (tied and n == "lm_head.weight")]
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
         raise WeightError(f"checkpoint in {model_dir!r} lacks {len(missing)} tensor(s): {missing[:5]}{more}")
+
+
+@torch.no_grad()
+def load_weights_into(
+    model: torch.nn.Module, model_dir: str, family: str, index: dict[str, CheckpointTensor] | None = None
+) -> None:
+    """Copy a checkpoint's tensors into ``model`` (converting to its dtype/device).
+
+    Every parameter must be present exactly once with the expected shape; tied
+    LM heads may be absent.
+
+    Args:
+        index: :func:`checkpoint_index` of ``model_dir`` when the caller already has it.
+
+    Raises:
+        WeightError: unexpected names, missing parameters, shape mismatches, duplicate or
+            non-floating-point tensors, unreadable files.
+    """
+    index = checkpoint_index(model_dir, family) if index is None else index
+    check_checkpoint_shapes(model, index, model_dir)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    by_file: dict[str, list[tuple[str, str]]] = {}
+    for name, entry in index.items():
+        by_file.setdefault(entry.file, []).append((name, entry.name))
+    for path, names in by_file.items():
+        with open_safetensors(path) as f:
+            for name, ck_name in names:
+                p = params[name]
+                p.copy_(f.get_tensor(ck_name).to(dtype=p.dtype, device=p.device))
 
 
 def save_checkpoint(model: torch.nn.Module, model_dir: str, family: str, dtype: torch.dtype | None = None) -> None:
