@@ -127,7 +127,7 @@ def test_document_shape_bytes_and_header(dream, tmp_path):
         head = json.loads(f.metadata()["dllm_document_cache"])
     assert head["family"] == "dream" and head["dtype"] == "float32" and head["chunk_size"] == 8
     assert head["anchor_token_id"] == BOS and head["num_chunks"] == 5 and head["num_tokens"] == 37
-    assert head["version"] == doc.version and len(head["model_config"]) == len(head["model_weights"]) == 16
+    assert head["version"] == doc.version and len(head["model_config"]) == 16 and len(head["model_weights"]) == 32
     loaded = dllm.DocumentCache.load(path, dream)
     for a, b in zip(doc.chunks.k + doc.chunks.v, loaded.chunks.k + loaded.chunks.v):
         assert torch.equal(a, b)
@@ -353,18 +353,114 @@ DAMAGE = {  # what is wrong -> (tensor edit, header edit)
 }
 
 
+@pytest.mark.parametrize("verify", [True, False])
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_load_rejects_a_damaged_or_forged_cache_with_one_value_error(damage, dream, tmp_path):
+def test_load_rejects_a_damaged_or_forged_cache_with_one_value_error(damage, verify, dream, tmp_path):
     """Every inconsistency between the header, the tensors and the model is a ValueError naming the file,
-    never a KeyError/SafetensorError or a silently wrong cache."""
+    never a KeyError/SafetensorError or a silently wrong cache (also when the content hashes are not checked)."""
     good = tmp_path / "good.cache"
     dllm.encode_document(dream, _parts(n_ctx=37).context, chunk_size=8).save(good)
     bad = tmp_path / "bad.cache"
     edit_tensors, edit_header = DAMAGE[damage]
     _rewrite(good, bad, edit_tensors, edit_header)
     with pytest.raises(ValueError, match=str(bad)):
+        dllm.DocumentCache.load(bad, dream, verify=verify)
+    dllm.DocumentCache.load(good, dream, verify=verify)  # the untouched copy still loads
+
+
+def _flip_bit(t):
+    t["k.0"].view(torch.int32).view(-1)[5] ^= 1 << 3
+
+
+def _nan_in_v(t):
+    t["v.1"][1, 2, 0, 3] = float("nan")
+
+
+def _edit_id(t):
+    t["ids"][1, 4] = (t["ids"][1, 4] + 1) % 100  # still a valid, non-special id
+
+
+CONTENT_EDITS = {"a bit flip in K": _flip_bit, "a NaN in V": _nan_in_v, "an edited token id": _edit_id}
+
+
+@pytest.mark.parametrize("edit", list(CONTENT_EDITS))
+def test_content_edits_that_keep_the_layout_are_caught_by_the_hashes(edit, dream, tmp_path):
+    """Edits a layout check cannot see fail the SHA-256 check by default; verify=False skips it (documented)."""
+    good, bad = tmp_path / "good.cache", tmp_path / "bad.cache"
+    dllm.encode_document(dream, _parts(n_ctx=37).context, chunk_size=8).save(good)
+    _rewrite(good, bad, CONTENT_EDITS[edit])
+    with pytest.raises(ValueError, match=rf"{bad} is damaged: the bytes of tensor \S+ differ from the SHA-256"):
         dllm.DocumentCache.load(bad, dream)
-    dllm.DocumentCache.load(good, dream)  # the untouched copy still loads
+    dllm.DocumentCache.load(bad, dream, verify=False)
+
+
+def test_kv_copied_from_another_document_is_caught(dream, tmp_path):
+    a, b, forged = tmp_path / "a.cache", tmp_path / "b.cache", tmp_path / "forged.cache"
+    dllm.encode_document(dream, _parts(n_ctx=37, seed=1).context, chunk_size=8).save(a)
+    dllm.encode_document(dream, _parts(n_ctx=37, seed=2).context, chunk_size=8).save(b)
+    from safetensors.torch import load_file
+
+    other = load_file(str(b))
+    _rewrite(a, forged, lambda t: t.update({"k.1": other["k.1"], "v.1": other["v.1"]}))
+    with pytest.raises(ValueError, match="bytes of tensor k.1 differ"):
+        dllm.DocumentCache.load(forged, dream)
+
+
+@pytest.mark.parametrize("version", [None, "", 3])
+def test_a_header_without_a_version_string_is_rejected(version, dream, tmp_path):
+    good, bad = tmp_path / "good.cache", tmp_path / "bad.cache"
+    dllm.encode_document(dream, _parts(n_ctx=13).context, chunk_size=8).save(good)
+    _rewrite(good, bad, edit_header=lambda h: _set(h, "version", version))
+    with pytest.raises(ValueError, match="version=.* is not a version string"):
+        dllm.DocumentCache.load(bad, dream)
+
+
+def test_a_cache_of_other_weights_is_refused_whatever_weight_differs(dream_dir, tmp_path):
+    """A change to any one weight (here a LoRA-like edit of q_proj / v_proj, which the old two-row
+    fingerprint of four matrices missed) makes the cache a ValueError naming the weights."""
+    base = dllm.load_model(dream_dir, device="cpu", dtype=torch.float32)
+    path = tmp_path / "doc.cache"
+    dllm.encode_document(base, _parts(n_ctx=29).context, chunk_size=8).save(path)
+    for module in ("q_proj", "v_proj"):
+        tuned = dllm.load_model(dream_dir, device="cpu", dtype=torch.float32)
+        proj = getattr(tuned.layers[1].self_attn, module)
+        with torch.no_grad():
+            proj.weight[-1, -1] += 1e-3  # a rank-1 update of one element
+        with pytest.raises(ValueError, match="model_weights mismatch.*model weights differ"):
+            dllm.DocumentCache.load(path, tuned)
+    dllm.DocumentCache.load(path, base)
+    # in place on the same model object: the cached digest notices the version counter
+    bias = base.layers[0].self_attn.q_proj.bias
+    saved = bias.detach().clone()
+    with torch.no_grad():
+        bias[0] += 1.0
+    with pytest.raises(ValueError, match="model weights differ"):
+        dllm.DocumentCache.load(path, base)
+    with torch.no_grad():
+        bias.copy_(saved)
+    dllm.DocumentCache.load(path, base)
+
+
+def test_weights_digest_is_computed_once_per_model(dream, monkeypatch):
+    from dllm.prefilling import document
+
+    document.weights_digest(dream)
+    calls = []
+    monkeypatch.setattr(document, "tensor_sha256", lambda *a, **k: calls.append(1))
+    document.weights_digest(dream)
+    document.model_fingerprint(dream)
+    assert calls == []
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_saved_cache_mode_follows_the_umask(umask, mode, dream, tmp_path):
+    doc = dllm.encode_document(dream, _parts(n_ctx=5).context, chunk_size=8)
+    old = os.umask(umask)
+    try:
+        doc.save(tmp_path / "doc.cache")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "doc.cache").st_mode & 0o777 == mode
 
 
 def test_save_failures_are_os_errors_naming_the_path(dream, tmp_path):

@@ -15,7 +15,12 @@ question: the prefix, the draft, chunk scoring, selection and decoding::
 File format: one safetensors file. Tensors ``k.<layer>`` / ``v.<layer>`` (``[N, C+1, Hkv, D]``,
 model dtype), ``lens`` (``[N]`` int32), ``starts`` (``[N]`` int64) and ``ids`` (``[N, C+1]`` int64,
 the encoded tokens, needed by joint cache mode and causal scoring); the safetensors metadata holds
-one JSON header under ``dllm_document_cache`` (:data:`HEADER_FIELDS`).
+one JSON header under ``dllm_document_cache`` (:data:`HEADER_FIELDS`), with a SHA-256 of every
+tensor's bytes (``tensor_sha256``) that :meth:`DocumentCache.load` checks by default.
+
+Identity: a cache answers correctly only for the weights that encoded it, so its header carries a
+SHA-256 over every weight tensor of the model (:func:`weights_digest`); a fine-tune or LoRA merge
+that touches any weight no longer matches.
 """
 
 from __future__ import annotations
@@ -35,11 +40,22 @@ from dllm.devices import same_device
 from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, pad_token_id
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 
-FORMAT = 1
+# 2: model_weights hashes every weight tensor (1 hashed two rows of four), tensor_sha256 added.
+FORMAT = 2
 HEADER_KEY = "dllm_document_cache"
 # Checked against the model on load, in this order (the first mismatch is named in the error).
 MODEL_FIELDS = ("family", "model_config", "dtype", "model_weights")
-HEADER_FIELDS = ("format", *MODEL_FIELDS, "chunk_size", "anchor_token_id", "num_chunks", "num_tokens", "version")
+HEADER_FIELDS = (
+    "format",
+    *MODEL_FIELDS,
+    "chunk_size",
+    "anchor_token_id",
+    "num_chunks",
+    "num_tokens",
+    "version",
+    "tensor_sha256",
+)
+_HASH_BLOCK = 1 << 26  # bytes hashed per piece: bounds the host copy of a GPU tensor to 64 MiB
 
 
 def _package_version() -> str:
@@ -53,29 +69,69 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def tensor_sha256(t: torch.Tensor, h=None) -> str:
+    """SHA-256 (hex) of a tensor's bytes in row-major order, on any device (copied to the host in
+    64 MiB pieces); ``h`` is updated instead when given (its hexdigest is then returned)."""
+    h = hashlib.sha256() if h is None else h
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    for i in range(0, flat.numel(), _HASH_BLOCK):
+        h.update(flat[i : i + _HASH_BLOCK].cpu().numpy().data)
+    return h.hexdigest()
+
+
+def weights_digest(model) -> str:
+    """SHA-256 (hex) over every tensor of ``model.state_dict()``: names, dtypes, shapes and bytes.
+
+    Computed once per model and cached on it; the cache is keyed by each tensor's storage address
+    and in-place version counter, so weights changed in place (``p.add_``, ``p.copy_``) or
+    replaced are hashed again. Cost: one pass over the weights at SHA-256 speed (about 1-2 GB/s on
+    one CPU core; ~10 s for a 7B model in bf16, plus the device-to-host copy on a GPU), paid the
+    first time a document cache is encoded, saved or loaded for that model.
+    """
+    state = model.state_dict(keep_vars=True)
+    key = tuple((name, t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for name, t in state.items())
+    cached = getattr(model, "_dllm_weights_digest", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    h = hashlib.sha256()
+    for name, t in state.items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        tensor_sha256(t, h)
+    digest = h.hexdigest()
+    try:
+        model._dllm_weights_digest = (key, digest)
+    except AttributeError:  # pragma: no cover - a model class that forbids new attributes
+        pass
+    return digest
+
+
 def model_fingerprint(model) -> dict[str, str]:
     """What a document cache must match: ``{family, model_config, dtype, model_weights}``.
 
     ``model_config`` is a SHA-256 of the :class:`~dllm.config.ModelConfig` fields; ``model_weights``
-    a SHA-256 of the first two rows of four weight matrices (embedding, first layer's K projection,
-    last layer's down projection, LM head), read in fp32, which tells checkpoints of one architecture
-    apart without hashing gigabytes.
+    the :func:`weights_digest` of every weight tensor (cached per model).
     """
     cfg_json = json.dumps(asdict(model.config), sort_keys=True)
-    h = hashlib.sha256()
-    for w in (
-        model.embed_tokens.weight,
-        model.layers[0].self_attn.k_proj.weight,
-        model.layers[-1].mlp.down_proj.weight,
-        model.lm_head.weight,
-    ):
-        h.update(w.detach()[:2].float().cpu().contiguous().numpy().tobytes())
     return {
         "family": model.family,
         "model_config": hashlib.sha256(cfg_json.encode()).hexdigest()[:16],
         "dtype": _dtype_name(model.dtype),
-        "model_weights": h.hexdigest()[:16],
+        "model_weights": weights_digest(model)[:32],
     }
+
+
+def _current_umask() -> int:
+    """The process umask, read without changing it where /proc allows (os.umask is set-and-return)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @dataclass
@@ -115,8 +171,9 @@ class DocumentCache:
         c = self.chunks
         return sum(t.numel() * t.element_size() for t in [*c.k, *c.v, c.ids, c.lens]) + 8 * len(c.starts)
 
-    def header(self) -> dict:
-        """The JSON header written by :meth:`save` (:data:`HEADER_FIELDS`)."""
+    def header(self, tensor_hashes: dict[str, str] | None = None) -> dict:
+        """The JSON header written by :meth:`save` (:data:`HEADER_FIELDS`); ``tensor_sha256`` holds
+        ``tensor_hashes`` (name -> :func:`tensor_sha256`), empty when not given."""
         return {
             "format": FORMAT,
             **self.fingerprint,
@@ -125,6 +182,7 @@ class DocumentCache:
             "num_chunks": self.num_chunks,
             "num_tokens": len(self),
             "version": self.version,
+            "tensor_sha256": dict(sorted((tensor_hashes or {}).items())),
         }
 
     def check_model(self, model) -> None:
@@ -150,6 +208,10 @@ class DocumentCache:
     def save(self, path) -> None:
         """Write the cache to ``path`` (one safetensors file with the JSON header in its metadata).
 
+        The header records a SHA-256 of every tensor (checked by :meth:`load`). The file's mode
+        follows the process umask (``0o666 & ~umask``, as ``open`` would create it), so a cache can
+        be shared across users and processes where the umask allows.
+
         Raises:
             OSError: the file cannot be written (its subclass and ``filename`` as for ``open``: e.g.
                 ``FileNotFoundError`` for a missing folder, ``IsADirectoryError`` for a directory).
@@ -160,15 +222,16 @@ class DocumentCache:
         tensors["lens"] = c.lens.contiguous()
         tensors["ids"] = c.ids.contiguous()
         tensors["starts"] = torch.tensor(c.starts, dtype=torch.int64)
+        tensors = {k: t.cpu() for k, t in tensors.items()}
+        hashes = {k: tensor_sha256(t) for k, t in tensors.items()}
         try:
-            save_file(
-                {k: t.cpu() for k, t in tensors.items()}, str(path), metadata={HEADER_KEY: json.dumps(self.header())}
-            )
+            save_file(tensors, str(path), metadata={HEADER_KEY: json.dumps(self.header(hashes))})
         except SafetensorError as exc:  # safetensors reports I/O failures as its own error, with the errno in text
             code = re.search(r"os error (\d+)", str(exc))
             if code is None:
                 raise OSError(f"cannot write the document cache {path}: {exc}") from None
             raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+        os.chmod(path, 0o666 & ~_current_umask())  # safetensors creates the file 0600
 
     @staticmethod
     def read_header(path) -> dict:
@@ -198,36 +261,61 @@ class DocumentCache:
         return head
 
     @classmethod
-    def load(cls, path, model) -> DocumentCache:
+    def load(cls, path, model, *, verify: bool = True) -> DocumentCache:
         """Open a cache written by :meth:`save` for ``model``.
 
-        On CPU the tensors are memory-mapped (pages are read when first touched); on another
-        device they are copied there. Before any K/V page is read, the file's tensor names, shapes
-        and dtypes, its chunk lengths, offsets and token ids are checked against the header and the
-        model (the values of K/V themselves are not scanned).
+        On CPU the tensors are memory-mapped; on another device they are copied there. Before any
+        K/V page is read, the file's tensor names, shapes and dtypes, its chunk lengths, offsets
+        and token ids are checked against the header and the model.
+
+        Args:
+            verify: check every tensor's bytes against the SHA-256 the header recorded at save time
+                (default True: a bit flip, edited K/V or token ids, or K/V copied from another
+                document are errors, not wrong answers). It reads and hashes the whole file once:
+                0.19 s for 258 MiB (a 128K-token cache of the bundled model) on one core of
+                the 2-core CI machine, i.e. ~1.4 GB/s, plus the disk read. False maps the file
+                lazily (pages read when first used) and checks only layout and token ids.
 
         Raises:
             FileNotFoundError: no such file.
             ValueError: not a document cache of a known format, a field of :data:`MODEL_FIELDS`
-                differs from the model's (the message names it), or the file is damaged (tensors
+                differs from the model's (the message names it; ``model_weights``: the model
+                weights differ from those that encoded the cache), or the file is damaged (tensors
                 missing, extra or of the wrong shape or dtype, lengths or offsets that do not cut
                 the header's token count, token ids that are not the anchor or lie outside the
-                vocabulary).
+                vocabulary, with ``verify``: a tensor whose bytes differ from the recorded hash).
         """
         head = DocumentCache.read_header(path)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             _check_fields({k: head.get(k) for k in MODEL_FIELDS}, model_fingerprint(model), str(path))
             _check_tensor_layout(f, head, model, path)
-            lens, ids = f.get_tensor("lens"), f.get_tensor("ids")
-            starts = f.get_tensor("starts").tolist()
+            read = _verified_reader(f, head, path) if verify else f.get_tensor
+            lens, ids = read("lens"), read("ids")
+            starts = read("starts").tolist()
             _check_chunk_tokens(head, lens, starts, ids, model, path)
             n_layers = model.config.num_layers
             dev = model.device
-            k = [f.get_tensor(f"k.{i}").to(dev) for i in range(n_layers)]
-            v = [f.get_tensor(f"v.{i}").to(dev) for i in range(n_layers)]
+            k = [read(f"k.{i}").to(dev) for i in range(n_layers)]
+            v = [read(f"v.{i}").to(dev) for i in range(n_layers)]
         chunks = ChunkCache(k, v, lens.to(dev), starts, ids.to(dev))
         fingerprint = {k: head[k] for k in MODEL_FIELDS}
         return cls(chunks, head["chunk_size"], head["anchor_token_id"], fingerprint, head["version"])
+
+
+def _verified_reader(f, head: dict, path):
+    """``f.get_tensor`` that raises ``ValueError`` when a tensor's bytes differ from the header's hash."""
+    hashes = head["tensor_sha256"]
+
+    def read(name: str) -> torch.Tensor:
+        t = f.get_tensor(name)
+        if hashes.get(name) != tensor_sha256(t):
+            raise ValueError(
+                f"{path} is damaged: the bytes of tensor {name} differ from the SHA-256 recorded when it was saved "
+                "(edited, corrupted or copied from another cache); encode the document again"
+            )
+        return t
+
+    return read
 
 
 _INT_FIELDS = ("chunk_size", "anchor_token_id", "num_chunks", "num_tokens")
@@ -242,6 +330,13 @@ def _check_header(head: dict, path) -> None:
         value = head[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "anchor_token_id" else 1):
             raise ValueError(f"{path} is damaged: header field {name}={value!r} is not a valid integer")
+    if not isinstance(head["version"], str) or not head["version"]:
+        raise ValueError(f"{path} is damaged: header field version={head['version']!r} is not a version string")
+    hashes = head["tensor_sha256"]
+    if not isinstance(hashes, dict) or not all(
+        isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in hashes.values()
+    ):
+        raise ValueError(f"{path} is damaged: header field tensor_sha256 is not a mapping of name -> SHA-256")
     n = len(cut_chunks(head["num_tokens"], head["chunk_size"]))
     if head["num_chunks"] != n:
         raise ValueError(
@@ -316,8 +411,9 @@ def _check_chunk_tokens(head: dict, lens, starts, ids, model, path) -> None:
 def _check_fields(have: dict, want: dict, what: str) -> None:
     for name in MODEL_FIELDS:
         if have.get(name) != want[name]:
+            why = " (the model weights differ from those that encoded it)" if name == "model_weights" else ""
             raise ValueError(
-                f"{name} mismatch: {what} was encoded with {name}={have.get(name)!r}, the model has {want[name]!r}"
+                f"{name} mismatch: {what} was encoded with {name}={have.get(name)!r}, the model has {want[name]!r}{why}"
             )
 
 
