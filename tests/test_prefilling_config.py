@@ -95,3 +95,38 @@ def test_cli_flags_override_the_file(tmp_path, capsys):
     assert main([*base, "--chunk-size", "512", "--top-k", "1"]) == 0
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert stats["num_chunks"] == 3 and len(stats["selected_chunks"]) == 1
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("top_k", 2.5), ("draft_tokens", 1.5), ("token_budget", 2.5), ("chunk_size", True), ("chunk_size", 8.0),
+     ("pool_kernel", 3.0), ("prefill_batch", False), ("query_window", "4"), ("anchor_token_id", 1.0),
+     ("draft_threshold", True)],
+)  # fmt: skip
+def test_integer_fields_must_be_real_ints(field, value, tmp_path):
+    with pytest.raises(ValueError, match=field):
+        PrefillingConfig(**{field: value})
+    (tmp_path / "prefilling_config.json").write_text(json.dumps({field: value}))
+    with pytest.raises(ValueError, match=f"prefilling_config.json.*{field}"):
+        PrefillingConfig.from_pretrained(str(tmp_path))
+
+
+def test_numpy_integers_are_accepted_as_ints():
+    import numpy as np
+
+    cfg = PrefillingConfig(chunk_size=np.int64(16), top_k=np.int32(2))
+    assert cfg.chunk_size == 16 and type(cfg.chunk_size) is int and type(cfg.top_k) is int
+
+
+def test_a_chunk_beyond_the_trained_positions_is_a_library_error():
+    import dllm
+
+    tiny = dllm.load_model()  # 1536 trained positions
+    ids = dllm.encode_text(tiny, "x" * 40)
+    with pytest.raises(ValueError, match="chunk_size=1536: a chunk and its BOS anchor take 1537 positions"):
+        dllm.encode_document(tiny, ids, prefilling=PrefillingConfig(chunk_size=1536))
+    parts = dllm.PromptParts(ids[:1], ids, ids[:3])
+    with pytest.raises(ValueError, match="more than the model's 1536 trained positions"):
+        dllm.generate(tiny, method="prefilling", prompt=parts, prefilling=PrefillingConfig(chunk_size=2000, top_k=None),
+                      gen_length=4, steps=4)  # fmt: skip
+    dllm.encode_document(tiny, ids, prefilling=PrefillingConfig(chunk_size=1535))  # fits exactly

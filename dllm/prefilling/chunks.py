@@ -159,8 +159,16 @@ def encode_chunks_rows(
         chunks took part in; a forward shared by rows counts for each).
 
     Raises:
-        ValueError: an empty context, chunk_size < 1.
+        ValueError: an empty context, chunk_size < 1, or a chunk and its anchor (``chunk_size + 1``
+            positions) longer than the model's trained positions (``max_position_embeddings``): its
+            keys would be out of distribution, silently.
     """
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit and chunk_size + 1 > limit:
+        raise ValueError(
+            f"chunk_size={chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than the "
+            f"model's {limit} trained positions (max_position_embeddings)"
+        )
     spans = [cut_chunks(c.numel(), chunk_size) for c in contexts]
     groups: dict[int, list[int]] = {}
     for row, c in enumerate(contexts):

@@ -8,6 +8,7 @@ anchor id is chosen by :func:`resolve_anchor_token_id`.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import asdict, dataclass, fields
 
@@ -23,8 +24,12 @@ CONFIG_NAME = "prefilling_config.json"
 class PrefillingConfig:
     """Configuration of chunked prefill, predictive chunk scoring and two-level sparsity.
 
+    Every integer field must be an integer (``int`` or a numpy integer; not a bool, not a float such as 2.5); a bad value
+    is a ``ValueError`` naming the field, raised here (also for ``prefilling_config.json``).
+
     Attributes:
-        chunk_size: C, context tokens per chunk (a BOS anchor is added to each). >= 1.
+        chunk_size: C, context tokens per chunk (a BOS anchor is added to each). >= 1, and C + 1 within
+            the model's trained positions (checked when chunks are encoded).
         top_k: K, chunks kept after scoring (inter-chunk sparsity). None keeps every chunk.
         token_budget: B, context tokens kept per kept chunk and per layer and KV head
             (intra-chunk sparsity; the BOS anchor is kept on top). None keeps all. 1 <= B <= C.
@@ -67,7 +72,18 @@ class PrefillingConfig:
     anchor_token_id: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+        # Integer knobs must be real ints: 2.5 or True would pass a range check and fail (or run as 1) later.
+        for name, optional in (
+            ("chunk_size", False), ("top_k", True), ("token_budget", True), ("draft_tokens", False),
+            ("pool_kernel", False), ("query_window", True), ("prefill_batch", True), ("anchor_token_id", True),
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an int{' or None' if optional else ''}, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy ints become plain ints (JSON, hashing)
+        if self.chunk_size < 1:
             raise ValueError(f"chunk_size (C) must be an int >= 1, got {self.chunk_size!r}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k (K) must be >= 1 or None, got {self.top_k}")
@@ -77,6 +93,8 @@ class PrefillingConfig:
             )
         if self.draft_tokens < 1:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        if isinstance(self.draft_threshold, bool) or not isinstance(self.draft_threshold, (int, float)):
+            raise ValueError(f"draft_threshold must be a number in (0, 1], got {self.draft_threshold!r}")
         if not 0 < self.draft_threshold <= 1:
             raise ValueError(f"draft_threshold must be in (0, 1], got {self.draft_threshold}")
         for name, val, allowed in (
@@ -96,7 +114,7 @@ class PrefillingConfig:
             raise ValueError(f"query_window must be >= 1 or None, got {self.query_window}")
         if self.prefill_batch is not None and self.prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1 or None, got {self.prefill_batch}")
-        if self.anchor_token_id is not None and (not isinstance(self.anchor_token_id, int) or self.anchor_token_id < 0):
+        if self.anchor_token_id is not None and self.anchor_token_id < 0:
             raise ValueError(f"anchor_token_id must be an int >= 0 or None, got {self.anchor_token_id!r}")
 
     @classmethod
