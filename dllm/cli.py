@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import os
@@ -214,7 +215,21 @@ def _input_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
     if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
         raise argparse.ArgumentTypeError(f"{text!r}: not a file")
+    if stat.S_ISCHR(mode) and not _is_terminal(text):
+        # /dev/zero or /dev/urandom would be read without end; a terminal (typed input) is fine
+        raise argparse.ArgumentTypeError(f"{text!r}: a device, not a file, pipe or terminal")
     return text
+
+
+def _is_terminal(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.isatty(fd)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- options shared by the subcommands
@@ -458,10 +473,27 @@ def _fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> Pr
     return dataclasses.replace(cfg, top_k=None)
 
 
+MAX_INPUT_BYTES = 1 << 30  # 1 GiB of text is ~250M tokens: far past any context this package encodes
+
+
 def _read_text(path: str, what: str) -> str:
+    """A UTF-8 text file, pipe or terminal, at most :data:`MAX_INPUT_BYTES`. Opening a FIFO blocks until
+    a writer opens it: after a second of waiting, stderr says so (a silent hang looks like a crash)."""
+    import threading
+
+    waiting = threading.Timer(1.0, lambda: print(f"waiting for a writer on {what} {path} ...", file=sys.stderr))
+    waiting.daemon = True
+    waiting.start()
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        f = open(path, "rb")
+    finally:
+        waiting.cancel()
+    with f:
+        data = f.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise UserError(f"{what} {path}: more than {MAX_INPUT_BYTES:,} bytes of text")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{what} {path}: not UTF-8 text") from None
 
@@ -471,6 +503,46 @@ def _strip_one_newline(text: str) -> str:
     if text.endswith("\r\n"):
         return text[:-2]
     return text[:-1] if text.endswith("\n") else text
+
+
+def _backend_check(args) -> None:
+    """``PREFILLING_DLLM_BACKEND=triton`` on a CPU run needs the Triton interpreter: say so before the model
+    loads (the kernels would raise deep inside the first forward)."""
+    import torch
+
+    choice = os.environ.get("PREFILLING_DLLM_BACKEND", "auto").strip().lower()
+    device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    if choice != "triton" or str(device).startswith("cuda"):
+        return
+    from triton_kernels._dispatch import is_interpreted
+    from triton_kernels.split_s import _split_s_partial_kernel
+
+    if not is_interpreted(_split_s_partial_kernel):
+        raise UserError(
+            "PREFILLING_DLLM_BACKEND=triton on the CPU needs the Triton interpreter: set TRITON_INTERPRET=1 too "
+            "(slow; for tests), or unset PREFILLING_DLLM_BACKEND"
+        )
+
+
+def _window_check(model, live_tokens: int, gen_length: int, method: str, context_given: bool) -> None:
+    """The tokens that must share the model's trained positions with the response, checked before decoding.
+
+    ``live_tokens``: the whole prompt for dense / prefix_cache, prefix + query for prefilling (its kept
+    chunks are re-positioned). Past the window the response is out of distribution: an error when
+    nothing but the response and the prompt's own text fills it, a note when a long context does
+    (the dense baselines beyond the window are measured on purpose)."""
+    limit = model.config.max_position_embeddings
+    if not limit or live_tokens + gen_length <= limit:
+        return
+    what = "prefix + query" if method == "prefilling" else "prompt"
+    line = (
+        f"the {what} ({live_tokens} tokens) and --gen-length {gen_length} take {live_tokens + gen_length} "
+        f"positions, more than the model's {limit} trained positions"
+    )
+    if method == "prefilling" or not context_given:
+        raise UserError(f"{line}; shorten the prompt or lower --gen-length")
+    print(f"note: {line}: answers past the window are unreliable (--method prefilling keeps only K chunks)",
+          file=sys.stderr)  # fmt: skip
 
 
 def _decode_kwargs(args, gen_length) -> dict:
@@ -596,11 +668,13 @@ def cmd_generate(args) -> int:
     if args.document is not None:
         document = dllm.DocumentCache.load(args.document, model)
     kw = _decode_kwargs(args, args.gen_length)
+    gen = args.gen_length or inspect.signature(dllm.generate).parameters["gen_length"].default
     for template in templates:
         if document is not None:
             from dllm.prefilling import split_document_prompt
 
             parts = split_document_prompt(model, template, apply_chat_template=args.chat)
+            _window_check(model, parts.prefix.numel() + parts.query.numel(), gen, "prefilling", True)
             res = dllm.generate(
                 model,
                 prompt=parts,
@@ -619,6 +693,7 @@ def cmd_generate(args) -> int:
                 model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
             )
             fitted = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
+            _window_check(model, parts.prefix.numel() + parts.query.numel(), gen, "prefilling", True)
             res = dllm.generate(
                 model,
                 prompt=parts,
@@ -637,6 +712,7 @@ def cmd_generate(args) -> int:
                 ids = encode_text(model, render_chat(model, text))[None]
             else:
                 ids = encode_text(model, text, bos=True)[None]
+            _window_check(model, ids.shape[1], gen, args.method, context is not None)
             res = dllm.generate(model, ids, method=args.method, seed=args.seed, progress=True, **kw)
         _print_result(res)
     return 0
@@ -948,6 +1024,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         command = args.command
+        _backend_check(args)
         return args.func(args)
     except (UserError, ValueError, OSError) as exc:
         if debug:

@@ -150,7 +150,12 @@ def generate(
             split evenly over the blocks.
         block_length: semi-autoregressive block size (default gen_length = one block).
         alg: unmasking rule (see :mod:`dllm.unmasking`); default by family.
-        temperature, top_p, top_k, alg_temp, eps, threshold: rule parameters.
+        temperature, top_p, top_k, alg_temp, eps, threshold: rule parameters. ``top_k`` None
+            filters nothing, as Dream's ``generation_config.json`` says; the official
+            ``diffusion_generate`` under transformers 4.46 inherits ``top_k=50`` from the model
+            config instead, so pass ``top_k=50`` to reproduce its outputs. Sampling draws
+            (temperature > 0, ``origin``, ``random``) follow our generator's order: the same seed
+            gives other draws than the official loops (the same distribution).
         confidence_from: ``"tempered"`` (rank positions by the tempered, filtered distribution the
             tokens are drawn from: Dream's reference) or ``"logits"`` (by ``softmax(logits)``: LLaDA's
             and Fast-dLLM's); None = the rule's reference (see :mod:`dllm.unmasking`).

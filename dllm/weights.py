@@ -123,7 +123,9 @@ def _read_index(index: str) -> dict[str, str]:
     if not isinstance(weight_map, dict):
         what = "no 'weight_map'" if weight_map is None else f"a 'weight_map' that is a {type(weight_map).__name__}"
         raise WeightError(f"{index} is not a valid safetensors index ({what}, not a mapping of tensor -> file)")
-    bad = [f for f in weight_map.values() if not isinstance(f, str) or not f or os.path.isabs(f) or ".." in f.split("/")]
+    bad = [
+        f for f in weight_map.values() if not isinstance(f, str) or not f or os.path.isabs(f) or ".." in f.split("/")
+    ]
     if bad:
         raise WeightError(f"{index} is not a valid safetensors index (shard names {bad[:3]!r} are not file names)")
     return weight_map
@@ -224,10 +226,9 @@ def check_checkpoint_shapes(model: torch.nn.Module, index: dict[str, CheckpointT
         if name not in params:
             where = os.path.basename(entry.file)
             raise WeightError(f"{where}: tensor {entry.name!r} maps to unknown parameter {name!r}")
-        if entry.shape != tuple(params[name].shape):
-            raise WeightError(
-                f"shape mismatch for {entry.name!r}: checkpoint {entry.shape}, config expects {tuple(params[name].shape)}"
-            )
+        want = tuple(params[name].shape)
+        if entry.shape != want:
+            raise WeightError(f"shape mismatch for {entry.name!r}: checkpoint {entry.shape}, config expects {want}")
     missing = [n for n in params if n not in index and not (tied and n == "lm_head.weight")]
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""

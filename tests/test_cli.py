@@ -175,6 +175,19 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "max_position_embeddings=1536",
     ),
     "longbench file not UTF-8": ("eval longbench --data latin1.jsonl", "latin1.jsonl: not UTF-8 text"),
+    "context file is /dev/zero": (
+        "generate --prompt-file prompt.txt --context-file /dev/zero",
+        "'/dev/zero': a device, not a file, pipe or terminal",
+    ),
+    "prompt file is /dev/urandom": ("generate --prompt-file /dev/urandom", "a device, not a file, pipe or terminal"),
+    "length of prompt + response beyond the window": (
+        "generate --prompt-file noslot.txt --gen-length 1530",
+        "take 1569 positions, more than the model's 1536 trained positions",
+    ),
+    "length of prefix + query + response beyond the window": (
+        f"generate --prompt-file prompt.txt {TUNED} --gen-length 1500",
+        "prefix + query (",
+    ),
 }
 AFTER_LOAD = ("chat", "length", "model", "top_k")  # need the tokenizer (or are the loader's own errors)
 BEFORE_LOAD = [name for name in BAD_INPUTS if name.split()[0] not in AFTER_LOAD]
@@ -278,6 +291,51 @@ def test_context_from_a_pipe(files, capsys):
     piped_out = out
     rc, out, _ = run_cli(capsys, *shlex.split(f"generate --prompt-file prompt.txt {TUNED}"), "--gen-length", "8")
     assert rc == 0 and out == piped_out and "12345" in out
+
+
+def test_dense_beyond_the_window_with_a_long_context_runs_with_a_note(files, capsys, monkeypatch):
+    """The dense baseline on a context past the window is measured on purpose: a note, not an error."""
+    (files / "long.txt").write_text(FILLER * 60)  # ~2200 tokens for a 1536-position model
+    rc, out, err = run_cli(
+        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file long.txt --gen-length 4")
+    )
+    assert rc == 0 and "note: the prompt (" in err and "more than the model's 1536 trained positions" in err
+
+
+def test_triton_backend_without_the_interpreter_is_one_error_line(files, capsys, monkeypatch):
+    import triton_kernels._dispatch as dispatch
+
+    monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "triton")
+    monkeypatch.setattr(dispatch, "is_interpreted", lambda kernel: False)  # as without TRITON_INTERPRET=1
+    loads = []
+    monkeypatch.setattr(dllm, "load_model", lambda *a, **k: loads.append(1))
+    rc, out, err = run_cli(capsys, *shlex.split(f"generate --prompt-file prompt.txt {TUNED}"))
+    assert rc == 2 and loads == [] and out == ""
+    assert err.strip().splitlines() == [
+        "error: PREFILLING_DLLM_BACKEND=triton on the CPU needs the Triton interpreter: set TRITON_INTERPRET=1 too "
+        "(slow; for tests), or unset PREFILLING_DLLM_BACKEND"
+    ]
+
+
+def test_a_fifo_without_a_writer_says_it_waits(files, capsys):
+    fifo = files / "late.fifo"
+    os.mkfifo(fifo)
+    text = (files / "doc.txt").read_text()
+    writer = threading.Timer(1.6, lambda: fifo.write_text(text))
+    writer.start()
+    piped = TUNED.replace("doc.txt", str(fifo))
+    rc, out, err = run_cli(capsys, *shlex.split(f"generate --prompt-file prompt.txt {piped}"), "--gen-length", "8")
+    writer.join(timeout=5)
+    assert rc == 0 and "12345" in out
+    assert f"waiting for a writer on --context-file {fifo} ..." in err
+
+
+def test_input_beyond_the_size_limit_is_one_error_line(files, capsys, monkeypatch):
+    import dllm.cli
+
+    monkeypatch.setattr(dllm.cli, "MAX_INPUT_BYTES", 100)
+    rc, out, err = run_cli(capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt"))
+    assert rc == 2 and err.strip() == "error: --context-file doc.txt: more than 100 bytes of text"
 
 
 def test_debug_shows_the_traceback(files):

@@ -24,8 +24,9 @@ CONFIG_NAME = "prefilling_config.json"
 class PrefillingConfig:
     """Configuration of chunked prefill, predictive chunk scoring and two-level sparsity.
 
-    Every integer field must be an integer (``int`` or a numpy integer; not a bool, not a float such as 2.5); a bad value
-    is a ``ValueError`` naming the field, raised here (also for ``prefilling_config.json``).
+    Every integer field must be an integer (``int`` or a numpy integer; not a bool, not a float such
+    as 2.5); a bad value is a ``ValueError`` naming the field, raised here (also for
+    ``prefilling_config.json``).
 
     Attributes:
         chunk_size: C, context tokens per chunk (a BOS anchor is added to each). >= 1, and C + 1 within
