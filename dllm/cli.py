@@ -33,7 +33,12 @@ _PREFILLING_OPTIONS = {
     "cache_mode": "--cache-mode",
     "score_mode": "--score-mode",
     "score_terms": "--score-terms",
+    "prefill_batch": "--prefill-batch",
 }
+_PREFILL_BATCH_HELP = (
+    "chunks encoded per forward (default: as many as fit in a quarter of the device's free memory; lower it "
+    "if encoding runs out of memory)"
+)
 # Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
 EXAMPLES = {
     "generate": (
@@ -312,6 +317,7 @@ def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
         default=None,
         help=f"C, context tokens per chunk (default: {d.chunk_size})",
     )
+    g.add_argument("--prefill-batch", type=_positive_int, default=None, help=_PREFILL_BATCH_HELP)
     g.add_argument(
         "--top-k",
         type=_positive_int_or_all,
@@ -924,9 +930,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"C, context tokens per chunk (default: the checkpoint's, else {_PREFILLING_DEFAULTS.chunk_size})",
     )
-    c.add_argument(
-        "--prefill-batch", type=_positive_int, default=None, help="chunks encoded per forward (default: all at once)"
-    )
+    c.add_argument("--prefill-batch", type=_positive_int, default=None, help=_PREFILL_BATCH_HELP)
     _add_common_args(c)
     c.set_defaults(func=cmd_encode)
 
@@ -985,9 +989,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 # what to lower when a command runs out of memory (its options that size the tensors)
 _OOM_HINTS = {
-    "generate": "lower --gen-length or the context's length (with --method prefilling: --top-k, --token-budget)",
+    "generate": (
+        "lower --gen-length or the context's length (with --method prefilling: --top-k, --token-budget, "
+        "--prefill-batch)"
+    ),
     "encode": "lower --prefill-batch (chunks per forward) or --chunk-size",
-    "eval": "lower --lengths or --gen-length (with --method prefilling: --top-k, --token-budget)",
+    "eval": "lower --lengths or --gen-length (with --method prefilling: --top-k, --token-budget, --prefill-batch)",
 }
 _CPU_OOM = re.compile(r"DefaultCPUAllocator: (can't allocate|not enough) memory", re.IGNORECASE)
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from dllm.prefilling.memory import default_prefill_batch
+
 
 @dataclass
 class ChunkCache:
@@ -115,7 +117,8 @@ def encode_chunks(
         chunk_size: C.
         bos_id: anchor token put before every chunk.
         pad_id: filler of the last, shorter chunk (masked out of attention).
-        batch: chunks per forward (None = all).
+        batch: chunks per forward (None = as many as :func:`~dllm.prefilling.memory.default_prefill_batch`
+            fits in a share of the device's free memory: all at once for documents that fit).
         progress: tqdm bar over chunk batches.
 
     Returns:
@@ -193,8 +196,8 @@ def encode_chunks_rows(
         lens = torch.tensor(lens_l, dtype=torch.int32, device=dev)
         valid = torch.arange(t, device=dev)[None, :] < lens[:, None]  # [N, T]
         pos = torch.arange(t, device=dev)
-        step = batch or n
-        ks, vs = None, None
+        step = batch or default_prefill_batch(model, t, n)
+        k = v = None  # per layer [n, t, Hkv, D], allocated once: no concatenation copy of the whole document
         for lo in tqdm(range(0, n, step), desc="chunked prefill", unit="batch", disable=not progress, leave=False):
             hi = min(n, lo + step)
             mask = None if bool(valid[lo:hi].all()) else valid[lo:hi]
@@ -203,14 +206,16 @@ def encode_chunks_rows(
             for row, off in zip(rows, offsets):
                 if off < hi and lo < off + len(spans[row]):
                     per_row[row] += 1
-            if ks is None:
-                ks, vs = [[k] for k in out.k], [[v] for v in out.v]
-            else:
-                for layer, (k, v) in enumerate(zip(out.k, out.v)):
-                    ks[layer].append(k)
-                    vs[layer].append(v)
-        k = [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in ks]
-        v = [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in vs]
+            if hi - lo == n:  # one forward: its outputs are the result
+                k, v = list(out.k), list(out.v)
+                break
+            if k is None:
+                k = [x.new_empty((n, *x.shape[1:])) for x in out.k]
+                v = [x.new_empty((n, *x.shape[1:])) for x in out.v]
+            for layer, (kb, vb) in enumerate(zip(out.k, out.v)):
+                k[layer][lo:hi] = kb
+                v[layer][lo:hi] = vb
+            del out
         whole = ChunkCache(k, v, lens, starts, ids)
         for row, off in zip(rows, offsets):
             caches[row] = whole if len(rows) == 1 else whole.rows(off, len(spans[row]))

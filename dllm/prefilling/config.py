@@ -52,7 +52,8 @@ class PrefillingConfig:
             paper's ``s = s_I + s_P``).
         pool_kernel: odd max-pool width applied to token scores before the top-B choice.
         query_window: trailing query tokens used as scoring tokens (None = the whole query).
-        prefill_batch: chunks encoded per forward during prefill (None = all at once).
+        prefill_batch: chunks encoded per forward during prefill (None = as many as fit in a share of the
+            device's free memory, :func:`dllm.prefilling.memory.default_prefill_batch`).
         anchor_token_id: the token put before every chunk (and looked for at the start of a
             prompt given as ``input_ids``). None = :func:`resolve_anchor_token_id`'s choice: the
             tokenizer's BOS, else the checkpoint's ``bos_token_id``.
