@@ -516,7 +516,11 @@ def _backend_check(args) -> None:
     loads (the kernels would raise deep inside the first forward)."""
     import torch
 
-    choice = os.environ.get("PREFILLING_DLLM_BACKEND", "auto").strip().lower()
+    if getattr(args, "command", None) not in ("generate", "eval", "encode"):
+        return  # info and the like run no kernel
+    choice = os.environ.get("PREFILLING_DLLM_BACKEND", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "triton", "torch"):
+        raise UserError(f"PREFILLING_DLLM_BACKEND={choice!r}: use triton, torch or auto (or unset it)")
     device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
     if choice != "triton" or str(device).startswith("cuda"):
         return
@@ -530,14 +534,28 @@ def _backend_check(args) -> None:
         )
 
 
-def _window_check(model, live_tokens: int, gen_length: int, method: str, context_given: bool) -> None:
+def _window_check(
+    model, live_tokens: int, gen_length: int, method: str, context_given: bool, kept_positions: int = 0
+) -> None:
     """The tokens that must share the model's trained positions with the response, checked before decoding.
 
-    ``live_tokens``: the whole prompt for dense / prefix_cache, prefix + query for prefilling (its kept
-    chunks are re-positioned). Past the window the response is out of distribution: an error when
-    nothing but the response and the prompt's own text fills it, a note when a long context does
-    (the dense baselines beyond the window are measured on purpose)."""
+    ``live_tokens``: the whole prompt for dense / prefix_cache, prefix + query for prefilling;
+    ``kept_positions``: prefilling only, the positions its kept chunks take before the query
+    (:func:`_kept_positions`). Past the window the response is out of distribution: an error when
+    nothing but the response and the prompt's own text fills it, a note when a long context (or the
+    kept chunks) do (the dense baselines beyond the window are measured on purpose)."""
     limit = model.config.max_position_embeddings
+    if (
+        limit
+        and method == "prefilling"
+        and live_tokens + gen_length <= limit < live_tokens + kept_positions + gen_length
+    ):
+        total = live_tokens + kept_positions + gen_length
+        line = (
+            f"note: prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
+            f"model's {limit} trained positions: lower --top-k, --chunk-size or --gen-length"
+        )
+        print(line, file=sys.stderr)
     if not limit or live_tokens + gen_length <= limit:
         return
     what = "prefix + query" if method == "prefilling" else "prompt"
@@ -549,6 +567,21 @@ def _window_check(model, live_tokens: int, gen_length: int, method: str, context
         raise UserError(f"{line}; shorten the prompt or lower --gen-length")
     print(f"note: {line}: answers past the window are unreliable (--method prefilling keeps only K chunks)",
           file=sys.stderr)  # fmt: skip
+
+
+def _kept_positions(cfg: PrefillingConfig, context_tokens: int) -> int:
+    """Positions the kept chunks take between the prefix and the query: K chunks with their anchors
+    (``continuous``), one chunk's (``reuse``: all at the same positions) or the whole context
+    (``absolute``)."""
+    from dllm.prefilling import cut_chunks
+
+    n = len(cut_chunks(context_tokens, cfg.chunk_size))
+    width = min(cfg.chunk_size, context_tokens) + 1
+    if cfg.position_mode == "absolute":
+        return context_tokens + 1
+    if cfg.position_mode == "reuse":
+        return width
+    return min(n, cfg.top_k or n) * width
 
 
 def _decode_kwargs(args, gen_length) -> dict:
@@ -680,7 +713,8 @@ def cmd_generate(args) -> int:
             from dllm.prefilling import split_document_prompt
 
             parts = split_document_prompt(model, template, apply_chat_template=args.chat)
-            _window_check(model, parts.prefix.numel() + parts.query.numel(), gen, "prefilling", True)
+            live = parts.prefix.numel() + parts.query.numel()
+            _window_check(model, live, gen, "prefilling", True, _kept_positions(cfg, header["num_tokens"]))
             res = dllm.generate(
                 model,
                 prompt=parts,
@@ -699,7 +733,8 @@ def cmd_generate(args) -> int:
                 model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
             )
             fitted = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
-            _window_check(model, parts.prefix.numel() + parts.query.numel(), gen, "prefilling", True)
+            live = parts.prefix.numel() + parts.query.numel()
+            _window_check(model, live, gen, "prefilling", True, _kept_positions(fitted, parts.context.numel()))
             res = dllm.generate(
                 model,
                 prompt=parts,
@@ -732,6 +767,8 @@ def _check_out(out: str, create_folder: bool = False) -> None:
     created (``create_folder``): a mistyped path must not create folders."""
     if os.path.isdir(out):
         raise UserError(f"--out {out} is a directory; give a file name")
+    if os.path.exists(out) and not os.path.isfile(out):  # /dev/null, a FIFO: never replaced by a file
+        raise UserError(f"--out {out} exists and is not a regular file")
     folder = os.path.dirname(os.path.abspath(out))
     if not create_folder and not os.path.isdir(folder):
         raise UserError(f"--out {out}: no such directory {folder}")
@@ -815,6 +852,11 @@ def cmd_eval(args) -> int:
         )
         context_tokens = [c.context_tokens for c in cases]
         run_one = run_case
+        if args.gen_length is not None:  # the response and the case's own prefix + query must fit the window
+            from dllm.tokenization import encode_text
+
+            live = max(len(encode_text(model, c.prefix)) + len(encode_text(model, c.query)) + 1 for c in cases)
+            _window_check(model, live, args.gen_length, "prefilling", True)
     configs = [cfg] * len(cases)
     if cfg is not None:  # every case is checked before the first one runs
         configs = [_fit_top_k(cfg, n, explicit=args.top_k not in (None, _ALL)) for n in context_tokens]

@@ -100,12 +100,15 @@ class ModelConfig:
         if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
             raise ConfigError(f"config field rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps}")
         for key, value in (self.rope_scaling or {}).items():
-            # factor, attention_factor, low/high_freq_factor, beta_fast/slow: a zero, negative or
-            # infinite value gives inf/NaN frequencies (and NaN logits), never a usable model
-            if key == "rope_type" or key == "type" or not isinstance(value, (int, float)) or isinstance(value, bool):
+            # a zero, negative or infinite factor gives inf/NaN frequencies (and NaN logits), never a
+            # usable model; the other numbers (beta_fast/slow, mscale, ...) must be finite and >= 0
+            # (0 means "unset" for some of them in transformers)
+            if key in ("rope_type", "type") or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"config field rope_scaling.{key} must be a finite number > 0, got {value!r}")
+            positive = key == "factor" or key.endswith("_factor")
+            if not math.isfinite(value) or value < 0 or (positive and value == 0):
+                bound = "> 0" if positive else ">= 0"
+                raise ConfigError(f"config field rope_scaling.{key} must be a finite number {bound}, got {value!r}")
         from dllm.rope import scaled_inv_frequencies
 
         try:  # the frequencies themselves are computed again by the model; this only validates
@@ -143,6 +146,8 @@ def rope_fields(raw: dict, default_theta: float) -> tuple[float, dict | None]:
     theta = raw.get("rope_theta")
     if theta is None:
         theta = (scaling or {}).get("rope_theta", default_theta)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise ConfigError(f"field 'rope_theta' must be a number, got {theta!r}")
     scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
     if scaling:
         from dllm.rope import rope_type_of
@@ -159,13 +164,17 @@ def _require(raw: dict, key: str, path: str):
 
 
 def _int(raw: dict, key: str, path: str, *, default=None, minimum: int = 1) -> int | None:
-    """A JSON integer field (never a bool or a float such as ``1e9``), ``>= minimum``; ``default`` when
-    absent or null (required when ``default`` is None)."""
+    """A JSON integer field, ``>= minimum``; ``default`` when absent or null (required when ``default``
+    is None). An integral float (``4096.0``, as some exporters write) is read as its integer; a bool, a
+    string or a fractional number is an error. Sizes too large for the checkpoint (``1e9`` layers)
+    fail later against its tensors, before anything is built."""
     value = raw.get(key)
     if value is None:
         if default is None:
             _require(raw, key, path)
         return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{path}: field {key!r} must be an integer, got {value!r}")
     if value < minimum:
@@ -174,8 +183,17 @@ def _int(raw: dict, key: str, path: str, *, default=None, minimum: int = 1) -> i
 
 
 def _optional_id(raw: dict, key: str, path: str) -> int | None:
-    """A special token id field: a non-negative integer or null."""
-    return None if raw.get(key) is None else _int(raw, key, path, minimum=0)
+    """A special token id field: an integer or null; a list (transformers allows several EOS ids) gives
+    its first id; a negative id (older configs' ``-1`` for "none") is None."""
+    value = raw.get(key)
+    if isinstance(value, list):
+        if not value:
+            return None
+        value = value[0]
+    if value is None:
+        return None
+    ident = _int({key: value}, key, path, minimum=-(2**62))
+    return ident if ident >= 0 else None
 
 
 def _positive_float(raw: dict, key: str, path: str, default: float) -> float:

@@ -36,8 +36,10 @@ def write_example_files(folder):
 
 
 @pytest.fixture()
-def files(tmp_path, monkeypatch):
+def files(tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
+    if "misspelled backend" in request.node.name:
+        monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "tritn")
     write_example_files(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
@@ -184,6 +186,12 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "generate --prompt-file noslot.txt --gen-length 1530",
         "take 1569 positions, more than the model's 1536 trained positions",
     ),
+    "out is a device": ("encode --context-file doc.txt --out /dev/null", "--out /dev/null exists and is not a regular"),
+    "misspelled backend": ("eval passkey", "PREFILLING_DLLM_BACKEND='tritn'"),
+    "length of an eval response beyond the window": (
+        "eval passkey --lengths 64 --samples 1 --depths 0 --gen-length 1530",
+        "more than the model's 1536 trained positions",
+    ),
     "length of prefix + query + response beyond the window": (
         f"generate --prompt-file prompt.txt {TUNED} --gen-length 1500",
         "prefix + query (",
@@ -315,6 +323,25 @@ def test_triton_backend_without_the_interpreter_is_one_error_line(files, capsys,
         "error: PREFILLING_DLLM_BACKEND=triton on the CPU needs the Triton interpreter: set TRITON_INTERPRET=1 too "
         "(slow; for tests), or unset PREFILLING_DLLM_BACKEND"
     ]
+
+
+def test_info_ignores_the_kernel_backend(files, capsys, monkeypatch):
+    import triton_kernels._dispatch as dispatch
+
+    monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "triton")
+    monkeypatch.setattr(dispatch, "is_interpreted", lambda kernel: False)
+    rc, out, err = run_cli(capsys, "info")
+    assert rc == 0 and "dream" in out.lower(), err
+
+
+def test_prefilling_past_the_window_through_its_kept_chunks_gets_a_note(files, capsys):
+    # 4 kept chunks of 256 + anchors take 1028 positions before the query: with 600 response tokens the
+    # last ones sit past the 1536 trained positions although prefix + query + response fit
+    rc, out, err = run_cli(
+        capsys, *shlex.split(f"generate --prompt-file prompt.txt {TUNED} --gen-length 600 --steps 1")
+    )
+    assert rc == 0, err
+    assert "note: prefix, kept chunks, query and --gen-length 600 reach position" in err
 
 
 def test_a_fifo_without_a_writer_says_it_waits(files, capsys):

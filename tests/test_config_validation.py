@@ -44,7 +44,9 @@ def _with_config(src, dst, **changes):
         (dict(num_attention_heads=0), "num_attention_heads"),
         (dict(num_attention_heads=-2), "num_attention_heads"),
         (dict(num_hidden_layers=1e9), "num_hidden_layers"),  # a float in JSON
-        (dict(hidden_size=112.0), "hidden_size"),
+        (dict(hidden_size=112.5), "hidden_size"),
+        (dict(rope_theta="1e6"), "rope_theta"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": -1}), "rope_scaling.beta_fast"),
         (dict(vocab_size=True), "vocab_size"),
         (dict(num_key_value_heads="2"), "num_key_value_heads"),
         (dict(rms_norm_eps=0), "rms_norm_eps"),
@@ -61,6 +63,31 @@ def test_bad_config_fields_are_config_errors_naming_the_field(dream_dir, tmp_pat
     path = _with_config(dream_dir, tmp_path / "ckpt", **changes)
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         dllm.load_model(path)
+
+
+def test_real_world_config_spellings_still_load(dream_dir, tmp_path):
+    """What exporters write and transformers accepts: integral floats, a list of EOS ids, pad -1, mscale 0."""
+    path = _with_config(
+        dream_dir,
+        tmp_path / "ckpt",
+        max_position_embeddings=131072.0,
+        hidden_size=112.0,
+        eos_token_id=[127, 128],
+        pad_token_id=-1,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 2.0,
+            "original_max_position_embeddings": 4096,
+            "mscale_all_dim": 0,
+        },
+    )
+    cfg = dllm.load_model(path).config
+    assert (cfg.max_position_embeddings, cfg.hidden_size, cfg.eos_token_id, cfg.pad_token_id) == (
+        131072,
+        112,
+        127,
+        None,
+    )
 
 
 def test_layer_count_is_checked_against_the_checkpoint_before_building(dream_dir, tmp_path):

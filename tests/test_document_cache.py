@@ -441,6 +441,51 @@ def test_a_cache_of_other_weights_is_refused_whatever_weight_differs(dream_dir, 
     dllm.DocumentCache.load(path, base)
 
 
+def test_a_change_through_data_is_noticed(dream_dir, tmp_path):
+    """``p.data += delta`` (how LoRA merges write) bumps no version counter: the digest's key still sees it."""
+    model = dllm.load_model(dream_dir, device="cpu", dtype=torch.float32)
+    path = tmp_path / "doc.cache"
+    dllm.encode_document(model, _parts(n_ctx=29).context, chunk_size=8).save(path)
+    w = model.layers[0].self_attn.v_proj.weight
+    w.data[3, 4] += 0.25
+    with pytest.raises(ValueError, match="model weights differ"):
+        dllm.DocumentCache.load(path, model)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "symlink to a device"])
+def test_save_never_replaces_a_device_or_fifo(kind, dream, tmp_path):
+    target = tmp_path / "target"
+    if kind == "fifo":
+        os.mkfifo(target)
+        path = target
+    else:
+        path = tmp_path / "null"
+        os.symlink("/dev/null", path) if kind == "symlink to a device" else None
+        if kind == "device":
+            path = "/dev/null"
+    doc = dllm.encode_document(dream, _parts(n_ctx=5).context, chunk_size=8)
+    with pytest.raises(FileExistsError, match="not a regular file"):
+        doc.save(path)
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_save_through_a_symlink_writes_the_file_it_names(dream, tmp_path):
+    real, link = tmp_path / "real.cache", tmp_path / "link.cache"
+    real.write_bytes(b"old")
+    os.symlink(real, link)
+    dllm.encode_document(dream, _parts(n_ctx=5).context, chunk_size=8).save(link)
+    assert os.path.islink(link) and dllm.DocumentCache.load(real, dream).num_chunks == 1
+
+
+def test_header_hashes_must_name_every_tensor(dream, tmp_path):
+    good, bad = tmp_path / "good.cache", tmp_path / "bad.cache"
+    dllm.encode_document(dream, _parts(n_ctx=13).context, chunk_size=8).save(good)
+    _rewrite(good, bad, edit_header=lambda h: _set(h, "tensor_sha256", {}))
+    for verify in (True, False):
+        with pytest.raises(ValueError, match="tensor_sha256 names 0 tensors"):
+            dllm.DocumentCache.load(bad, dream, verify=verify)
+
+
 def test_weights_digest_is_computed_once_per_model(dream, monkeypatch):
     from dllm.prefilling import document
 

@@ -114,8 +114,9 @@ def test_integer_fields_must_be_real_ints(field, value, tmp_path):
 def test_numpy_integers_are_accepted_as_ints():
     import numpy as np
 
-    cfg = PrefillingConfig(chunk_size=np.int64(16), top_k=np.int32(2))
+    cfg = PrefillingConfig(chunk_size=np.int64(16), top_k=np.int32(2), draft_threshold=np.float32(0.5))
     assert cfg.chunk_size == 16 and type(cfg.chunk_size) is int and type(cfg.top_k) is int
+    assert type(cfg.draft_threshold) is float and cfg.draft_threshold == 0.5
 
 
 def test_a_chunk_beyond_the_trained_positions_is_a_library_error():

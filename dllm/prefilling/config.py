@@ -95,8 +95,9 @@ class PrefillingConfig:
             )
         if self.draft_tokens < 1:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
-        if isinstance(self.draft_threshold, bool) or not isinstance(self.draft_threshold, (int, float)):
-            raise ValueError(f"draft_threshold must be a number in (0, 1], got {self.draft_threshold!r}")
+        if isinstance(self.draft_threshold, bool) or not isinstance(self.draft_threshold, numbers.Real):
+            raise ValueError(f"draft_threshold must be a real number, got {self.draft_threshold!r}")
+        object.__setattr__(self, "draft_threshold", float(self.draft_threshold))
         if not 0 < self.draft_threshold <= 1:
             raise ValueError(f"draft_threshold must be in (0, 1], got {self.draft_threshold}")
         for name, val, allowed in (

@@ -25,6 +25,7 @@ that touches any weight no longer matches.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -79,17 +80,25 @@ def tensor_sha256(t: torch.Tensor, h=None) -> str:
     return h.hexdigest()
 
 
+def _bit_sum(t: torch.Tensor) -> int:
+    """Sum of a tensor's elements read as integers of their width (int64 accumulation: exact, and any
+    single changed element changes it)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return int(t.detach().reshape(-1).view(ints).sum(dtype=torch.int64))
+
+
 def weights_digest(model) -> str:
     """SHA-256 (hex) over every tensor of ``model.state_dict()``: names, dtypes, shapes and bytes.
 
     Computed once per model and cached on it; the cache is keyed by each tensor's storage address
-    and in-place version counter, so weights changed in place (``p.add_``, ``p.copy_``) or
+    and an exact integer sum of its bit patterns (one fast read of the weights, no hashing), so
+    weights changed in place by any route (``p.add_``, ``p.data += delta`` as LoRA merges do) or
     replaced are hashed again. Cost: one pass over the weights at SHA-256 speed (about 1-2 GB/s on
     one CPU core; ~10 s for a 7B model in bf16, plus the device-to-host copy on a GPU), paid the
     first time a document cache is encoded, saved or loaded for that model.
     """
     state = model.state_dict(keep_vars=True)
-    key = tuple((name, t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for name, t in state.items())
+    key = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape), _bit_sum(t)) for name, t in state.items())
     cached = getattr(model, "_dllm_weights_digest", None)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -214,8 +223,16 @@ class DocumentCache:
 
         Raises:
             OSError: the file cannot be written (its subclass and ``filename`` as for ``open``: e.g.
-                ``FileNotFoundError`` for a missing folder, ``IsADirectoryError`` for a directory).
+                ``FileNotFoundError`` for a missing folder, ``IsADirectoryError`` for a directory,
+                ``FileExistsError`` for an existing device, FIFO or socket, never replaced).
         """
+        if os.path.lexists(path) and not os.path.isdir(path):
+            target = os.path.realpath(path)
+            if os.path.exists(target) and not os.path.isfile(target):
+                # safetensors writes a temporary file and renames it over the target: a device node
+                # (/dev/null) or what a symlink points to would be replaced, not written
+                raise FileExistsError(errno.EEXIST, "exists and is not a regular file", str(path))
+            path = target  # a symlink to a regular file: write the file it names, keep the link
         c = self.chunks
         tensors = {f"k.{i}": k.contiguous() for i, k in enumerate(c.k)}
         tensors.update({f"v.{i}": v.contiguous() for i, v in enumerate(c.v)})
@@ -256,7 +273,10 @@ class DocumentCache:
         if not isinstance(head, dict):
             raise ValueError(f"{path} is damaged: its {HEADER_KEY!r} header is not a JSON object")
         if head.get("format") != FORMAT:
-            raise ValueError(f"format mismatch: {path} has format {head.get('format')!r}, this version reads {FORMAT}")
+            raise ValueError(
+                f"format mismatch: {path} has format {head.get('format')!r}, this version reads {FORMAT}; encode the "
+                "document again with this version"
+            )
         _check_header(head, path)
         return head
 
@@ -356,6 +376,11 @@ def _check_tensor_layout(f, head: dict, model, path) -> None:
     }
     want.update(lens=([n], "int32"), starts=([n], "int64"), ids=([n, t], "int64"))
     names = set(f.keys())
+    hashes = set(head["tensor_sha256"])
+    if hashes != set(want):
+        raise ValueError(
+            f"{path} is damaged: its header's tensor_sha256 names {len(hashes)} tensors, the cache has {len(want)}"
+        )
     if names != set(want):
         extra, lacking = sorted(names - set(want)), sorted(set(want) - names)
         what = "; ".join(
