@@ -399,14 +399,15 @@ def split_s_attention(
         NaN/inf in a valid value makes only those ``out`` components non-finite. Values past the
         valid lengths are never read.
 
-    Paging and rounding: the Triton kernel sums the keys in an order set by the segment table
-    (one or more partials per segment, key blocks restarting at each segment) and by the plan,
-    which depends on the shapes (S, T, B, M, ...). The same keys paged differently (other slot
-    size, cut into more segments) therefore give results equal to fp32 rounding of the
-    partials, which after the cast to bf16/fp16 can differ by 1 ulp in a few elements (1-7 of
-    12,288 in a bf16 page-size test); ``tests/kernels/test_split_s_attention.py`` pins the bound.
-    The torch paths concatenate the valid keys first: the same keys in the same order give the
-    same bits whatever the paging.
+    Paging and rounding: the Triton kernel's summation order follows the segment table (one or
+    more partials per segment, key blocks restarting at each segment, the running max per
+    partial) and the plan, which depends on the shapes (S, T, B, M, ...). The same keys paged
+    differently (another slot size, more segments) are therefore not bit-identical: ``out``
+    differs by at most ``eps(dtype) * max|v|`` (measured through the interpreter: 0.44 of that in
+    fp32, 0.06 in fp16, i.e. 1-2 fp16 ulps; on an H200 in bf16, 1 ulp in 1-7 of 12,288 elements)
+    and ``lse`` by a few fp32 ulps (``test_paging_changes_only_rounding`` pins both). The torch
+    paths concatenate the valid keys first: the same keys in the same order give the same bits
+    whatever the paging.
 
     Raises:
         TypeError: dtype not fp32/fp16/bf16 or q/k/v dtypes differ; segment tables or live_lens
