@@ -11,6 +11,8 @@ Every error names the op, the argument and what was expected.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -95,8 +97,17 @@ def check_index_tensor(op: str, name: str, t: torch.Tensor, shape: tuple, what: 
 
 
 def check_scale(op: str, sm_scale) -> None:
-    if sm_scale is not None and not isinstance(sm_scale, (int, float)):
+    """sm_scale is None or a finite real number (a NaN/inf scale would make every logit non-finite)."""
+    if sm_scale is None:
+        return
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
         raise TypeError(f"{op}: sm_scale must be a float or None, got {type(sm_scale).__name__}")
+    try:
+        finite = math.isfinite(sm_scale)
+    except OverflowError:  # an int beyond the float range
+        finite = False
+    if not finite:
+        raise ValueError(f"{op}: sm_scale must be finite, got {sm_scale}")
 
 
 # ----------------------------------------------------------------------------- value checks

@@ -76,8 +76,9 @@ def _lse_range(
         n_ok = (start + offs_n) < hi  # [BLOCK_N]
         k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M] finite: the block has a valid key
+        # A valid key's -inf logit becomes NaN, as in split_s: a non-finite logit makes the row NaN.
+        s = tl.where(n_ok[None, :], tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M] finite unless a logit is not
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
         m_i = m_new
         k_ptrs += step
@@ -139,7 +140,7 @@ def _row_lse_kernel(
         m_i, l_i, q, x_ptr + n * stride_xn + h * stride_xh, stride_xt, 0, e_hi, qk_scale,
         HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
     )  # fmt: skip
-    live = l_i > 0
+    live = l_i != 0  # no keys: l_i = 0; keys: l_i >= 1, or NaN (a non-finite logit), which propagates
     lse = tl.where(live, (m_i + tl.log2(tl.where(live, l_i, 1.0))) * LN2, float("-inf"))  # [BLOCK_M]
     x_ptrs = lse_ptr + split.to(tl.int64) * stride_ls + n * stride_ln + m_idx * stride_lm + hq * stride_lh
     tl.store(x_ptrs, lse, mask=row_ok)
@@ -158,7 +159,8 @@ def _row_lse2(lse_ptr, stride_ls, offs, row_ok, KEY_SPLITS: tl.constexpr):
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             tot = tot * tl.exp2(mx - shift) + tl.exp2(x - shift)
             mx = m_new
-        mx = tl.where(tot > 0, mx + tl.log2(tl.where(tot > 0, tot, 1.0)), float("-inf"))
+        # tot = 0: no split had keys; NaN (a NaN split LSE) propagates.
+        mx = tl.where(tot != 0, mx + tl.log2(tl.where(tot != 0, tot, 1.0)), float("-inf"))
     return mx
 
 
@@ -513,10 +515,14 @@ def chunk_attention_scores(
         probability mass (unitless, in ``[0, M*G]``; 0 beyond ``lens``), and each
         query row's natural-log LSE over all its keys (``-inf`` if it has none).
         ``mass.sum(-1) + extra_mass.sum(-1) == M * G`` whenever a row has keys.
+        A non-finite logit (NaN/inf in a query row or a valid key, or ``q . k * sm_scale``
+        beyond fp32) makes that row's ``lse`` NaN and with it the whole ``mass`` and
+        ``extra_mass`` of its (chunk, KV head), on every backend (the rule of
+        :mod:`triton_kernels.reference`); ``topb_gather`` then rejects those scores.
 
     Raises:
         TypeError: unsupported or mismatched dtypes; lens not int32/int64.
-        ValueError: bad ranks/shapes, N/D/Hkv mismatch between q, k, k_extra,
+        ValueError: sm_scale NaN or infinite; bad ranks/shapes, N/D/Hkv mismatch between q, k, k_extra,
             ``Hq % Hkv != 0``, unsupported D, device mismatch, last dim not
             contiguous, lens outside ``[0, T]``.
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
@@ -555,7 +561,8 @@ def chunk_row_mass(
         backend: ``"triton"``, ``"torch"`` or None (auto).
 
     Returns:
-        ``[N, Hkv, T]`` fp32 probability mass in ``[0, G]``; 0 for rows ``t >= lens[n]``.
+        ``[N, Hkv, T]`` fp32 probability mass in ``[0, G]``; 0 for rows ``t >= lens[n]``;
+        NaN for a row with a non-finite logit (as :func:`chunk_attention_scores`).
 
     Raises:
         TypeError / ValueError / RuntimeError: as :func:`chunk_attention_scores`,

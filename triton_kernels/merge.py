@@ -16,6 +16,11 @@ package). Associative and commutative. Special LSE values, the same on both back
 * ``+inf`` (an overflowed partial: infinite mass): it outweighs every finite partial,
   so the row gets ``lse = +inf`` and ``o`` = the mean of the +inf partials' ``o_i``
   (the limit of the formula as their LSEs grow together); never NaN.
+* NaN (a partial that met a non-finite logit, see :mod:`triton_kernels.reference`): the
+  row gets ``o = NaN`` and ``lse = NaN``, whatever its other partials hold.
+
+Every partial with ``lse > -inf`` enters the sum as ``w_i * o_i``, so a NaN in such a
+partial's ``o_i`` reaches the output even when its weight ``w_i`` underflows to 0.
 
 The kernel makes one pass: each step issues the loads of up to 16 partials at once
 (addresses do not depend on loaded data) and folds them in with a running max.
@@ -69,6 +74,7 @@ def _merge_states_kernel(
     den = tl.zeros([BLOCK_R], tl.float32)  # sum of exp2(lse2_i - m) over finite partials
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)  # sum of exp2(lse2_i - m) * o_i
     n_inf = tl.zeros([BLOCK_R], tl.float32)  # +inf partials seen
+    any_nan = tl.zeros([BLOCK_R], tl.int1)  # a NaN partial makes the row NaN
     acc_inf = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)  # sum of their o_i
     for n0 in range(0, n_parts, N_UNROLL):
         for i in tl.static_range(N_UNROLL):
@@ -85,11 +91,12 @@ def _merge_states_kernel(
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # exp2(-inf - 0) = 0, not NaN
             scale = tl.exp2(m - shift)  # [BLOCK_R] rescales what was summed so far
             w = tl.exp2(fin - shift)  # [BLOCK_R], 0 for empty partials
-            # Select, not multiply: a zero-weight partial's o (maybe NaN) is ignored.
-            acc = acc * scale[:, None] + tl.where(w[:, None] > 0, w[:, None] * o_i, 0.0)
+            # Select, not multiply: an empty partial's o (maybe NaN) is ignored.
+            acc = acc * scale[:, None] + tl.where(fin[:, None] > float("-inf"), w[:, None] * o_i, 0.0)
             den = den * scale + w
             acc_inf += tl.where(is_inf[:, None], o_i, 0.0)
             n_inf += is_inf.to(tl.float32)
+            any_nan = any_nan | (lse_i != lse_i)
             m = m_new
 
     has_inf = n_inf > 0
@@ -99,6 +106,8 @@ def _merge_states_kernel(
     out = tl.where(has_inf[:, None], acc_inf / tl.maximum(n_inf, 1.0)[:, None], out)
     out_lse = tl.where(live, (m + tl.log2(den_safe)) * LN2, float("-inf"))  # [BLOCK_R]
     out_lse = tl.where(has_inf, float("inf"), out_lse)
+    out = tl.where(any_nan[:, None], float("nan"), out)
+    out_lse = tl.where(any_nan, float("nan"), out_lse)
     tl.store(
         out_ptr + rows64[:, None] * stride_outr + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -186,14 +195,16 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
         lse: ``[N, *, H]`` their log-sum-exps, natural log (fp32 recommended).
             ``-inf`` marks a partial with no keys: it weighs nothing and its ``o`` is ignored.
             ``+inf`` marks an overflowed partial: see the module docstring (never NaN).
-            NaN LSEs are not supported.
+            A NaN LSE makes its row NaN (``o`` and ``lse``), as on every backend.
         backend: ``"triton"``, ``"torch"`` or ``None`` (auto, see :mod:`triton_kernels._dispatch`).
 
     Returns:
         ``(o [*, H, D] in o.dtype, lse [*, H] fp32)`` with
         ``lse = log(sum_i exp(lse_i))`` and ``o = sum_i exp(lse_i - lse) * o_i``;
         rows with no live partial get ``o = 0`` and ``lse = -inf``; rows with +inf
-        partials get the mean of those partials' ``o`` and ``lse = +inf``.
+        partials get the mean of those partials' ``o`` and ``lse = +inf``; rows with a NaN
+        partial LSE get ``o = NaN`` and ``lse = NaN`` (NaN propagates; a NaN in a live
+        partial's ``o`` propagates into those components of ``o``).
 
     Raises:
         TypeError: non-tensor input or unsupported dtype.

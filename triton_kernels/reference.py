@@ -10,6 +10,14 @@ Conventions: token-major layouts ``[..., tokens, heads,
 head_dim]``; GQA with ``Hq = G * Hkv`` where query head ``h`` reads KV head
 ``h // G``; log-sum-exp (LSE) in natural log, fp32; softmax scale defaults to
 ``1/sqrt(D)``.
+
+Non-finite values, the rule every backend follows (the kernels, the CPU path, these
+references): a non-finite *logit* (NaN, +inf or -inf: any NaN/inf in a query row or in a
+valid key it sees, or a ``q . k * sm_scale`` beyond the fp32 range) makes that query row
+NaN, ``out`` and ``lse`` alike; -inf logits are not masks (a kernel that splits the keys
+could not tell a partial of -inf logits from an empty one). NaN/inf in a valid value only
+makes the matching ``out`` components non-finite. A row is reported empty (``out = 0``,
+``lse = -inf``) only when it has no valid key.
 """
 
 from __future__ import annotations
@@ -26,6 +34,12 @@ def _scale(sm_scale: float | None, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
 
 
+def _logits(q: torch.Tensor, k: torch.Tensor, scale: float, eq: str) -> torch.Tensor:
+    """fp32 ``einsum(eq, q, k) * scale`` with every non-finite logit made NaN (the rule above)."""
+    s = torch.einsum(eq, q.float(), k) * scale
+    return s.masked_fill(torch.isinf(s), float("nan"))
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     """Plain bidirectional attention of one row in fp32.
 
@@ -39,8 +53,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     g = hq // hkv
     kf = k.float().repeat_interleave(g, dim=1)  # [L, Hq, D]
     vf = v.float().repeat_interleave(g, dim=1)
-    s = torch.einsum("mhd,lhd->hml", q.float(), kf) * scale  # [Hq, M, L]
-    lse = torch.logsumexp(s, dim=-1)  # [Hq, M]
+    s = _logits(q, kf, scale, "mhd,lhd->hml")  # [Hq, M, L]
+    lse = torch.logsumexp(s, dim=-1)  # [Hq, M], NaN where a logit is
     p = torch.exp(s - lse[..., None])
     out = torch.einsum("hml,lhd->mhd", p, vf)
     return out, lse.transpose(0, 1).contiguous()
@@ -66,11 +80,14 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor):
     total = w.sum(dim=0)
     live = total > 0
     out_lse = torch.where(live, m_safe + torch.log(torch.where(live, total, torch.ones_like(total))), NEG_INF)
-    # Partials with zero weight may hold anything (even NaN): select, do not multiply.
-    contrib = torch.where((w > 0)[..., None], w[..., None] * o.float(), zero)
+    # Empty partials (lse -inf) may hold anything (even NaN): select, do not multiply.
+    contrib = torch.where((fin > NEG_INF)[..., None], w[..., None] * o.float(), zero)
     out = contrib.sum(dim=0) / torch.where(live, total, torch.ones_like(total))[..., None]
     out = torch.where((n_inf > 0)[..., None], inf_mean, out)
     out_lse = torch.where(n_inf > 0, float("inf"), out_lse)
+    nan = torch.isnan(lse).any(dim=0)  # a NaN partial makes its row NaN, whatever else it holds
+    out = out.masked_fill(nan[..., None], float("nan"))
+    out_lse = out_lse.masked_fill(nan, float("nan"))
     return out.to(o.dtype), out_lse
 
 
@@ -140,7 +157,7 @@ def chunk_attention_scores(q, k, lens=None, k_extra=None, *, sm_scale=None):
         kk = torch.cat(keys, dim=0).float().repeat_interleave(g, dim=1)  # [L, Hq, D]
         if kk.shape[0] == 0:
             continue
-        s = torch.einsum("mhd,lhd->hml", q[n].float(), kk) * scale  # [Hq, M, L]
+        s = _logits(q[n], kk, scale, "mhd,lhd->hml")  # [Hq, M, L]
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse[..., None])  # [Hq, M, L]
         per_kv = p.sum(dim=1).view(hkv, g, -1).sum(dim=1)  # [Hkv, L]
@@ -173,7 +190,7 @@ def chunk_row_mass(q, k, lens=None, k_extra=None, *, sm_scale=None):
         if ln == 0:
             continue
         kk = torch.cat([k[n, :ln], k_extra[n]], dim=0).float().repeat_interleave(g, dim=1)
-        s = torch.einsum("thd,lhd->htl", q[n, :ln].float(), kk) * scale  # [Hq, ln, L]
+        s = _logits(q[n, :ln], kk, scale, "thd,lhd->htl")  # [Hq, ln, L]
         p = torch.softmax(s, dim=-1)
         to_extra = p[..., ln:].sum(dim=-1)  # [Hq, ln]
         out[n, :, :ln] = to_extra.view(hkv, g, ln).sum(dim=1)

@@ -80,8 +80,10 @@ def _attend_range(
         kv_mask = n_ok[:, None] & d_ok[None, :]  # [BLOCK_N, BLOCK_D]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(COMPUTE)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N] base-2 logits
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M], finite: the block has a valid key
+        # A valid key's -inf logit becomes NaN (NaN and +inf already end in NaN through the max
+        # subtraction): a non-finite logit makes the row NaN whichever partial holds it.
+        s = tl.where(n_ok[None, :], tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M], finite unless a logit is not
         alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]; exp2(-inf) = 0 on the first block
         p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -188,8 +190,9 @@ def _split_s_partial_kernel(
             HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
         )  # fmt: skip
 
-    # No keys (empty segment / split past the end) or a padding row: o = 0, lse = -inf, no NaN.
-    live = (l_i > 0) & row_ok
+    # No keys (empty segment / split past the end) or a padding row: o = 0, lse = -inf. A row with
+    # keys has l_i >= 1, or NaN after a non-finite logit: that NaN reaches o and lse.
+    live = (l_i != 0) & row_ok
     l_safe = tl.where(live, l_i, 1.0)
     out = tl.where(live[:, None], acc / l_safe[:, None], 0.0)  # [BLOCK_M, BLOCK_D]
     lse = tl.where(live, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))  # [BLOCK_M] natural log
@@ -388,12 +391,28 @@ def split_s_attention(
 
     Returns:
         ``(out [B, M, Hq, D] in q.dtype, lse [B, M, Hq] fp32, natural log)``. A query row
-        with no valid key at all gets ``out = 0`` and ``lse = -inf`` (never NaN).
+        with no valid key at all gets ``out = 0`` and ``lse = -inf`` (never NaN); a row with keys
+        never does. Non-finite inputs, the same on every backend: a non-finite logit (NaN or
+        +-inf anywhere in the query row or in a valid key of its KV head, or ``q . k * sm_scale``
+        beyond fp32) makes that row's ``out`` and ``lse`` NaN (IEEE for NaN and for
+        ``inf - inf`` in the max subtraction; -inf logits too, see :mod:`triton_kernels.reference`);
+        NaN/inf in a valid value makes only those ``out`` components non-finite. Values past the
+        valid lengths are never read.
+
+    Paging and rounding: the Triton kernel's summation order follows the segment table (one or
+    more partials per segment, key blocks restarting at each segment, the running max per
+    partial) and the plan, which depends on the shapes (S, T, B, M, ...). The same keys paged
+    differently (another slot size, more segments) are therefore not bit-identical: ``out``
+    differs by at most ``eps(dtype) * max|v|`` (measured through the interpreter: 0.44 of that in
+    fp32, 0.06 in fp16, i.e. 1-2 fp16 ulps; on an H200 in bf16, 1 ulp in 1-7 of 12,288 elements)
+    and ``lse`` by a few fp32 ulps (``test_paging_changes_only_rounding`` pins both). The torch
+    paths concatenate the valid keys first: the same keys in the same order give the same bits
+    whatever the paging.
 
     Raises:
         TypeError: dtype not fp32/fp16/bf16 or q/k/v dtypes differ; segment tables or live_lens
             not int32/int64, or seg_slots and seg_lens of different dtypes; sm_scale not a number.
-        ValueError: wrong ranks or shapes, device mismatch, ``Hq % Hkv != 0``,
+        ValueError: sm_scale NaN or infinite; wrong ranks or shapes, device mismatch, ``Hq % Hkv != 0``,
             unsupported D for the Triton kernels (a multiple of 16 in 16..256), last dim not contiguous,
             only one of k_live/v_live, slot outside ``[-1, P)``, length outside ``[0, T]``,
             live length outside ``[0, M]`` (the value checks: see :func:`check_segment_table`).

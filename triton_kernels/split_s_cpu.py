@@ -15,7 +15,11 @@ CPU it is most of a denoising step. This implementation, per batch row ``b``:
    score matrix, all heads of the row in one call; it returns the LSE in natural log, fp32).
 
 Padded query rows and rows without any key get ``out = 0``, ``lse = -inf`` (the fused kernel
-is never called for them). Why a call per row and not one padded call for the batch: a row's
+is never called for them). A row whose logits may not all be finite (NaN/inf in its queries or
+keys, or ``max|q| * max|k| * D * sm_scale`` beyond fp32) runs the reference instead, which
+applies the package's rule (a non-finite logit makes the query row NaN, see
+:mod:`triton_kernels.reference`); the fused kernel would report some such rows as
+``out = 0, lse = 0`` or ``lse = +inf``. Why a call per row and not one padded call for the batch: a row's
 call sees exactly the shapes and values of the same request run alone, so batched generation
 stays bit-equal to single runs (a padded batch changes the fused kernel's key blocking and
 with it the float summation order), and in a microbenchmark on this 2-core CPU (under load) a
@@ -41,6 +45,15 @@ _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 def has_fused_attention() -> bool:
     """True when this torch build has the fused CPU attention that :func:`split_s_attention_cpu` calls."""
     return _FUSED is not None
+
+
+def _logits_finite(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+    """True when every logit ``q . k * scale`` is surely finite (False on NaN/inf, one host read each)."""
+    bound = 1.0
+    for x in (q, k):
+        lo, hi = torch.aminmax(x)
+        bound *= max(-float(lo), float(hi), 0.0)  # NaN stays NaN
+    return bound * q.shape[-1] * abs(scale) < torch.finfo(torch.float32).max
 
 
 def split_s_attention_cpu(
@@ -98,6 +111,9 @@ def split_s_attention_cpu(
             continue  # out 0, lse -inf
         k = torch.cat(ks).float().transpose(0, 1)[None]  # [1, Hkv, L_b, D] (a view; the kernel takes strides)
         v = torch.cat(vs).float().transpose(0, 1)[None]
+        if not _logits_finite(q[b, :n], k, scale):  # NaN rows by the reference's rule
+            out[b, :n], lse[b, :n] = _ref._attend(q[b, :n], k[0].transpose(0, 1), v[0].transpose(0, 1), scale)
+            continue
         # GQA packed into M: row m * G + g of KV head h is query head h * G + g of token m.
         qb = q[b, :n].float().reshape(n, hkv, g, d).permute(1, 0, 2, 3).reshape(1, hkv, n * g, d)
         o, lb = _FUSED(qb, k, v, 0.0, False, scale=scale)  # [1, Hkv, n*G, D], [1, Hkv, n*G]
