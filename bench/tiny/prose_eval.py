@@ -74,13 +74,12 @@ def main(argv=None) -> int:
     model_dir = args.model or default_model_dir()
     model = load_model(model_dir)
     cfg = PrefillingConfig.from_pretrained(model_dir)
-    runs = [("prefilling", c, ln) for ln in args.lengths for c in [None]]
-    grid = []
-    for method, _, ln in runs:
-        grid += [(method, h, c) for h, c in eval_cases(args.haystacks, args.tasks, [ln], args.depths, args.seeds)]
+    grid = []  # the cheapest first, so a stopped run has whole cells
     if args.dense_length:
         dense = eval_cases(args.haystacks, args.tasks, [args.dense_length], args.depths, args.seeds)
         grid += [("dense", h, c) for h, c in dense]
+    for ln in args.lengths:
+        grid += [("prefilling", h, c) for h, c in eval_cases(args.haystacks, args.tasks, [ln], args.depths, args.seeds)]
     rows: list[dict] = []
     t0 = time.perf_counter()
     for i, (method, hay, case) in enumerate(grid):
@@ -89,8 +88,11 @@ def main(argv=None) -> int:
         r = asdict(run_case(model, case, method, gen_length=g, steps=g, **kw))
         r |= {"haystack": hay, "kept": needle_kept(case, r["selected_chunks"], cfg.chunk_size) if kw else ""}
         rows.append(r)
-        if i % 10 == 0:
-            print(f"{i + 1}/{len(grid)} {time.perf_counter() - t0:.0f}s", flush=True)
+        print(
+            f"{i + 1}/{len(grid)} {time.perf_counter() - t0:.0f}s {method} {hay} {case.task} {case.length} "
+            f"{case.depth} ok={r['correct']} kept={r['kept']} {r['answer']!r} gold={case.answer!r}",
+            flush=True,
+        )
     os.makedirs(args.out, exist_ok=True)
     write_csv(os.path.join(args.out, "prose_eval.csv"), rows, str(model.device))
     by_len = table(rows, ("haystack", "task", "method", "length"))
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
     text = (
         f"# {model_dir}: natural prose, held-out split\n\nCommand: `{cmd.strip()}`  \n"
         f"{machine_line(str(model.device))}\n\nPrefilling defaults: C={cfg.chunk_size}, K={cfg.top_k}, "
-        f"score terms {', '.join(cfg.score_terms)}; seeds from 2**31, `phrasing=\"random\"`.\n\n"
+        f'score terms {", ".join(cfg.score_terms)}; seeds from 2**31, `phrasing="random"`.\n\n'
         f"{by_len}\n\nPer depth (prefilling, all tasks):\n\n{by_depth}\n"
     )
     with open(os.path.join(args.out, "prose_eval.md"), "w") as f:

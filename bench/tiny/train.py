@@ -533,6 +533,7 @@ def train(args):
     if args.resume and os.path.exists(ckpt):
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
+        model.to(args.device)  # the optimizer state follows the parameters' device
         opt.load_state_dict(state["opt"])
         rng.setstate(state["rng"])
         gen.set_state(state["gen"])
@@ -541,15 +542,16 @@ def train(args):
         print(f"resumed at step {first_step}")
     elif os.path.exists(log_path):
         os.remove(log_path)
-    model.train()
+    model.to(args.device).train()
     t0 = time.time()
     for step in range(first_step, end_step):
         run = run_at(runs, step)
         length, samples, modes = draw_batch(rng, essays, run.spec, args.window, args.token_budget)
-        inputs, targets, weights, pos, attn = make_batch(samples, modes, gen, length, weighting=args.weighting)
+        batch = make_batch(samples, modes, gen, length, weighting=args.weighting)
+        inputs, targets, weights, pos, attn = (None if x is None else x.to(args.device) for x in batch)
         for g in opt.param_groups:
             g["lr"] = run.lr(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(inputs, pos, attention_mask=attn).logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none").view_as(weights)
         loss = (ce * weights).sum() / len(samples)
@@ -623,7 +625,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 instead of bf16 autocast")
+    p.add_argument(
+        "--no-bf16",
+        dest="bf16",
+        action="store_false",
+        help="fp32 instead of bf16 autocast (on a CPU without AVX-512 BF16 bf16 is emulated: 120 s a step here)",
+    )
+    p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
     p.add_argument("--resume", action="store_true", help="continue from --work's train_state.pt when there is one")
     p.add_argument(
         "--phase", type=int, choices=range(1, len(PHASES) + 1), default=None,

@@ -151,7 +151,9 @@ def make_case(
             raise ValueError(f"{task}: no haystack {haystack!r}; prose haystacks serve {PROSE_TASKS}")
         extra, seed_parts = {"haystack": haystack}, seed_parts + (haystack,)
     rng = random.Random(stable_seed(*seed_parts))
-    prefix, filled, query, answer = spec.generate(rng, length, depth, tokenizer, phrasing == "canonical", split, **extra)
+    prefix, filled, query, answer = spec.generate(
+        rng, length, depth, tokenizer, phrasing == "canonical", split, **extra
+    )
     return TaskCase(
         task=task,
         prefix=prefix,

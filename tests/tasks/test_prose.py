@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pydoc_data.topics import topics
 
 import pytest
-from pydoc_data.topics import topics
 
 from dllm.tasks import make_case
 from dllm.tasks.essays import essay_dir, load_essays
