@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -97,9 +98,10 @@ def main(argv=None) -> int:
     write_csv(os.path.join(args.out, "prose_eval.csv"), rows, str(model.device))
     by_len = table(rows, ("haystack", "task", "method", "length"))
     by_depth = table([r for r in rows if r["method"] == "prefilling"], ("haystack", "method", "length", "depth"))
-    cmd = "python -m bench.tiny.prose_eval " + " ".join(argv if argv is not None else os.sys.argv[1:])
+    cmd = "python -m bench.tiny.prose_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (
-        f"# {model_dir}: natural prose, held-out split\n\nCommand: `{cmd.strip()}`  \n"
+        f"# {os.path.relpath(model_dir) if not os.path.relpath(model_dir).startswith('..') else model_dir}: "
+        f"natural prose, held-out split\n\nCommand: `{cmd.strip()}`  \n"
         f"{machine_line(str(model.device))}\n\nPrefilling defaults: C={cfg.chunk_size}, K={cfg.top_k}, "
         f'score terms {", ".join(cfg.score_terms)}; seeds from 2**31, `phrasing="random"`.\n\n'
         f"{by_len}\n\nPer depth (prefilling, all tasks):\n\n{by_depth}\n"
