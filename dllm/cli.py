@@ -19,7 +19,7 @@ import time
 
 from dllm.generate import METHODS
 from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
-from dllm.tasks import TASKS
+from dllm.tasks import HAYSTACKS, TASKS
 from dllm.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
 
 RUNS_DIR = "runs"  # default output folder, relative to the working directory (git-ignored in the repository)
@@ -819,6 +819,11 @@ def cmd_eval(args) -> int:
         raise UserError("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")
     if args.limit is not None and not longbench:
         raise UserError("--limit goes with the longbench task")
+    if args.haystack != "filler":
+        from dllm.tasks import PROSE_TASKS
+
+        if args.task not in PROSE_TASKS:
+            raise UserError(f"--haystack {args.haystack} goes with the tasks {', '.join(PROSE_TASKS)}")
     _unmasking_check(args, args.gen_length)
     _positions_check(args, args.gen_length)
     cfg = _prefilling_config(args, args.model or default_model_dir())
@@ -848,7 +853,13 @@ def cmd_eval(args) -> int:
         from dllm.tasks import make_cases
 
         cases = make_cases(
-            args.task, args.lengths, args.depths, args.samples, args.seed_base, tokenizer=model.tokenizer
+            args.task,
+            args.lengths,
+            args.depths,
+            args.samples,
+            args.seed_base,
+            tokenizer=model.tokenizer,
+            haystack=args.haystack,
         )
         context_tokens = [c.context_tokens for c in cases]
         run_one = run_case
@@ -999,6 +1010,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed-base", type=int, default=0, help="task seed of the first sample; sample i uses seed-base + i"
     )
     e.add_argument("--by-depth", action="store_true", help="one table row per depth")
+    e.add_argument(
+        "--haystack",
+        choices=HAYSTACKS,
+        default="filler",
+        help="the text the needle hides in: the task's own filler, or held-out natural prose (essays: the 9 "
+        "evaluation essays; pydoc: every fifth of CPython's pydoc topics; generated: varied-vocabulary "
+        "sentences) for passkey, number_string and word_fact",
+    )
     e.add_argument(
         "--data",
         type=_input_file,

@@ -103,6 +103,7 @@ def test_default_top_k_above_the_chunk_count_keeps_every_chunk(files, capsys):
 
 
 BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error line says)
+    "eval kv_retrieval in prose": ("eval kv_retrieval --haystack pydoc", "--haystack pydoc goes with the tasks"),
     "missing prompt file": ("generate --prompt-file nope.txt", "nope.txt': no such file"),
     "prompt path is a folder": ("generate --prompt-file .", "not a file"),
     "missing context file": ("generate --prompt-file prompt.txt --context-file x.txt", "no such file"),
@@ -448,3 +449,16 @@ def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, ca
     assert {r["depth"] for r in rows} == {"0.0", "1.0"}
     assert all(len(r["selected_chunks"].split()) == 2 for r in rows)
     assert "accuracy %" in stdout and "one warm-up case" in stdout
+
+
+def test_eval_haystack_draws_held_out_prose_cases(tmp_path, capsys):
+    """--haystack pydoc: the rows are the held-out (split eval) pydoc cases of make_case, not filler ones."""
+    from dllm.tasks import make_case
+
+    out = tmp_path / "rows.csv"
+    cmd = "eval word_fact --haystack pydoc --lengths 400 --depths 0.5 --samples 2 --gen-length 12"
+    rc, _, _ = run_cli(capsys, *shlex.split(cmd), "--out", str(out))
+    assert rc == 0
+    gold = [r["gold"] for r in csv.DictReader(out.open())]
+    want = [make_case("word_fact", 400, 0.5, s, haystack="pydoc", split="eval").answer for s in (0, 1)]
+    assert gold == want and want != [make_case("word_fact", 400, 0.5, s).answer for s in (0, 1)]

@@ -173,3 +173,76 @@ def test_the_committed_run_replays_its_logged_batches():
         run = run_at(runs, step)
         length, samples, _ = draw_batch(rng, essays, run.spec, args.window, args.token_budget)
         assert (run.n, length, len(samples)) == logged[step], step
+
+
+def test_phase9_prose_trial_shares_and_its_prose_is_from_the_training_split():
+    """Phase 9 (the prose fine-tune): 10% copy, 35% dense, 30% chunked, 25% query-only split evenly between
+    chunk sets with and without the needle; a third of the retrieval samples in the InfiniteBench noise,
+    the rest in prose; word facts among the answers; never a 12-word run of an evaluation essay."""
+    from dllm.tasks.digits import NOISE_POOL
+    from dllm.tasks.essays import load_essays
+
+    ph = PHASES[8]
+    assert ph.trial and ph.first == 14000 and ph.lr == (4e-4, 50)
+    held = set()
+    for _, t in load_essays("eval"):
+        w = t.split()
+        held |= {" ".join(w[i : i + 12]) for i in range(len(w) - 11)}
+    rng = random.Random(2)
+    kinds, filler, answers = Counter(), 0, Counter()
+    n = 400
+    for _ in range(n):
+        s, mode = draw_sample(rng, None, 700, ph)
+        kinds[(mode, s.kind)] += 1
+        if s.kind == "copy":
+            continue
+        body = text(part(s, "p"))
+        filler += any(sentence in body for sentence in NOISE_POOL)
+        words = body.replace("<1>", " ").split()
+        assert not any(" ".join(words[i : i + 12]) in held for i in range(0, len(words) - 11, 3))
+        q = text(part(s, "q"))
+        answers["word" if "secret" in q and ("city" in q or "animal" in q or "color" in q) else "digits"] += 1
+    retrieval = n - kinds[("answer", "copy")]
+    assert abs(kinds[("answer", "copy")] / n - 0.10) < 0.045
+    assert abs(kinds[("answer", "dense")] / n - 0.35) < 0.075
+    assert abs(kinds[("query", "chunked")] / n - 0.125) < 0.05  # query-only beside the needle chunk
+    assert abs(kinds[("query", "no_needle")] / n - 0.125) < 0.05  # query-only beside needle-free chunks
+    assert abs(filler / retrieval - 1 / 3) < 0.08
+    assert abs(answers["word"] / retrieval - 0.3) < 0.075
+
+
+def test_phase9_runs_alone_from_given_weights_and_the_default_run_stops_before_it():
+    args = parse_args(["--phase", "9", "--init", "dllm/assets/tiny-dream"])
+    assert args.phase == 9 and args.lr9 == 4e-4 and args.device == "cpu"
+    assert len({run_at(schedule(parse_args([])), s).n for s in range(12000)}) == 7
+    trial8 = schedule(parse_args(["--steps", "14000"]))
+    assert run_at(trial8, 13999).n == 8 and trial8[8].first == trial8[8].end == 14000  # phase 9 only by --phase
+    assert "phase 9 (steps 14000-14500, own warm-up and cosine from lr 0.0004" in train.__doc__
+
+
+def test_gpu_train_script_dry_runs_on_cpu_and_resumes(tmp_path):
+    """bench/tiny/gpu_train.sh with DEVICE=cpu: one phase-9 step from the bundled weights into $OUT, then
+    --resume continues at the next step from the state in $WORK (the loss log gains exactly that step)."""
+    import os
+    import subprocess
+    import sys
+
+    from dllm.loader import load_model
+
+    root = Path(__file__).resolve().parents[1]
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = os.environ | {"OUT": str(out), "WORK": str(work), "DEVICE": "cpu", "PYTHON": sys.executable}
+    small = ["--no-bf16", "--window", "256", "--token-budget", "256", "--threads", "1"]
+    script = str(root / "bench" / "tiny" / "gpu_train.sh")
+    for stop, extra in ((14001, []), (14002, ["--resume"])):
+        done = subprocess.run(["bash", script, "--stop-at", str(stop), *small, *extra], env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.reader((out / "loss.csv").open()))
+    assert [(r[0], r[1], r[2]) for r in rows] == [("14000", "9", "256"), ("14001", "9", "256")]
+    assert "resumed at step 14001" in (out / "train.log").read_text()
+    tuned, bundled = load_model(str(out / "model")), load_model(str(root / "dllm" / "assets" / "tiny-dream"))
+    a, b = tuned.state_dict(), bundled.state_dict()
+    assert a.keys() == b.keys()
+    diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert 0 < diff < 0.05  # two small warm-up steps away from the phase-7 weights

@@ -53,35 +53,43 @@ def _append(s: Sample, ids, seg, role):
     s.role.extend([role] * len(ids))
 
 
-def _case(rng: random.Random, task: str, ctx_len: int, phrasing: str = "random"):
-    return make_case(task, ctx_len, rng.random(), rng.randrange(1 << 30), phrasing=phrasing, split="train")
+def _case(rng: random.Random, task: str, ctx_len: int, phrasing: str = "random", haystack: str = "filler"):
+    """A training case (``split="train"``: the evaluation essays and pydoc topics never appear)."""
+    seed_depth = rng.random(), rng.randrange(1 << 30)
+    return make_case(task, ctx_len, *seed_depth, phrasing=phrasing, split="train", haystack=haystack)
 
 
 def _min_len(task: str) -> int:
     return {"kv_retrieval": 250, "needle": 300}.get(task, 160)
 
 
-def _case_at_least(rng: random.Random, task: str, ctx_len: int, phrasing: str):
+def _case_at_least(rng: random.Random, task: str, ctx_len: int, phrasing: str, haystack: str = "filler"):
     """A case whose context is ``ctx_len`` tokens, or the shortest length the needle allows."""
     for n in (ctx_len, 100, 160, 250, 320):
         if n < ctx_len:
             continue
         try:
-            return _case(rng, task, n, phrasing)
+            return _case(rng, task, n, phrasing, haystack)
         except ValueError:  # too short for this needle template
             continue
-    return _case(rng, task, max(ctx_len, 400), phrasing)
+    return _case(rng, task, max(ctx_len, 400), phrasing, haystack)
 
 
 def dense_sample(
-    rng: random.Random, total: int, task: str, phrasing: str = "random", prefix: bool = True, max_eos: int = 12
+    rng: random.Random,
+    total: int,
+    task: str,
+    phrasing: str = "random",
+    prefix: bool = True,
+    max_eos: int = 12,
+    haystack: str = "filler",
 ) -> Sample:
     """BOS + prompt + answer + EOS*n (1 <= n <= max_eos), about ``total`` tokens long (``prefix=False`` drops
-    the instructions)."""
+    the instructions; ``haystack``: as for ``make_case``)."""
     n_eos = rng.randint(1, max_eos)
-    case = _case(rng, task, 512, phrasing)  # probe the fixed parts' size
+    case = _case(rng, task, 512, phrasing, haystack)  # probe the fixed parts' size
     fixed = 1 + (len(case.prefix) if prefix else 0) + len(case.query) + len(case.answer) + n_eos
-    case = _case_at_least(rng, task, max(64, total - fixed), phrasing)
+    case = _case_at_least(rng, task, max(64, total - fixed), phrasing, haystack)
     s = Sample([], [], [], "dense")
     _append(s, [BOS], 0, "b")
     _append(s, encode((case.prefix if prefix else "") + case.context), 0, "p")
@@ -91,7 +99,12 @@ def dense_sample(
 
 
 def chunked_sample(
-    rng: random.Random, total: int, task: str, drop_needle: bool = False, answer: bool | None = None
+    rng: random.Random,
+    total: int,
+    task: str,
+    drop_needle: bool = False,
+    answer: bool | None = None,
+    haystack: str = "filler",
 ) -> Sample:
     """[BOS prefix] [BOS chunk]... query answer: segment-local attention for the static parts.
 
@@ -101,18 +114,18 @@ def chunked_sample(
         answer = not drop_needle
     chunk_len = rng.choice([64, 96, 128, 192, 256, 384])
     n_eos = rng.randint(1, 12)
-    probe = _case(rng, task, 512)
+    probe = _case(rng, task, 512, haystack=haystack)
     budget = total - (2 + len(probe.prefix) + len(probe.query) + len(probe.answer) + n_eos)
     keep = max(1, min(rng.randint(1, 6), budget // (chunk_len + 1)))
     n_chunks = keep + rng.randint(0, 6)
-    case = _case(rng, task, max(_min_len(task), n_chunks * chunk_len))
+    case = _case(rng, task, max(_min_len(task), n_chunks * chunk_len), haystack=haystack)
     ctx = encode(case.context)
     cuts = list(range(0, len(ctx), chunk_len))
     needle_chunks = {i for i, c in enumerate(cuts) if c < case.needle_end and c + chunk_len > case.needle_start}
     others = [i for i in range(len(cuts)) if i not in needle_chunks]
     if drop_needle:
         if not others:
-            return dense_sample(rng, total, task)
+            return dense_sample(rng, total, task, haystack=haystack)
         kept = sorted(rng.sample(others, min(keep, len(others))))
     else:
         kept = sorted(needle_chunks | set(rng.sample(others, max(0, min(keep - len(needle_chunks), len(others))))))

@@ -129,6 +129,8 @@ class Layout:
     answer_only: dense / chunked: probability of answer-only masking, else whole-sequence masking.
     needle: query only: the chunk set holds the needle chunk (True) or is needle-free.
     pools: copy only: ((alphabet, weight), ...); empty: ``data.COPY_POOL``.
+    haystacks: dense / chunked / query: ((haystack, weight), ...) of ``make_case``'s haystacks, drawn
+    after the wording; empty: the task's own filler (no draw).
     A probability of 0 or 1 draws nothing from the rng (as the committed run drew).
     """
 
@@ -140,6 +142,7 @@ class Layout:
     answer_only: float = 1.0
     needle: bool = False
     pools: tuple = ()
+    haystacks: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,24 @@ def fine_tune(copy, dense, chunked, no_needle, answer_tasks, pools=()) -> tuple[
         (chunked, Layout("chunked", tasks=answer_tasks)),
         (no_needle, Layout("query", tasks=TASK_WEIGHTS, needle=True)),
         (1.0, Layout("query", tasks=TASK_WEIGHTS)),
+    )
+
+
+PROSE_STEPS = 500
+PROSE_TASKS = {"passkey": 0.4, "number_string": 0.3, "word_fact": 0.3}
+PROSE_MIX = (("filler", 1 / 3), ("essays", 2 / 9), ("pydoc", 2 / 9), ("generated", 2 / 9))
+
+
+def prose_tune() -> tuple[tuple[float, Layout], ...]:
+    """Phase 9's mix: 10% copy strings, 35% dense and 30% chunked answers, 12.5% query-only beside the
+    needle chunk and 12.5% beside needle-free chunks, every retrieval layout over :data:`PROSE_MIX`."""
+    pools = ((data.DIGIT_POOL, 0.5), (data.COPY_POOL, 0.5))
+    return (
+        (0.1, Layout("copy", pools=pools)),
+        (0.45, Layout("dense", tasks=PROSE_TASKS, canonical=0.4, prefix=0.6, max_eos=6, haystacks=PROSE_MIX)),
+        (0.75, Layout("chunked", tasks=PROSE_TASKS, haystacks=PROSE_MIX)),
+        (0.875, Layout("query", tasks=PROSE_TASKS, needle=True, haystacks=PROSE_MIX)),
+        (1.0, Layout("query", tasks=PROSE_TASKS, haystacks=PROSE_MIX)),
     )
 
 
@@ -238,6 +259,15 @@ PHASES: tuple[Phase, ...] = (
           "5-7 copy strings' lengths at chance: the model never learned them). It took dense number_string to "
           "100% but made chunk selection worse (bench/results/tiny_phase8_trial.md), so the default --steps "
           "stops at 12000"),
+    Phase(14000, 14000 + PROSE_STEPS, (4e-4, 50), (256, 512, 768, 1024, 1280, 1536),
+          mix=prose_tune(), tasks=None, trial=True,
+          why="a trial prose fine-tune (issue 22), run with --phase 9 --init dllm/assets/tiny-dream: from the "
+          "phase-7 weights (not phase 8's) with a fresh optimizer, it brings pass keys, number strings and "
+          "word facts into natural prose (training essays, training pydoc topics, generated text; the "
+          "evaluation essays and every fifth pydoc topic are held out) in all three layouts, with 25% "
+          "query-only masking split evenly between chunk sets with and without the needle (the s_I "
+          "signal phase 8 lost when it cut it to 15%), a third of each layout in the old filler, and 10% "
+          "copy strings as in phases 5-7"),
 )  # fmt: skip
 assert all(a.end == b.first for a, b in zip(PHASES, PHASES[1:])) and PHASES[0].first == 0 and PHASES[0].lr
 BUNDLED_STEPS = max(p.end for p in PHASES if not p.trial)
@@ -266,10 +296,9 @@ class PhaseRun:
 
 
 def schedule(args) -> list[PhaseRun]:
-    """The phases with the flags applied: phase N ends at ``--phaseN``, the last (trial) one at
-    ``--steps``, and the one before it at ``--steps`` when that comes first."""
-    ends = [getattr(args, f"phase{n}") for n in range(1, len(PHASES))] + [args.steps]
-    ends[-2] = min(ends[-2], args.steps)
+    """The phases with the flags applied: phase N ends at ``--phaseN`` or at ``--steps`` when that
+    comes first, the last one at ``--steps``."""
+    ends = [min(getattr(args, f"phase{n}"), args.steps) for n in range(1, len(PHASES))] + [args.steps]
     runs: list[PhaseRun] = []
     for i, spec in enumerate(PHASES):
         first = ends[i - 1] if i else 0
@@ -318,14 +347,20 @@ def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase:
         return data.copy_sample(rng, total, pool), "answer"
     if layout.kind == "essays":
         return essays.sample(rng, total), "all"
+    hay = "filler"
+    if layout.haystacks and layout.kind in ("query", "chunked"):
+        hay = _weighted(rng, dict(layout.haystacks))
     if layout.kind == "query":
-        return data.chunked_sample(rng, total, task, drop_needle=not layout.needle, answer=False), "query"
+        sample = data.chunked_sample(rng, total, task, drop_needle=not layout.needle, answer=False, haystack=hay)
+        return sample, "query"
     if layout.kind == "dense":
         phrasing = "canonical" if _coin(rng, layout.canonical) else "random"
         prefix = _coin(rng, layout.prefix)
-        sample = data.dense_sample(rng, total, task, phrasing, prefix=prefix, max_eos=layout.max_eos)
+        if layout.haystacks:
+            hay = _weighted(rng, dict(layout.haystacks))
+        sample = data.dense_sample(rng, total, task, phrasing, prefix=prefix, max_eos=layout.max_eos, haystack=hay)
     else:
-        sample = data.chunked_sample(rng, total, task)
+        sample = data.chunked_sample(rng, total, task, haystack=hay)
     return sample, "answer" if _coin(rng, layout.answer_only) else "all"
 
 
@@ -370,6 +405,8 @@ def _layout_text(layout: Layout) -> str:
         notes.append(", ".join(f"{POOL_NAMES[p]} {_percent(w)}" for p, w in layout.pools))
     if layout.tasks and layout.tasks is not TASK_WEIGHTS:
         notes.append(_weights_text(layout.tasks))
+    if layout.haystacks:
+        notes.append("haystacks " + _weights_text(dict(layout.haystacks)))
     return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -478,10 +515,27 @@ def train(args):
     ckpt = os.path.join(args.work, "train_state.pt")
     log_path = os.path.join(args.work, "loss.csv")
     os.makedirs(args.work, exist_ok=True)
-    first_step = 0
+    runs = schedule(args)
+    end_step = args.steps
+    if args.phase is not None:  # one phase alone, over its table steps, its own warm-up and cosine
+        spec = PHASES[args.phase - 1]
+        if spec.lr is None:
+            raise SystemExit(f"error: --phase {args.phase} has no learning rate of its own")
+        peak = getattr(args, _lr_flag(args.phase))
+        runs = [PhaseRun(args.phase, spec, spec.first, spec.end, spec.first, spec.end, peak, spec.lr[1])]
+        end_step = spec.end
+    if args.stop_at is not None:  # stop early (to resume later); the schedule stays the table's
+        end_step = min(end_step, args.stop_at)
+    first_step = runs[0].first if args.phase is not None else 0
+    if args.init and not (args.resume and os.path.exists(ckpt)):
+        from dllm.weights import load_weights_into
+
+        load_weights_into(model, args.init, "dream")
+        print(f"weights from {args.init}, step {first_step}")
     if args.resume and os.path.exists(ckpt):
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
+        model.to(args.device)  # the optimizer state follows the parameters' device
         opt.load_state_dict(state["opt"])
         rng.setstate(state["rng"])
         gen.set_state(state["gen"])
@@ -490,16 +544,16 @@ def train(args):
         print(f"resumed at step {first_step}")
     elif os.path.exists(log_path):
         os.remove(log_path)
-    model.train()
-    runs = schedule(args)
+    model.to(args.device).train()
     t0 = time.time()
-    for step in range(first_step, args.steps):
+    for step in range(first_step, end_step):
         run = run_at(runs, step)
         length, samples, modes = draw_batch(rng, essays, run.spec, args.window, args.token_budget)
-        inputs, targets, weights, pos, attn = make_batch(samples, modes, gen, length, weighting=args.weighting)
+        batch = make_batch(samples, modes, gen, length, weighting=args.weighting)
+        inputs, targets, weights, pos, attn = (None if x is None else x.to(args.device) for x in batch)
         for g in opt.param_groups:
             g["lr"] = run.lr(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(inputs, pos, attention_mask=attn).logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none").view_as(weights)
         loss = (ce * weights).sum() / len(samples)
@@ -517,7 +571,7 @@ def train(args):
                 f"masked-CE {masked_ce:.3f} |g| {gnorm.item():.2f} {time.time() - t0:.0f}s",
                 flush=True,
             )
-        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+        if (step + 1) % args.save_every == 0 or step + 1 == end_step:
             state = {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate()}
             state |= {"gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "step": step + 1}
             torch.save(state, ckpt)
@@ -573,8 +627,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 instead of bf16 autocast")
-    p.add_argument("--resume", action="store_true")
+    p.add_argument(
+        "--no-bf16",
+        dest="bf16",
+        action="store_false",
+        help="fp32 instead of bf16 autocast (on a CPU without AVX-512 BF16 bf16 is emulated: 120 s a step here)",
+    )
+    p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
+    p.add_argument("--stop-at", type=int, default=None, help="stop before this step (the lr schedule unchanged)")
+    p.add_argument("--resume", action="store_true", help="continue from --work's train_state.pt when there is one")
+    p.add_argument(
+        "--phase", type=int, choices=range(1, len(PHASES) + 1), default=None,
+        help="train only this phase, over its table steps (its own warm-up and cosine); with --init",
+    )  # fmt: skip
+    p.add_argument("--init", default=None, help="start from this checkpoint's weights (a fresh optimizer)")
     return p.parse_args(argv)
 
 

