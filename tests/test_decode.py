@@ -261,4 +261,6 @@ def test_denoise_needs_a_masked_response():
     resp = torch.full((1, 4), 7)
     resp[0, 1] = 2
     with pytest.raises(ValueError, match="mask tokens only"):
-        denoise(_ScriptedPolicy(1, 4, 11, 7, 0), resp, mask_id=7, block_length=4, steps_per_block=4, cfg=UnmaskingConfig())
+        denoise(
+            _ScriptedPolicy(1, 4, 11, 7, 0), resp, mask_id=7, block_length=4, steps_per_block=4, cfg=UnmaskingConfig()
+        )
