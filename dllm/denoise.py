@@ -7,6 +7,19 @@ lets the unmasking rule (:mod:`dllm.unmasking`) reveal some masked positions of 
 current block. Policies differ only in how they compute logits (what they recompute
 and what they cache); the loop, the schedule and the RNG use are identical, so greedy
 outputs of policies with exact caches are identical token for token.
+
+Host reads (the sync budget, enforced by ``tests/test_sync_budget.py``): a denoising step (the
+policy's forward, the batched unmasking :func:`dllm.unmasking.unmask_batch` and the write-back) reads
+nothing from the device. Between steps the loop reads:
+
+- nothing, for the rules with a fixed reveal count (Dream's ``maskgit_plus``, ``topk_margin``,
+  ``entropy``; LLaDA's ``low_confidence``, ``random``): their schedule says on the host when a block
+  is done (a block starts all masked, and the mask token is never chosen);
+- one scalar before each step after a block's first, for ``origin`` and ``confidence_threshold``
+  (model-made or random counts): "any mask left in the block?", to stop the block early;
+- one scalar at the end of each block: the first step with a NaN distribution at a candidate
+  position (raised as a ``ValueError`` naming step, row and position; a NaN never becomes a token);
+- before the loop, whether ``resp`` is all masks; after it, the per-row step counts (``row_steps``).
 """
 
 from __future__ import annotations
@@ -16,7 +29,7 @@ from tqdm.auto import tqdm
 
 from dllm.policies import DecodePolicy
 from dllm.timer import PhaseTimer
-from dllm.unmasking import LLADA_ALGS, UnmaskingConfig, dream_count, llada_schedule, unmask_step
+from dllm.unmasking import LLADA_ALGS, UnmaskingConfig, unmask_batch
 
 
 def denoise(
@@ -36,59 +49,72 @@ def denoise(
 
     Args:
         policy: logits provider (see :class:`dllm.policies.DecodePolicy`).
-        resp: ``[B, L_d]`` int64 response, initially all ``mask_id`` (modified in place).
-        mask_id: the [MASK] token id.
+        resp: ``[B, L_d]`` int64 response, all ``mask_id`` (modified in place).
+        mask_id: the [MASK] token id (never written: its logit is excluded).
         block_length: tokens per semi-autoregressive block (divides L_d).
         steps_per_block: step budget per block (upper bound for ``confidence_threshold``).
         cfg: unmasking rule.
         timer: adds each step (logits + unmasking) to its ``decode`` phase (None = untimed).
-        generator: RNG for sampling rules (seeded by the caller for reproducibility).
+        generator: RNG for sampling rules (seeded by the caller for reproducibility); one for the
+            batch, draw order in :mod:`dllm.unmasking`.
         progress: show a tqdm bar over denoising steps.
         row_steps: if given, a list that receives B ints: the steps in which each row still had a
             masked position in the current block (what that row decoded alone would run).
 
-    A block ends early when it has no masks left (those steps would reveal nothing). Checking that
-    costs a device-to-host copy, so for the rules with a fixed reveal count (all but ``origin`` and
-    ``confidence_threshold``) the loop only checks once the schedule says every row may be done: each
-    row's masks left are at least the schedule's count (a step reveals at most its count, fewer only
-    when a chosen token is the mask id itself), so while that count is positive the check would pass.
+    A block ends early when it has no masks left (those steps would reveal nothing): for LLaDA's
+    rules after ``min(steps_per_block, block_length)`` steps (later quotas are 0), for ``origin``
+    and ``confidence_threshold`` when a check between steps finds no mask (the host reads of the
+    module docstring); Dream's fixed-count rules reveal the rest at their last step.
+
+    Raises:
+        ValueError: ``resp`` is not all ``mask_id``; a candidate position's distribution is NaN (a
+            NaN or +inf logit, or no finite one), naming the step, row and position (checked at the
+            end of each block).
     """
     timer = timer or PhaseTimer(resp.device)
     batch, gen_length = resp.shape
+    if not bool((resp == mask_id).all()):
+        raise ValueError(f"denoise needs a response of mask tokens only (mask id {mask_id})")
     n_blocks = gen_length // block_length
     bar = tqdm(total=n_blocks * steps_per_block, desc="denoising", unit="step", disable=not progress, leave=False)
     steps_run = 0
     active = torch.zeros(batch, dtype=torch.long, device=resp.device)  # steps per row, read once at the end
+    # rules whose step count the host cannot know: one "masks left?" read between steps
+    check_left = cfg.alg in ("origin", "confidence_threshold")
+    # confidence_threshold reveals >= 1 token per step, so block_length steps always suffice; LLaDA's
+    # quotas are 0 after block_length steps (n // steps = 0, the remainder to the first n).
+    budget = steps_per_block if cfg.fixed_steps else block_length
+    if cfg.alg in LLADA_ALGS:
+        budget = min(budget, block_length)
+    block_masks = torch.full((batch,), block_length, dtype=torch.long, device=resp.device)
     try:
         for blk_i in range(n_blocks):
             blk = slice(blk_i * block_length, (blk_i + 1) * block_length)
-            n_masked = (resp[:, blk] == mask_id).sum(dim=1).tolist()
-            quotas = [llada_schedule(n, steps_per_block) for n in n_masked] if cfg.alg in LLADA_ALGS else None
-            # a lower bound of each row's masks left, from the schedule (None: the count is random or model-made)
-            left = list(n_masked) if cfg.fixed_steps and cfg.alg != "origin" else None
-            # confidence_threshold reveals >= 1 token per step, so block_length steps always suffice.
-            budget = steps_per_block if cfg.fixed_steps else block_length
+            view = resp[:, blk]
+            nan_step = torch.full((batch, block_length), -1, dtype=torch.long, device=resp.device)
             for step in range(budget):
-                cand = resp[:, blk] == mask_id  # [B, block]
-                if (left is None or not any(left)) and not cand.any():
+                cand = view == mask_id  # [B, block]
+                if check_left and step > 0 and not bool(cand.any()):  # the one read between steps
                     break
                 policy.prepare(resp, blk, step)
                 with timer.phase("decode"):
                     logits = policy.logits(resp)[:, blk]  # [B, block, V]
-                    for row in range(batch):
-                        quota = quotas[row][step] if quotas is not None else None
-                        tokens, reveal = unmask_step(
-                            logits[row], cand[row], cfg, step, steps_per_block, quota=quota, generator=generator
-                        )
-                        view = resp[row, blk]
-                        view.copy_(torch.where(reveal, tokens, view))  # no boolean indexing: no host sync
+                    choice = unmask_batch(
+                        logits,
+                        cand,
+                        cfg,
+                        step,
+                        steps_per_block,
+                        block_masks=block_masks,
+                        mask_id=mask_id,
+                        generator=generator,
+                    )
+                    view.copy_(torch.where(choice.reveal, choice.tokens, view))  # no boolean indexing: no sync
+                    nan_step.masked_fill_(choice.invalid & (nan_step < 0), steps_run)
                 active += cand.any(dim=1)
-                if left is not None:
-                    left = [
-                        n - scheduled_reveals(cfg, n, step, steps_per_block, quotas, row) for row, n in enumerate(left)
-                    ]
                 steps_run += 1
                 bar.update(1)
+            _raise_on_nan(nan_step, blk_i * block_length)
     finally:
         bar.close()
     if row_steps is not None:
@@ -96,9 +122,15 @@ def denoise(
     return steps_run
 
 
-def scheduled_reveals(cfg: UnmaskingConfig, n_left: int, step: int, steps: int, quotas, row: int) -> int:
-    """Positions a fixed-count rule reveals at ``step`` when ``n_left`` masks are left: LLaDA's quota
-    (:func:`~dllm.unmasking.llada_schedule`) or Dream's count (:func:`~dllm.unmasking.dream_count`),
-    at most ``n_left`` (what :func:`~dllm.unmasking.unmask_step` asks for)."""
-    k = quotas[row][step] if cfg.alg in LLADA_ALGS else dream_count(n_left, step, steps, cfg.eps)
-    return min(int(k), n_left)
+def _raise_on_nan(nan_step: torch.Tensor, offset: int) -> None:
+    """Raise when a step of the block met a NaN distribution (``nan_step [B, block]``: first step per
+    position, -1 = none); one scalar read, the rest only on the error path."""
+    if int(nan_step.max()) < 0:
+        return
+    first = nan_step.masked_fill(nan_step < 0, torch.iinfo(torch.long).max)
+    step = int(first.min())
+    row, pos = (first == step).nonzero()[0].tolist()
+    raise ValueError(
+        f"NaN logits at denoising step {step}, batch row {row}, response position {offset + pos}: "
+        "the model's distribution there is NaN (a NaN or +inf logit, or no finite logit besides the mask token)"
+    )

@@ -189,7 +189,10 @@ def generate(
             steps not divisible by the number of blocks, a prompt containing the mask id,
             prompt on another device than the model, options of another method; with a
             document: a context too, or a chunk size, model, dtype or anchor other than the
-            document's; ``cuda_graph=True`` where CUDA graphs are not supported (the message says why).
+            document's; ``cuda_graph=True`` where CUDA graphs are not supported (the message says why);
+            NaN logits at a position being decoded (the message names the denoising step, row and
+            position; a NaN never becomes a token). The mask token is never returned: its logit is
+            excluded before tokens are chosen (:mod:`dllm.unmasking`).
         TypeError: a prompt list or document of the wrong type.
     """
     if method not in METHODS:

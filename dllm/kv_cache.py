@@ -15,7 +15,7 @@ into a pool; :meth:`StaticKVCache.from_rows` packs each batch row's segments.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import torch
 
@@ -53,6 +53,10 @@ class StaticKVCache:
         seg_slots: ``[B, S]`` int32, pool slot of each segment per batch row, -1 = none.
         seg_lens: ``[B, S]`` int32, valid tokens 0..T of that slot.
 
+    Args (init only):
+        table_checked: the caller built the table from host values it knows are in range (as
+            :meth:`single_segment` does), so the one-time value check and its host sync are skipped.
+
     Raises:
         ValueError: K and V pools of different layer counts, tables of different shapes or not
             ``[B, S]``, a slot outside ``[-1, P)`` or a length outside ``[0, T]``
@@ -65,8 +69,9 @@ class StaticKVCache:
     v: list
     seg_slots: torch.Tensor
     seg_lens: torch.Tensor
+    table_checked: InitVar[bool] = False
 
-    def __post_init__(self):
+    def __post_init__(self, table_checked=False):
         if len(self.k) != len(self.v) or not self.k:
             raise ValueError(f"StaticKVCache needs one K and one V pool per layer, got {len(self.k)}/{len(self.v)}")
         if self.seg_slots.shape != self.seg_lens.shape or self.seg_slots.dim() != 2:
@@ -75,6 +80,8 @@ class StaticKVCache:
             )
         # Checked once here (one host sync), so that every forward over this cache runs the kernels
         # inside triton_kernels.skip_value_checks(): a denoising step pays no per-call value check.
+        if table_checked:  # e.g. prefix_cache's rebuild at every block start: no host read there
+            return
         p, t = self.k[0].shape[:2]
         triton_kernels.check_segment_table(self.seg_slots, self.seg_lens, p, t)
 
@@ -153,4 +160,5 @@ class StaticKVCache:
         dev = k_layers[0].device
         slots = torch.arange(b, dtype=torch.int32, device=dev)[:, None]
         lens = torch.full((b, 1), n, dtype=torch.int32, device=dev)
-        return cls(list(k_layers), list(v_layers), slots, lens)
+        # slot b < B = P and 0 <= n <= T by construction (checked above on the host)
+        return cls(list(k_layers), list(v_layers), slots, lens, table_checked=True)

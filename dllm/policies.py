@@ -171,7 +171,9 @@ class LiveBlockPolicy:
         self.model, self.live, self.cache, self.nfe = model, live, cache, nfe
         if getattr(model, "rope", None) is not None:  # (a stand-in model without RoPE tables computes its own)
             live.precompute_rope(model.rope)
-        self.graph = GraphedStep(self._forward, fallback=cuda_graph == "auto") if cuda_graph else None
+        self.graph = (
+            GraphedStep(self._forward, fallback=cuda_graph == "auto", device=model.device) if cuda_graph else None
+        )
 
     @property
     def batch_size(self) -> int:

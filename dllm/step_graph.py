@@ -19,7 +19,10 @@ Rules a captured step keeps (and the step function guarantees): no host-device s
 (value checks are done once when the cache and the live block are built), no allocation outside
 the graph's memory pool, no tensor whose address changes between steps. A graph is bound to the
 shapes and addresses it was captured with: one graph per generation (per live-block shape), and
-the static cache stays alive as long as the policy that holds both.
+the static cache stays alive as long as the policy that holds both. The capture runs on the model's
+device (``GraphedStep(device=model.device)``), so a model on ``cuda:1`` is captured there while the
+current device is 0; tested with a stand-in for the CUDA API (``tests/test_step_graph.py``), not yet on
+a machine with two GPUs (the GPU check's machine has one).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class GraphedStep:
         warmup: eager calls on a side stream before the capture (compilation, lazy initialisation).
         fallback: when the capture fails, warn and call ``fn`` eagerly from then on (what
             ``generate(cuda_graph=None)`` asks for) instead of raising.
+        device: the CUDA device ``fn`` runs on (the model's, e.g. ``cuda:1``): the side stream, the
+            warm-up and the capture run there whatever the current device is. None = the current one.
 
     Attributes:
         captures: graphs captured so far (1 after the first call).
@@ -75,12 +80,13 @@ class GraphedStep:
     next replay (clone it to keep a step's result).
 
     Raises:
-        RuntimeError: on the first call, when :func:`cuda_graph_support` says no for the current
-            device (the message gives the reason), or the capture's own error, unless ``fallback``.
+        RuntimeError: on the first call, when :func:`cuda_graph_support` says no for ``device``
+            (the message gives the reason), or the capture's own error, unless ``fallback``.
     """
 
-    def __init__(self, fn, *, warmup: int = 1, fallback: bool = False):
+    def __init__(self, fn, *, warmup: int = 1, fallback: bool = False, device=None):
         self.fn, self.warmup, self.fallback = fn, int(warmup), bool(fallback)
+        self.device = None if device is None else torch.device(device)
         self.captures = self.warmup_calls = 0
         self.failed = None
         self._graph = None
@@ -109,10 +115,18 @@ class GraphedStep:
         return self._out
 
     def _capture(self) -> None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        device = self.device
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        elif device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         ok, why = cuda_graph_support(device)
         if not ok:
             raise RuntimeError(f"cannot capture the denoising step in a CUDA graph: {why}")
+        with torch.cuda.device(device):  # streams, pool and graph on the model's device, not the current one
+            self._capture_on_current()
+
+    def _capture_on_current(self) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -2,7 +2,8 @@
 
 :func:`dllm.generate` creates one timer per call and hands it to the policy builders (``prefill``,
 ``scoring``) and to the denoising loop (``decode``). On CPU a phase is timed with
-``time.perf_counter``. On CUDA each entry records a pair of CUDA events on the current stream and
+``time.perf_counter``. On CUDA each entry records a pair of CUDA events on the current stream of the
+timer's device (the model's, e.g. ``cuda:1``, whatever the current device is) and
 nothing waits: the events are read when :attr:`PhaseTimer.seconds` is first asked for, with one
 synchronisation for the whole generation. So timing adds no host-device sync to a denoising step
 (a later CUDA-graph step may not synchronise inside its capture).
@@ -20,7 +21,8 @@ class PhaseTimer:
     """Seconds per named phase; phases may nest (``total`` holds the others) and repeat (summed).
 
     Args:
-        device: where the timed work runs; CUDA devices are timed with CUDA events.
+        device: where the timed work runs; CUDA devices (any index; ``cuda`` = the current one) are
+            timed with CUDA events on that device's current stream.
     """
 
     def __init__(self, device: torch.device | str):
@@ -33,11 +35,12 @@ class PhaseTimer:
         """Context manager adding the time spent inside it to phase ``name``."""
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            stream = torch.cuda.current_stream(self.device)  # the device's stream, not the current device's
+            start.record(stream)
             try:
                 yield
             finally:
-                end.record()
+                end.record(stream)
                 self._pending.append((name, start, end))
             return
         t0 = time.perf_counter()

@@ -36,11 +36,36 @@ Confidence (``confidence_from``): the distribution the rank of a position is rea
 Tie rule: positions of equal confidence are revealed leftmost first (a stable descending sort;
 ``confidence_threshold``'s fallback takes the first maximum), so fully saturated confidences
 reveal left to right, like autoregressive decoding.
+
+The mask token is never a choice: its logit is set to ``-inf`` before anything else, so every
+distribution above is over the real tokens only and a revealed position never holds the mask id
+(the references let the model pick it; they write it back and the position stays masked).
+
+One step for the whole batch (:func:`unmask_batch`): every tensor is ``[B, L]`` (rows x the block's
+positions), non-candidate positions are carried along and masked out, and the per-row reveal counts
+are device tensors, so a step has fixed shapes, no Python loop over rows and no host-device
+synchronisation. A position is chosen by its rank among its row's candidates (a stable sort of the
+masked confidences, then ``rank < k``). Greedy decoding (temperature 0, no ``alg_temp``) chooses
+exactly what the per-row formulation chooses (tested against it, ``tests/unmasking_reference.py``).
+
+Random draws (one ``torch.Generator`` for the batch, fixed shapes, in this order within a step):
+  1. tokens, when temperature > 0: one ``torch.rand`` of ``[B, L, V]`` (row-major: row, position,
+     token); the token is ``argmax(p / -log u)`` (the exponential race, the same distribution as a
+     categorical draw from ``p``; Gumbel-max in another form);
+  2. positions: ``random``: one ``torch.rand`` ``[B, L]`` as the confidence; ``origin``: one
+     ``torch.rand`` ``[B, L]``, position revealed when ``u < p``; Dream's rules with ``alg_temp``: one
+     ``torch.rand`` ``[B, L]`` turned into Gumbel noise added to ``confidence / alg_temp``, top-k of
+     that (Gumbel-top-k: sampling k positions without replacement from ``softmax(conf / alg_temp)``,
+     Kool et al. 2019).
+Draws are made for every position, candidates or not, so a row's draws depend on the batch shape
+and sampled outputs differ from the same request decoded alone (and from the references' draws:
+``torch.multinomial`` over the candidates only); same seed and shapes give the same output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -124,45 +149,61 @@ def _filter_logits(logits: torch.Tensor, top_p, top_k) -> torch.Tensor:
     return logits
 
 
-def choose_tokens(logits: torch.Tensor, cfg: UnmaskingConfig, generator=None):
-    """Candidate tokens, and the distribution their confidence is read from, for masked positions.
+def _uniform(shape, like: torch.Tensor, generator) -> torch.Tensor:
+    """``torch.rand`` in ``(0, 1)`` (a 0 is raised to the smallest normal float: ``-log u`` stays finite)."""
+    u = torch.rand(shape, generator=generator, device=like.device, dtype=torch.float32)
+    return u.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+def choose_tokens(logits: torch.Tensor, cfg: UnmaskingConfig, generator=None, *, mask_id: int | None = None):
+    """Candidate tokens, and the distribution their confidence is read from, at every position.
 
     Args:
-        logits: ``[N, V]`` (any float dtype; computed in fp32).
+        logits: ``[..., V]`` (any float dtype; computed in fp32; not modified).
         cfg: temperature / top_p / top_k / confidence_from.
-        generator: torch.Generator for sampling (None = global RNG).
+        generator: torch.Generator for sampling (None = global RNG); one ``torch.rand`` of the
+            logits' shape when temperature > 0 (see the module docstring).
+        mask_id: the mask token id, whose logit is set to ``-inf`` first (never chosen); None = keep it.
 
     Returns:
-        (x0 ``[N]`` int64, probs ``[N, V]`` fp32): x0 is drawn from (temperature 0: the argmax of)
-        the filtered, tempered distribution; probs is that distribution when
-        ``cfg.confidence_from == "tempered"``, else ``softmax(logits)``.
+        (x0 ``[...]`` int64, probs ``[..., V]`` fp32, invalid ``[...]`` bool): x0 is drawn from
+        (temperature 0: the argmax of) the filtered, tempered distribution; probs is that
+        distribution when ``cfg.confidence_from == "tempered"``, else ``softmax(logits)``; invalid
+        marks positions whose distribution is NaN (a NaN or +inf logit, or no finite logit), where x0
+        means nothing.
     """
+    src = logits
     logits = logits.float()
+    if mask_id is not None:
+        logits = logits.clone() if logits is src else logits
+        logits[..., mask_id] = float("-inf")
     tempered = logits / cfg.temperature if cfg.temperature > 0 else logits
     filtered = _filter_logits(tempered, cfg.top_p, cfg.top_k)
     probs = torch.softmax(filtered, dim=-1)
-    if cfg.temperature > 0:
-        x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if cfg.temperature > 0:  # exponential race: argmax p / E with E ~ Exp(1) is a draw from p
+        x0 = (probs / _uniform(probs.shape, probs, generator).log_().neg_()).argmax(dim=-1)
     else:
         x0 = probs.argmax(dim=-1)
+    invalid = probs.gather(-1, x0[..., None]).squeeze(-1).isnan()
     if cfg.confidence_from == "logits" and filtered is not logits:  # else probs is softmax(logits) already
         probs = torch.softmax(logits, dim=-1)
-    return x0, probs
+    return x0, probs, invalid
 
 
 def confidence_of(alg: str, probs: torch.Tensor, x0: torch.Tensor, generator=None) -> torch.Tensor:
-    """Per-position confidence ``[N]`` fp32 used to rank positions (higher = reveal first).
+    """Per-position confidence ``[...]`` fp32 used to rank positions (higher = reveal first).
 
-    ``probs`` ``[N, V]`` is the distribution of :func:`choose_tokens`; ``x0`` ``[N]`` the chosen tokens.
+    ``probs`` ``[..., V]`` is the distribution of :func:`choose_tokens`; ``x0`` ``[...]`` the chosen
+    tokens; ``random`` draws one ``torch.rand`` of ``x0``'s shape from ``generator``.
     """
     if alg == "topk_margin":
         top2 = torch.topk(probs, min(2, probs.shape[-1]), dim=-1).values
-        return top2[:, 0] - (top2[:, 1] if top2.shape[1] > 1 else 0)
+        return top2[..., 0] - (top2[..., 1] if top2.shape[-1] > 1 else 0)
     if alg == "entropy":
         return (probs * torch.log(probs + 1e-10)).sum(dim=-1)
     if alg == "random":
-        return torch.rand(x0.shape, generator=generator, device=x0.device)
-    return probs.gather(-1, x0[:, None]).squeeze(-1)
+        return _uniform(x0.shape, probs, generator)
+    return probs.gather(-1, x0[..., None]).squeeze(-1)
 
 
 def most_confident(conf: torch.Tensor, k: int) -> torch.Tensor:
@@ -174,74 +215,117 @@ def most_confident(conf: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(conf, descending=True, stable=True).indices[:k]
 
 
+def top_ranked(conf: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The ``k[b]`` most confident candidates of each row, as a mask; the batched :func:`most_confident`.
+
+    Args:
+        conf: ``[B, L]`` float confidences.
+        candidates: ``[B, L]`` bool, the positions that may be chosen.
+        k: ``[B]`` int64 per-row counts (more than a row's candidates: all of them).
+
+    Returns:
+        ``[B, L]`` bool. Ranks count candidates only, in the order of a stable descending sort of
+        ``conf`` (ties: leftmost first), so row b gets what ``most_confident(conf[b, cand_b], k[b])``
+        gives; fixed shapes, no host read.
+    """
+    order = torch.sort(conf.masked_fill(~candidates, float("-inf")), dim=1, descending=True, stable=True).indices
+    cand_sorted = candidates.gather(1, order)
+    take = cand_sorted & (cand_sorted.cumsum(dim=1) <= k[:, None])
+    return torch.zeros_like(candidates).scatter(1, order, take)
+
+
 def llada_schedule(n_masked: int, steps: int) -> list[int]:
     """LLaDA's per-step reveal counts: ``n // steps`` each, remainder to the first steps."""
     base, rem = divmod(n_masked, steps)
     return [base + (1 if i < rem else 0) for i in range(steps)]
 
 
+def dream_ratio(step: int, steps: int, eps: float) -> float:
+    """Share of the masks Dream reveals at ``step`` of ``linspace(1, eps, steps+1)``: ``1 - t_{i+1}/t_i``
+    (1 at the last step)."""
+    if step >= steps - 1:
+        return 1.0
+    t = 1 - step * (1 - eps) / steps
+    s = 1 - (step + 1) * (1 - eps) / steps
+    return 1 - s / t
+
+
 def dream_count(n_masked: int, step: int, steps: int, eps: float) -> int:
     """Dream's reveal count at ``step`` of the linear schedule ``linspace(1, eps, steps+1)``."""
     if step >= steps - 1:
         return n_masked
-    t = 1 - step * (1 - eps) / steps
-    s = 1 - (step + 1) * (1 - eps) / steps
-    return int(n_masked * (1 - s / t))
+    return int(n_masked * dream_ratio(step, steps, eps))
 
 
-def unmask_step(
+class StepChoice(NamedTuple):
+    """One denoising step's decision for a batch: write ``where(reveal, tokens, resp)``.
+
+    Attributes:
+        tokens: ``[B, L]`` int64 chosen tokens (meaningful where ``reveal``).
+        reveal: ``[B, L]`` bool, candidates revealed this step.
+        invalid: ``[B, L]`` bool, candidates whose distribution was NaN (see :func:`choose_tokens`).
+    """
+
+    tokens: torch.Tensor
+    reveal: torch.Tensor
+    invalid: torch.Tensor
+
+
+def unmask_batch(
     logits: torch.Tensor,
     candidates: torch.Tensor,
     cfg: UnmaskingConfig,
     step: int,
     steps: int,
-    quota: int | None = None,
+    *,
+    block_masks: torch.Tensor | None = None,
+    mask_id: int | None = None,
     generator=None,
-):
-    """One denoising step's decision for one sequence.
+) -> StepChoice:
+    """One denoising step's decision for every row of a batch at once.
 
     Args:
-        logits: ``[L, V]`` logits of the response positions.
-        candidates: ``[L]`` bool, masked positions this step may reveal (current block).
+        logits: ``[B, L, V]`` logits of the block's positions (any float dtype; not modified).
+        candidates: ``[B, L]`` bool, masked positions this step may reveal (the current block).
         cfg: the rule.
-        step, steps: index of this step within the block and the block's step budget
-            (Dream's schedule; ignored by ``confidence_threshold``).
-        quota: reveal count for LLaDA rules (from :func:`llada_schedule`).
-        generator: torch.Generator for every random choice.
+        step, steps: index of this step within the block and the block's step budget (Dream's
+            schedule and LLaDA's quotas; ignored by ``confidence_threshold``).
+        block_masks: ``[B]`` int64, each row's masked positions at the block's start (LLaDA's quotas,
+            :func:`llada_schedule`, are computed from it on the device); required for LLaDA's rules.
+        mask_id: the mask token id, never chosen (see :func:`choose_tokens`).
+        generator: torch.Generator for every random choice (draw order: the module docstring).
 
     Returns:
-        (tokens ``[L]`` int64, reveal ``[L]`` bool): write ``tokens[reveal]``.
+        :class:`StepChoice`. Per row the rules of the module docstring: Dream's count
+        ``int(n * ratio)`` of the row's n candidates (in float64 on the device, as the host's
+        :func:`dream_count`), LLaDA's quota, capped at n; ``confidence_threshold`` every candidate
+        with confidence >= tau plus the most confident one; ``origin`` each candidate with
+        probability ``ratio``. No host-device synchronisation, no Python loop over rows.
+
+    Raises:
+        ValueError: a LLaDA rule without ``block_masks``.
     """
-    L = candidates.shape[0]
-    reveal = torch.zeros(L, dtype=torch.bool, device=candidates.device)
-    tokens = torch.zeros(L, dtype=torch.long, device=candidates.device)
-    idx = candidates.nonzero().squeeze(-1)
-    n = idx.numel()
-    if n == 0:
-        return tokens, reveal
-    x0, probs = choose_tokens(logits[idx], cfg, generator)
-    tokens[idx] = x0
+    x0, probs, invalid = choose_tokens(logits, cfg, generator, mask_id=mask_id)
+    invalid = invalid & candidates
     if cfg.alg == "origin":
-        t = 1 - step * (1 - cfg.eps) / steps
-        s = 1 - (step + 1) * (1 - cfg.eps) / steps
-        p = 1.0 if step >= steps - 1 else 1 - s / t
-        pick = torch.rand(n, generator=generator, device=idx.device) < p
-        reveal[idx[pick]] = True
-        return tokens, reveal
+        reveal = candidates & (_uniform(candidates.shape, probs, generator) < dream_ratio(step, steps, cfg.eps))
+        return StepChoice(x0, reveal, invalid)
     conf = confidence_of(cfg.alg, probs, x0, generator)
     if cfg.alg == "confidence_threshold":
-        pick = conf >= cfg.threshold
-        pick[conf.argmax()] = True
-        reveal[idx[pick]] = True
-        return tokens, reveal
-    k = quota if cfg.alg in LLADA_ALGS else dream_count(n, step, steps, cfg.eps)
-    k = min(int(k), n)
-    if k <= 0:
-        return tokens, reveal
-    if cfg.alg in DREAM_ALGS and cfg.alg_temp:
-        w = torch.softmax(conf / cfg.alg_temp, dim=-1)
-        chosen = torch.multinomial(w, k, replacement=False, generator=generator)
-    else:
-        chosen = most_confident(conf, k)
-    reveal[idx[chosen]] = True
-    return tokens, reveal
+        best = conf.masked_fill(~candidates, float("-inf")).argmax(dim=1, keepdim=True)  # first maximum
+        pick = (conf >= cfg.threshold).scatter(1, best, True)
+        return StepChoice(x0, candidates & pick, invalid)
+    n = candidates.sum(dim=1)
+    if cfg.alg in LLADA_ALGS:
+        if block_masks is None:
+            raise ValueError(f"{cfg.alg} needs block_masks (each row's masks at the block's start)")
+        k = block_masks // steps + (step < block_masks % steps).long()
+    elif step >= steps - 1:
+        k = n
+    else:  # the host's int(n * ratio): an exact float64 product, truncated (n >= 0)
+        k = (n.to(torch.float64) * dream_ratio(step, steps, cfg.eps)).floor().long()
+    k = torch.minimum(k, n)
+    if cfg.alg in DREAM_ALGS and cfg.alg_temp:  # Gumbel-top-k on softmax(conf / alg_temp)
+        gumbel = -_uniform(candidates.shape, probs, generator).log_().neg_().log_()
+        conf = conf / cfg.alg_temp + gumbel
+    return StepChoice(x0, top_ranked(conf, candidates, k), invalid)

@@ -199,11 +199,12 @@ def test_a_two_row_cache_decodes_each_row_as_alone(dream):
 
 class _ScriptedPolicy:
     """Logits drawn from a generator seeded by the call index; column 0 favours the mask token at some
-    steps, so a reveal may write the mask id back and leave that position masked."""
+    steps (a rule that let the model pick the mask id would write it back); ``no_mask``: the mask
+    token's logit is -inf everywhere (the reference then runs main's exact code)."""
 
-    def __init__(self, batch, gen_length, vocab, mask_id, seed):
+    def __init__(self, batch, gen_length, vocab, mask_id, seed, no_mask=False):
         self.batch_size, self.nfe = batch, 0
-        self.shape, self.mask_id, self.seed = (batch, gen_length, vocab), mask_id, seed
+        self.shape, self.mask_id, self.seed, self.no_mask = (batch, gen_length, vocab), mask_id, seed, no_mask
 
     def prepare(self, resp, block, step):
         pass
@@ -213,96 +214,53 @@ class _ScriptedPolicy:
         out = torch.randn(self.shape, generator=g) * 3
         if self.nfe % 3 == 1:
             out[:, 0, self.mask_id] = 50.0
+        if self.no_mask:
+            out[..., self.mask_id] = float("-inf")
         self.nfe += 1
         return out
 
 
-def _reference_denoise(policy, resp, mask_id, block_length, steps_per_block, cfg, generator):
-    """The loop as first written: an early-exit check every step and boolean-mask write-back."""
-    from dllm.unmasking import LLADA_ALGS, llada_schedule, unmask_step
-
-    batch, n = resp.shape
-    steps_run, row_steps = 0, [0] * batch
-    for blk_i in range(n // block_length):
-        blk = slice(blk_i * block_length, (blk_i + 1) * block_length)
-        n_masked = (resp[:, blk] == mask_id).sum(dim=1).tolist()
-        quotas = [llada_schedule(m, steps_per_block) for m in n_masked] if cfg.alg in LLADA_ALGS else None
-        for step in range(steps_per_block if cfg.fixed_steps else block_length):
-            cand = resp[:, blk] == mask_id
-            if not cand.any():
-                break
-            logits = policy.logits(resp)[:, blk]
-            for row in range(batch):
-                quota = quotas[row][step] if quotas is not None else None
-                tokens, reveal = unmask_step(logits[row], cand[row], cfg, step, steps_per_block, quota, generator)
-                view = resp[row, blk]
-                view[reveal] = tokens[reveal]
-                row_steps[row] += bool(cand[row].any())
-            steps_run += 1
-    return steps_run, row_steps
+GREEDY = ["maskgit_plus", "topk_margin", "entropy", "low_confidence", "confidence_threshold"]
 
 
-class _CountAny(torch.overrides.TorchFunctionMode):
-    """Counts whole-tensor ``.any()`` calls (the early-exit check, one device-to-host copy each)."""
-
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.Tensor.any and len(args) == 1 and not kwargs:
-            self.n += 1
-        return func(*args, **kwargs)
-
-
-@pytest.mark.parametrize(
-    ("alg", "steps", "checks"),
-    [
-        ("maskgit_plus", 4, 0),  # Dream's schedule reveals the rest at the last step: never checked
-        ("topk_margin", 8, 0),
-        ("low_confidence", 8, None),  # quotas 1,1,1,1,0,0,0,0: checked once the schedule is spent
-        ("low_confidence", 4, None),
-        ("confidence_threshold", 4, None),  # model-made counts: checked every step
-        ("origin", 4, None),  # random counts: checked every step
-    ],
-)
-def test_denoise_equals_the_checked_every_step_loop(alg, steps, checks):
-    """Same tokens, steps and per-row steps as the loop that checks for masks every step, also when a
-    reveal writes the mask id back; fixed-count rules skip the check while the schedule implies masks."""
+@pytest.mark.parametrize("alg", GREEDY)
+@pytest.mark.parametrize("steps", [2, 4, 8])
+@pytest.mark.parametrize("no_mask", [False, True])
+def test_batched_step_equals_the_per_row_loop(alg, steps, no_mask):
+    """The batched step (one [B, block] decision per step) gives the tokens, step count and per-row steps
+    of main's per-row loop (``tests/unmasking_reference.py``: gather candidates, rank, pick, boolean
+    write-back, a mask check every step); with the mask token's logit at -inf that is main's exact code."""
     from dllm.denoise import denoise
     from dllm.unmasking import UnmaskingConfig
+    from tests.unmasking_reference import reference_denoise
 
-    cfg = UnmaskingConfig(alg=alg, threshold=0.3, temperature=1.0 if alg == "origin" else 0.0)
+    cfg = UnmaskingConfig(alg=alg, threshold=0.3)
     mask_id = 7
     for seed in range(3):
         resp_a = torch.full((3, 8), mask_id)
         resp_b = resp_a.clone()
-        want = _reference_denoise(
-            _ScriptedPolicy(3, 8, 11, mask_id, seed),
-            resp_a,
-            mask_id,
-            4,
-            steps,
-            cfg,
-            torch.Generator().manual_seed(seed),
-        )
+        want = reference_denoise(_ScriptedPolicy(3, 8, 11, mask_id, seed, no_mask), resp_a, mask_id, 4, steps, cfg)
         row_steps = []
-        with _CountAny() as counter:
-            n = denoise(
-                _ScriptedPolicy(3, 8, 11, mask_id, seed),
-                resp_b,
-                mask_id=mask_id,
-                block_length=4,
-                steps_per_block=steps,
-                cfg=cfg,
-                generator=torch.Generator().manual_seed(seed),
-                row_steps=row_steps,
-            )
+        n = denoise(
+            _ScriptedPolicy(3, 8, 11, mask_id, seed, no_mask),
+            resp_b,
+            mask_id=mask_id,
+            block_length=4,
+            steps_per_block=steps,
+            cfg=cfg,
+            row_steps=row_steps,
+        )
         assert torch.equal(resp_a, resp_b) and (n, row_steps) == want
-        if checks is not None:
-            assert counter.n == checks
-        elif cfg.fixed_steps and alg != "origin":
-            assert counter.n <= 2 * (steps - 3)  # only once the quotas are spent (4 masks per block)
-        else:
-            assert n <= counter.n <= n + 2  # every step, plus the failing one of a block that ended early
+        assert (resp_b != mask_id).all()
+
+
+def test_denoise_needs_a_masked_response():
+    from dllm.denoise import denoise
+    from dllm.unmasking import UnmaskingConfig
+
+    resp = torch.full((1, 4), 7)
+    resp[0, 1] = 2
+    with pytest.raises(ValueError, match="mask tokens only"):
+        denoise(
+            _ScriptedPolicy(1, 4, 11, 7, 0), resp, mask_id=7, block_length=4, steps_per_block=4, cfg=UnmaskingConfig()
+        )

@@ -167,6 +167,9 @@ class _FakeGraph:
         _FakeGraph.owner._out.copy_(self.fn())
 
 
+_RECORD = {"supported_for": [], "entered": []}  # devices asked about / entered under the fake CUDA API
+
+
 @pytest.fixture()
 def fake_cuda(monkeypatch):
     """torch.cuda's graph API replaced by :class:`_FakeGraph`; returns the list of graphs made and a switch
@@ -192,11 +195,25 @@ def fake_cuda(monkeypatch):
         def wait_stream(self, other):
             pass
 
-    monkeypatch.setattr(step_graph, "cuda_graph_support", lambda device: (True, ""))
+    supported_for, entered = _RECORD["supported_for"], _RECORD["entered"]
+    supported_for.clear()
+    entered.clear()
+
+    def support(device):
+        supported_for.append(torch.device(device))
+        return True, ""
+
+    @contextlib.contextmanager
+    def fake_device(d):
+        entered.append(torch.device(d))
+        yield
+
+    monkeypatch.setattr(step_graph, "cuda_graph_support", support)
+    monkeypatch.setattr(torch.cuda, "device", fake_device)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", new_graph)
     monkeypatch.setattr(torch.cuda, "graph", fake_graph)
@@ -241,6 +258,52 @@ def test_a_failed_capture_raises_or_falls_back_to_eager_steps(fake_cuda):
     assert not auto.replaying and "stream is capturing" in auto.failed and auto.captures == 0
 
 
+def test_graph_capture_runs_on_the_model_s_device_not_the_current_one(fake_cuda):
+    """A model on cuda:1 while the current device is 0: support is asked for cuda:1 and the side stream,
+    warm-up and capture run under torch.cuda.device(cuda:1) (main used the current device)."""
+    calls, state = [], torch.zeros(2)
+    step = _FakeGraph.owner = step_graph.GraphedStep(_counting_fn(calls, state), device="cuda:1")
+    step()
+    assert _RECORD["supported_for"] == [torch.device("cuda", 1)] and _RECORD["entered"] == [torch.device("cuda", 1)]
+    assert calls[:2] == ["eager", "capture"] and step.replaying
+    # without a device: the current one (index 0 here)
+    step0 = _FakeGraph.owner = step_graph.GraphedStep(_counting_fn(calls, state))
+    step0()
+    assert _RECORD["supported_for"][-1] == torch.device("cuda", 0) == _RECORD["entered"][-1]
+
+
+def test_phase_timer_records_on_the_timed_device_s_stream(monkeypatch):
+    """PhaseTimer("cuda:1") records its events on cuda:1's current stream, not the current device's."""
+    from dllm.timer import PhaseTimer
+
+    streams, recorded = [], []
+
+    class _Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            recorded.append(stream)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 250.0
+
+    def current_stream(device=None):
+        streams.append(torch.device(device) if device is not None else None)
+        return f"stream of {device}"
+
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    timer = PhaseTimer("cuda:1")
+    with timer.phase("decode"):
+        pass
+    assert streams == [torch.device("cuda", 1)] and recorded == ["stream of cuda:1"] * 2
+    assert timer.seconds == {"decode": 0.25}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graph_tokens_equal_eager_tokens_on_cuda():
     model = dllm.load_model(device="cuda")
@@ -278,7 +341,7 @@ class _EagerGraph:
 
     replaying, failed = True, None
 
-    def __init__(self, fn, fallback=False):
+    def __init__(self, fn, fallback=False, device=None):
         self.fn = fn
 
     def __call__(self):

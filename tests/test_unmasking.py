@@ -229,3 +229,147 @@ def test_bad_generate_arguments():
         dllm.generate(m, torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="vocabulary|\\[0, 5\\)"):
         dllm.generate(m, torch.tensor([[0, 9]]))
+
+
+# --- the batched step against main's per-row step -------------------------------------------------
+
+
+def _random_case(seed, b=3, n=9, v=13, saturate=False):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, n, v, generator=g) * 2.5
+    if saturate:  # equal confidences: the tie rule decides
+        logits[:, :, 0] = 40.0
+    cand = torch.rand(b, n, generator=g) < 0.7
+    cand[0] = True
+    cand[-1] = False  # a row with no candidate
+    return logits, cand
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy", "low_confidence", "confidence_threshold"])
+@pytest.mark.parametrize("saturate", [False, True])
+def test_unmask_batch_equals_the_per_row_step(alg, saturate):
+    from dllm.unmasking import llada_schedule, unmask_batch
+    from tests.unmasking_reference import unmask_step
+
+    cfg = UnmaskingConfig(alg=alg, threshold=0.4)
+    for seed in range(6):
+        logits, cand = _random_case(seed, saturate=saturate)
+        block_masks = cand.sum(1) + torch.tensor([0, 2, 1])  # masks at the block start >= masks now
+        steps = 5
+        for step in range(steps):
+            got = unmask_batch(logits, cand, cfg, step, steps, block_masks=block_masks, mask_id=4)
+            for row in range(cand.shape[0]):
+                quota = llada_schedule(int(block_masks[row]), steps)[step]
+                tokens, reveal = unmask_step(logits[row], cand[row], cfg, step, steps, quota, mask_id=4)
+                assert torch.equal(got.reveal[row], reveal), (seed, step, row)
+                assert torch.equal(got.tokens[row][reveal], tokens[reveal])
+            assert not got.invalid.any() and (got.tokens != 4).all()
+
+
+def test_top_ranked_is_most_confident_per_row():
+    from dllm.unmasking import top_ranked
+
+    g = torch.Generator().manual_seed(0)
+    conf = torch.randint(0, 4, (5, 12), generator=g).float()  # many ties
+    cand = torch.rand(5, 12, generator=g) < 0.6
+    k = torch.tensor([0, 1, 3, 12, 5])
+    got = top_ranked(conf, cand, k)
+    for row in range(5):
+        idx = cand[row].nonzero().squeeze(-1)
+        want = torch.zeros(12, dtype=torch.bool)
+        want[idx[most_confident(conf[row, idx], int(k[row]))]] = True
+        assert torch.equal(got[row], want), row
+
+
+def test_the_documented_draw_order_for_sampled_tokens_and_positions():
+    """Temperature > 0: one rand [B, L, V], token = argmax(p / -log u); alg_temp: then one rand [B, L],
+    Gumbel noise on conf / alg_temp, top-k by rank."""
+    from dllm.unmasking import top_ranked, unmask_batch
+
+    logits, cand = _random_case(3)
+    cfg = UnmaskingConfig(alg="maskgit_plus", temperature=0.7, alg_temp=0.5)
+    got = unmask_batch(logits, cand, cfg, 1, 3, generator=torch.Generator().manual_seed(11))
+    g = torch.Generator().manual_seed(11)
+    p = torch.softmax(logits / 0.7, -1)
+    u = torch.rand(p.shape, generator=g).clamp(min=torch.finfo(torch.float32).tiny)
+    x0 = (p / -u.log()).argmax(-1)
+    conf = p.gather(-1, x0[..., None]).squeeze(-1)
+    u2 = torch.rand(cand.shape, generator=g).clamp(min=torch.finfo(torch.float32).tiny)
+    n = cand.sum(1)
+    k = torch.minimum((n.double() * (1 - (1 - 2 * (1 - 1e-3) / 3) / (1 - (1 - 1e-3) / 3))).floor().long(), n)
+    want = top_ranked(conf / 0.5 - (-u2.log()).log(), cand, k)
+    assert torch.equal(got.tokens, x0) and torch.equal(got.reveal, want)
+
+
+def test_sampled_tokens_follow_the_tempered_distribution():
+    """The exponential race draws from softmax(logits / T): frequencies over 20,000 positions."""
+    from dllm.unmasking import choose_tokens
+
+    logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5]).log_softmax(0).expand(20000, 5)
+    x0, probs, invalid = choose_tokens(
+        logits, UnmaskingConfig(temperature=1.0), torch.Generator().manual_seed(0), mask_id=2
+    )
+    want = torch.tensor([1.0, 0.0, -math.inf, 2.0, 0.5]).softmax(0)
+    freq = torch.bincount(x0, minlength=5).double() / x0.numel()
+    assert freq[2] == 0 and not invalid.any()
+    assert (freq - want).abs().max() < 0.015  # 4.5 sigma of the largest binomial share
+    assert torch.allclose(probs[0], want.float())
+
+
+def test_gumbel_top_k_positions_follow_softmax_of_confidence():
+    """alg_temp: the first position chosen is distributed as softmax(conf / alg_temp) over candidates."""
+    from dllm.unmasking import top_ranked
+
+    conf = torch.tensor([[0.2, 0.9, 0.5, 0.7]]).expand(20000, 4)
+    cand = torch.tensor([[True, True, True, False]]).expand(20000, 4)
+    g = torch.Generator().manual_seed(1)
+    u = torch.rand(conf.shape, generator=g)
+    pick = top_ranked(conf / 0.3 - (-u.log()).log(), cand, torch.ones(20000, dtype=torch.long))
+    freq = pick.double().mean(0)
+    want = torch.tensor([0.2, 0.9, 0.5, -math.inf]).div(0.3).softmax(0).double()
+    assert (pick.sum(1) == 1).all() and freq[3] == 0
+    assert (freq - want).abs().max() < 0.015
+
+
+# --- issue 24 items 4 and 5: the mask token is never chosen, NaN logits are an error -----------------
+
+
+class _MaskTopModel(StubModel):
+    """The mask id has the highest logit at every position (row 2 of the table and every other row)."""
+
+    def __init__(self, family="dream", nan_at=None):
+        super().__init__(family)
+        self.logp[:, MASK] = 5.0
+        if nan_at is not None:
+            self.logp[nan_at, 1] = math.nan
+
+
+@pytest.mark.parametrize(
+    "alg,kw",
+    [
+        ("maskgit_plus", {}),
+        ("confidence_threshold", {"threshold": 0.65}),
+        ("low_confidence", {}),
+        ("entropy", {"temperature": 0.8, "seed": 0}),
+        ("origin", {"temperature": 1.0, "seed": 0}),
+    ],
+)
+def test_generate_never_returns_the_mask_token(alg, kw):
+    # main wrote the mask id at every reveal ([[3, 3, 3, 3]] and the positions stayed masked)
+    m = _MaskTopModel("llada" if alg == "low_confidence" else "dream")
+    res = dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, alg=alg, **kw)
+    assert (res.tokens != MASK).all()
+    if not kw.get("temperature"):  # greedy: the argmax of the real tokens
+        assert res.tokens[0].tolist() == ARGMAX
+
+
+def test_nan_logits_are_an_error_naming_step_and_position():
+    # main turned them into token 0 silently
+    m = _MaskTopModel(nan_at=2)
+    with pytest.raises(ValueError, match=r"NaN logits at denoising step 0, batch row 0, response position 2"):
+        dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, alg="maskgit_plus")
+    with pytest.raises(ValueError, match=r"NaN logits at denoising step 0, batch row 0, response position 2"):
+        dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, alg="entropy", temperature=1.0, seed=0)
+    # a NaN outside the block being decoded is not read: block 0 (positions 0-1) decodes, block 1 raises
+    with pytest.raises(ValueError, match=r"step 2, batch row 0, response position 2"):
+        dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, block_length=2, alg="maskgit_plus")
