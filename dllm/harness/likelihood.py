@@ -1,9 +1,9 @@
 """Log-likelihood of a continuation under a masked diffusion LM, by Monte Carlo over masks.
 
 A masked diffusion LM has no left-to-right factorisation to read ``log p(x | c)`` from; LLaDA (Nie et
-al. 2025, "Large Language Diffusion Models", arXiv 2502.09992, Eq. 6 and its lower-variance form used
-for conditional likelihood in their evaluation) and Dream (Ye et al. 2025, arXiv 2508.15487) score
-multiple-choice answers by the ELBO
+al. 2025, "Large Language Diffusion Models", arXiv 2502.09992; its ``get_log_likelihood.py``) and Dream
+7B (Ye et al. 2025; its lm-eval model, with t ~ U(0, 1) and a coin per token) score multiple-choice
+answers by the ELBO
 
     log p(x | c)  >=  E_t E_{x_t} [ (1/t) * sum_{i masked in x_t} log p_theta(x_i | c, x_t) ]
 
@@ -11,9 +11,10 @@ where the continuation x (L tokens) is noised to x_t by masking its tokens at ra
 is never masked, and the model predicts every masked token in one forward. Our sampler (code our
 own): t = l / L with the masked count l in {1..L}; for n samples, l cycles through 1..L from a random
 start (stratified: every l occurs n/L times when L divides n), each sample masks a uniformly random
-l-subset of the continuation, and weights its masked tokens' log-probabilities by 1/t = L / l. For a
-model whose prediction of each token ignores the other continuation tokens, every sample equals the
-exact ``sum_i log p(x_i | c)`` (the weight undoes the masking rate); in general the mean is the ELBO.
+l-subset of the continuation, and weights its masked tokens' log-probabilities by 1/t = L / l: for each
+l an unbiased estimate of the ELBO (a token is in the subset with probability l / L). For a model whose
+prediction of each token ignores the other continuation tokens, the ELBO is the exact
+``sum_i log p(x_i | c)``; with every token masked (l = L) one sample is the one-forward score.
 """
 
 from __future__ import annotations

@@ -117,7 +117,9 @@ class PrefillingDLLM(LM):
         """
         tok = self.model.tokenizer
         if not getattr(tok, "chat_template", None):
-            raise ValueError(f"the tokenizer of {self.model.model_dir} has no chat template: drop --apply_chat_template")
+            raise ValueError(
+                f"the tokenizer of {self.model.model_dir} has no chat template: drop --apply_chat_template"
+            )
         self._chat = True
         return tok.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
 
@@ -160,7 +162,12 @@ class PrefillingDLLM(LM):
                 else:
                     inputs = {"input_ids": torch.stack([j.inputs for j in batch])}
                 res = dllm.generate(
-                    self.model, **inputs, method=method, gen_length=first.gen_length, temperature=first.temperature, **kw
+                    self.model,
+                    **inputs,
+                    method=method,
+                    gen_length=first.gen_length,
+                    temperature=first.temperature,
+                    **kw,
                 )
                 for job, text in zip(batch, res.text):
                     out[job.index] = cut_at_stops(text, job.until)
