@@ -249,19 +249,28 @@ class PrefillingDLLM(LM):
         return out
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids of a (context, continuation) pair: trailing spaces of the context move to the
-        continuation, and the continuation's ids are those of context + continuation past the
-        context's (the harness's convention, so a word's leading space is tokenized with it)."""
+        """Token ids ``([P], [L])`` of a (context, continuation) pair, cut from the ids of context +
+        continuation where the context's own ids end. When the tokenizer merged the boundary (a BPE
+        tokenizer that writes a space with the word after it), the context's trailing spaces move to the
+        continuation first, as the harness's own models do; if the boundary still does not fall on a token
+        edge, the continuation is tokenized alone.
+
+        Raises:
+            ValueError: the continuation has no tokens.
+        """
         from dllm.tokenization import encode_text
 
+        def cut(ctx_text: str, cont_text: str):
+            ctx = encode_text(self.model, ctx_text, bos=self._add_bos)
+            whole = encode_text(self.model, ctx_text + cont_text, bos=self._add_bos)
+            ok = whole.numel() > ctx.numel() and torch.equal(whole[: ctx.numel()], ctx)
+            return ctx, (whole[ctx.numel() :] if ok else None)
+
+        ctx, cont = cut(context, continuation)
         spaces = len(context) - len(context.rstrip())
-        if spaces:
-            context, continuation = context[:-spaces], context[-spaces:] + continuation
-        ctx = encode_text(self.model, context, bos=self._add_bos)
-        whole = encode_text(self.model, context + continuation, bos=self._add_bos)
-        if torch.equal(whole[: ctx.numel()], ctx):
-            cont = whole[ctx.numel() :]
-        else:  # the tokenizer merged across the boundary: tokenize the continuation alone
+        if cont is None and spaces:
+            ctx, cont = cut(context[:-spaces], context[-spaces:] + continuation)
+        if cont is None:
             cont = encode_text(self.model, continuation)
         if cont.numel() == 0:
             raise ValueError(f"loglikelihood: the continuation {continuation!r} has no tokens")
