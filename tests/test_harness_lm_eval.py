@@ -211,3 +211,18 @@ def test_device_error_and_help_model_args(capsys):
     assert harness_main(["--help-model-args"]) == 0
     out = capsys.readouterr().out
     assert "chunk_size" in out and "mc_samples" in out
+
+
+def test_chat_template_prompts_get_no_extra_bos():
+    lm = PrefillingDLLM(method="prefilling", chunk_size=64)
+    lm.model.tokenizer.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    c = CASES[0]
+    text = lm.apply_chat_template([{"role": "user", "content": c["prefix"] + c["context"] + c["query"]}])
+    assert text.startswith("<user>" + c["prefix"]) and text.endswith(c["query"] + "<assistant>")
+    job = lm._job(0, _gen(text, c, max_gen_toks=9))
+    assert lm.model.tokenizer.decode(job.inputs.prefix.tolist()) == "<user>" + c["prefix"]  # no BOS before it
+    assert job.inputs.prefix[0].item() != lm.model.tokenizer.bos_token_id
+    assert lm.model.tokenizer.decode(job.inputs.query.tolist()) == c["query"] + "<assistant>"
+    lm.model.tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="has no chat template"):
+        lm.apply_chat_template([{"role": "user", "content": "hi"}])
