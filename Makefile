@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install test test-compat demo bench record record-demo record-bench lint clean
+.PHONY: install test test-compat test-harness demo bench record record-demo record-bench lint clean
 
 install: $(STAMP)
 
@@ -51,6 +51,20 @@ test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import transformers, triton; print('[compat] transformers', transformers.__version__, 'triton', triton.__version__)"
 	$(COMPAT_VENV)/bin/python -m pytest -q -m compat tests
 
+# lm-evaluation-harness (the harness extra) in a venv of its own, so that `make test` runs without it: the
+# tests marked `harness` (tests/test_harness_lm_eval.py, offline on the local tasks of tests/data/harness/).
+HARNESS_VENV ?= .venv-harness
+HARNESS_STAMP := $(HARNESS_VENV)/.installed
+
+$(HARNESS_STAMP): setup.py
+	$(PY) -m venv $(HARNESS_VENV)
+	$(HARNESS_VENV)/bin/python -m pip --disable-pip-version-check -q install $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
+	$(HARNESS_VENV)/bin/python -m pip --disable-pip-version-check -q install -e ".[dev,harness]"
+	@touch $(HARNESS_STAMP)
+
+test-harness: $(HARNESS_STAMP)
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(HARNESS_VENV)/bin/python -m pytest -q -m harness tests/test_harness_lm_eval.py
+
 # make demo / make bench write to runs/demo/ and runs/bench/ (git-ignored): running them changes no
 # tracked file. make record rewrites the recorded results under bench/results/ (their timings are
 # only worth keeping from a quiet machine); record-demo and record-bench do one half each.
@@ -73,4 +87,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check triton_kernels dllm bench tests
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(HARNESS_VENV) *.egg-info .pytest_cache

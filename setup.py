@@ -32,6 +32,8 @@ setup(
     ],
     extras_require={
         "dev": ["pytest>=8", "pytest-benchmark>=4", "ruff>=0.5"],
+        # lm-evaluation-harness model prefilling-dllm (python -m dllm.harness; make test-harness)
+        "harness": ["lm-eval==0.4.13"],
     },
     entry_points={"console_scripts": ["dllm=dllm.cli:main"]},
 )

@@ -105,7 +105,12 @@ class UserError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (raised, so :func:`main` reports every user error the same way)."""
+    """argparse with one-line errors (raised, so :func:`main` reports every user error the same way) and no
+    abbreviations: a misspelt option is an error, not silently another one (``--context`` is not ``--context-file``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UserError(f"{message} (see {self.prog} --help)")
@@ -275,7 +280,11 @@ def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
         default=None,
         choices=METHODS,
         help="dense (recompute all every step), prefix_cache (Fast-dLLM style) or prefilling (Prefilling-dLLM) "
-        + ("(default: dense; prefilling with --document)" if document else "(default: dense)"),
+        + (
+            "(default: prefilling with --context-file or --document, dense without a context)"
+            if document
+            else "(default: prefilling; dense and prefix_cache are the baselines)"
+        ),
     )
     gen_help = "response tokens" + ("" if gen_length_default else " (default: the answer's tokens + 4, per case)")
     p.add_argument("--gen-length", type=_positive_int, default=gen_length_default, help=gen_help)
@@ -670,7 +679,8 @@ def cmd_generate(args) -> int:
             raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
         args.method = "prefilling"
         header = dllm.DocumentCache.read_header(args.document)  # before the model loads
-    args.method = args.method or "dense"
+    # the product with a context; a prompt alone (nothing to chunk) decodes densely
+    args.method = args.method or ("prefilling" if args.context_file is not None else "dense")
     templates = _templates(args)
     context = None
     if args.context_file is not None:
@@ -693,8 +703,9 @@ def cmd_generate(args) -> int:
             raise UserError(f"--prompt-file {args.prompt_file} is empty")
         if args.method == "prefilling" and slots == 1 and not template.split("{context}")[1].strip():
             raise UserError(
-                f"--prompt-file {args.prompt_file} has no text after its {{context}} slot: --method prefilling "
-                "scores the chunks by the question that follows the context"
+                f"--prompt-file {args.prompt_file} has no text after its {{context}} slot: --method prefilling (the "
+                "default with a context) scores the chunks by the question that follows the context; put the question "
+                "after the slot, or pass --method dense"
             )
     _unmasking_check(args, args.gen_length)
     _positions_check(args, args.gen_length)
@@ -813,7 +824,7 @@ def cmd_eval(args) -> int:
     from dllm.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
     from dllm.loader import default_model_dir
 
-    args.method = args.method or "dense"
+    args.method = args.method or "prefilling"  # every task case has a context
     longbench = args.task == LONGBENCH
     if longbench != (args.data is not None):
         raise UserError("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")

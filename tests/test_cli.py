@@ -77,6 +77,32 @@ def test_generate_prints_answer_and_stats(files, method, capsys):
     assert out.endswith("\n")
 
 
+def test_method_defaults_to_prefilling_with_a_context(files, capsys):
+    """A long --context-file without --method gets the product (prefilling), not the slow dense baseline;
+    a prompt alone decodes densely; eval cases always have a context."""
+    rc, out, err = run_cli(
+        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8")
+    )
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert rc == 0 and stats["num_chunks"] == 12 and len(stats["selected_chunks"]) == 4  # the bundled C=256, K=4
+    assert "12345" in out
+    rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file noslot.txt --gen-length 2"))
+    assert rc == 0 and "selected_chunks" not in json.loads(err.strip().splitlines()[-1])
+    rc, _, _ = run_cli(capsys, *shlex.split("eval passkey --lengths 300 --depths 0.5 --samples 1 --out e.csv"))
+    with open(files / "e.csv", newline="") as f:
+        assert rc == 0 and [r["method"] for r in csv.DictReader(f)] == ["prefilling"]
+
+
+def test_no_option_abbreviations(files):
+    for argv in (
+        ["generate", "--prompt"],
+        ["eval", "passkey", "--sample", "2"],
+        ["encode", "--context-file", "doc.txt", "--out", "x", "--chunk", "64"],
+    ):
+        with pytest.raises(UserError, match="unrecognized arguments"):
+            build_parser().parse_args(argv)
+
+
 def test_prompt_file_loses_one_trailing_newline(files, capsys):
     assert _strip_one_newline("a\n") == "a" and _strip_one_newline("a\r\n") == "a"
     assert _strip_one_newline("a\n\n") == "a\n" and _strip_one_newline("a") == "a"
@@ -122,9 +148,12 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "eval passkey --method prefilling --chunk-size 64 --token-budget 65",
         "--token-budget (B) must be in [1, --chunk-size=64] or 'all', got 65",
     ),
-    "prefilling option with dense": ("eval passkey --top-k 2", "--top-k: option(s) of --method prefilling"),
+    "prefilling option with dense": (
+        "eval passkey --method dense --top-k 2",
+        "--top-k: option(s) of --method prefilling, not of --method dense",
+    ),
     "graph option with dense": (
-        "generate --prompt-file prompt.txt --context-file doc.txt --no-cuda-graph",
+        "generate --prompt-file prompt.txt --context-file doc.txt --method dense --no-cuda-graph",
         "--no-cuda-graph: option(s) of --method prefilling",
     ),
     "top-k word": ("eval passkey --method prefilling --top-k most", "integer >= 1, got 'most'"),
@@ -171,6 +200,13 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "generate --prompt-file slot_last.txt --context-file doc.txt --method prefilling",
         "no text after its {context} slot",
     ),
+    "nothing after the slot, default method": (  # prefilling is the default with a context
+        "generate --prompt-file slot_last.txt --context-file doc.txt",
+        "no text after its {context} slot: --method prefilling (the default with a context)",
+    ),
+    # no abbreviations: a misspelt or shortened option is an error, never another option
+    "abbreviated --context-file": ("generate --prompt-file prompt.txt --context doc.txt", "unrecognized arguments"),
+    "abbreviated --method": ("eval passkey --meth dense", "unrecognized arguments: --meth"),
     "whitespace question": ("generate --prompt-file prompt.txt --context-file doc.txt --question ' '", "#1 is empty"),
     "document cache from a pipe": ("generate --document pipe.fifo --prompt-file prompt.txt", "not a regular file"),
     "gen length beyond the model's positions": (
@@ -233,7 +269,9 @@ def test_user_errors_are_found_before_the_model_loads(files, capsys, monkeypatch
 def test_dense_may_end_its_prompt_with_the_context(files, capsys):
     """Only prefilling needs a query after {context}; a dense prompt may end with the document."""
     rc, out, err = run_cli(
-        capsys, "generate", "--prompt-file", "slot_last.txt", "--context-file", "doc.txt", "--gen-length", "2"
+        capsys,
+        *("generate", "--prompt-file", "slot_last.txt", "--context-file", "doc.txt", "--method", "dense"),
+        *("--gen-length", "2"),
     )
     assert rc == 0 and out.endswith("\n") and json.loads(err.strip().splitlines()[-1])["steps"] == 2, err
 

@@ -179,7 +179,8 @@ def test_cli_eval_longbench_writes_scored_rows(tmp_path, capsys):
     from dllm.cli import main
 
     out = tmp_path / "lb.csv"
-    argv = ["eval", "longbench", "--data", str(DATA), "--gen-length", "4", "--steps", "2", "--out", str(out)]
+    argv = ["eval", "longbench", "--data", str(DATA), "--method", "dense", "--gen-length", "4", "--steps", "2"]
+    argv += ["--out", str(out)]
     assert main(argv) == 0
     rows = list(csv.DictReader(out.open()))
     assert [r["dataset"] for r in rows] == ["hotpotqa", "passage_retrieval_en", "trec"]

@@ -1,0 +1,313 @@
+"""``--model_args`` of the ``prefilling-dllm`` harness model: names, types, defaults, checks.
+
+lm-evaluation-harness turns ``--model_args a=1,b=x`` into keyword arguments, already typed by its own
+rule (``4`` -> int, ``0.5`` -> float, ``true`` -> bool, ``none`` -> None, anything else a str), and
+adds ``batch_size``, ``max_batch_size`` and ``device`` from its own options. :func:`parse_model_args`
+checks every key and value here, before any weights load, and raises :class:`ModelArgsError` (one
+line naming the key) for an unknown key, a value of the wrong type or range, or an option of another
+method. No lm-eval import: the checks run (and are tested) without the harness installed.
+
+The keys (:data:`MODEL_ARGS`) are those of :func:`dllm.load_model`, :func:`dllm.generate` and
+:class:`dllm.PrefillingConfig`, plus the harness's own. One rename: ``top_k`` is K, the chunks kept
+(:class:`dllm.PrefillingConfig`), as in the CLI's ``--top-k``; the sampling filter
+``generate(top_k=...)`` is ``sampling_top_k``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dllm.generate import METHODS
+from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
+from dllm.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
+
+ALL = "all"  # top_k=all / token_budget=all: keep every chunk / token (the library's None)
+DTYPES = ("float32", "bfloat16", "float16")
+TERMS_SEPARATOR = "+"  # score_terms=self_info+pseudo_label (the harness splits model_args at commas)
+
+
+class ModelArgsError(ValueError):
+    """A bad ``--model_args`` key or value: the message is one line naming the key."""
+
+
+# ---------------------------------------------------------------- value types
+
+
+def _int(low: int) -> Callable[[Any], int]:
+    def parse(v):
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise TypeError(f"expected an integer >= {low}")
+        return v
+
+    parse.kind = f"integer >= {low}"
+    return parse
+
+
+def _int_or_all(v):
+    if v is None or (isinstance(v, str) and v.strip().lower() == ALL):
+        return None
+    try:
+        return _int(1)(v)
+    except TypeError:
+        raise TypeError("expected an integer >= 1 or 'all'") from None
+
+
+def _float(low: float, high: float, low_open: bool = False, high_open: bool = False) -> Callable[[Any], float]:
+    def parse(v):
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if ok:
+            ok = (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+        if not ok:
+            if math.isinf(high):
+                raise TypeError(f"expected a finite number {'>' if low_open else '>='} {low}")
+            lb, hb = "(" if low_open else "[", ")" if high_open else "]"
+            raise TypeError(f"expected a number in {lb}{low}, {high}{hb}")
+        return float(v)
+
+    return parse
+
+
+def _or_none(inner):
+    def parse(v):
+        return None if v is None else inner(v)
+
+    return parse
+
+
+def _choice(options) -> Callable[[Any], str]:
+    def parse(v):
+        if not isinstance(v, str) or v not in options:
+            raise TypeError(f"expected one of {', '.join(options)}")
+        return v
+
+    return parse
+
+
+def _bool(v):
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise TypeError("expected true or false")
+
+
+def _text(v):
+    if not isinstance(v, str) or not v.strip():
+        raise TypeError("expected a non-empty string")
+    return v
+
+
+def _text_or_none(v):
+    return None if v is None else _text(v)
+
+
+def _terms(v):
+    items = v.split(TERMS_SEPARATOR) if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)) or not items or any(t not in SCORE_TERMS for t in items):
+        raise TypeError(f"expected terms of {', '.join(SCORE_TERMS)} joined by '{TERMS_SEPARATOR}'")
+    return tuple(items)
+
+
+def _batch_size(v):
+    if isinstance(v, str) and v.strip().startswith("auto"):
+        raise TypeError("expected an integer >= 1 ('auto' is not supported: rows of a batch share every forward)")
+    return _int(1)(v)
+
+
+def _seed(v):
+    v = _int(0)(v)
+    if v >= 2**64:
+        raise TypeError("expected an integer in [0, 2**64)")
+    return v
+
+
+def _anything(v):
+    return v
+
+
+# ---------------------------------------------------------------- the keys
+
+_ANY_METHOD, _PREFIX_CACHE, _PREFILLING = None, "prefix_cache", "prefilling"
+# key -> (parser, default, what it is, the one method it belongs to or None)
+MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
+    # loading (dllm.load_model)
+    "pretrained": (_text_or_none, None, "checkpoint directory (default: the bundled tiny model)", _ANY_METHOD),
+    "tokenizer": (_text_or_none, None, "tokenizer directory (default: the checkpoint's)", _ANY_METHOD),
+    "device": (_text_or_none, None, "cpu, cuda or cuda:N (default: cuda if available)", _ANY_METHOD),
+    "dtype": (_or_none(_choice(DTYPES)), None, "float32, bfloat16 or float16", _ANY_METHOD),
+    "rope_theta": (_or_none(_float(0, math.inf, low_open=True)), None, "RoPE base override", _ANY_METHOD),
+    # decoding (dllm.generate)
+    "method": (_choice(METHODS), "prefilling", "dense, prefix_cache or prefilling", _ANY_METHOD),
+    "gen_length": (_or_none(_int(1)), None, "response tokens (default: the task's max_gen_toks)", None),
+    "steps": (_or_none(_int(1)), None, "denoising steps (default: the gen length)", _ANY_METHOD),
+    "block_length": (_or_none(_int(1)), None, "semi-autoregressive block", _ANY_METHOD),
+    "alg": (_or_none(_choice(ALGS)), None, "unmasking rule (default by family)", _ANY_METHOD),
+    "temperature": (_or_none(_float(0, math.inf)), None, "0 = greedy (default: the task's)", _ANY_METHOD),
+    "top_p": (_or_none(_float(0, 1, low_open=True)), None, "nucleus filter", _ANY_METHOD),
+    "sampling_top_k": (_or_none(_int(1)), None, "generate(top_k=): the sampling filter", _ANY_METHOD),
+    "alg_temp": (_or_none(_float(0, math.inf)), None, "Dream's position temperature", _ANY_METHOD),
+    "eps": (_float(0, 1, low_open=True, high_open=True), 1e-3, "Dream's final schedule time", _ANY_METHOD),
+    "threshold": (_float(0, 1, low_open=True), 0.9, "tau of confidence_threshold", _ANY_METHOD),
+    "confidence_from": (_or_none(_choice(CONFIDENCE_SOURCES)), None, "tempered or logits", _ANY_METHOD),
+    "seed": (_or_none(_seed), None, "seeds sampling and the Monte Carlo masks", _ANY_METHOD),
+    "live_window": (_int(1), 1, "prefix_cache: live prompt tokens", _PREFIX_CACHE),
+    "cache_refresh": (_choice(("block", "step")), "block", "prefix_cache: when to rebuild", _PREFIX_CACHE),
+    "cache_scope": (_choice(("sequence", "prompt")), "sequence", "prefix_cache: what is cached", _PREFIX_CACHE),
+    "cuda_graph": (_or_none(_bool), None, "prefilling: replay steps from a CUDA graph", _PREFILLING),
+    # dllm.PrefillingConfig (default: the checkpoint's prefilling_config.json, else the library's)
+    "chunk_size": (_or_none(_int(1)), None, "C, context tokens per chunk", _PREFILLING),
+    "top_k": (_int_or_all, None, "K, chunks kept, or all", _PREFILLING),
+    "token_budget": (_int_or_all, None, "B, tokens kept per chunk, or all", _PREFILLING),
+    "draft_tokens": (_or_none(_int(1)), None, "m, draft mask slots", _PREFILLING),
+    "draft_threshold": (_or_none(_float(0, 1, low_open=True)), None, "draft confirmation", _PREFILLING),
+    "position_mode": (_or_none(_choice(POSITION_MODES)), None, "kept chunks' positions", _PREFILLING),
+    "cache_mode": (_or_none(_choice(CACHE_MODES)), None, "independent or joint", _PREFILLING),
+    "score_mode": (_or_none(_choice(SCORE_MODES)), None, "dllm or causal scoring", _PREFILLING),
+    "score_terms": (_terms, None, "chunk score terms joined by '+'", _PREFILLING),
+    "pool_kernel": (_or_none(_int(1)), None, "odd max-pool width", _PREFILLING),
+    "query_window": (_or_none(_int(1)), None, "trailing query tokens used in scoring", _PREFILLING),
+    "prefill_batch": (_or_none(_int(1)), None, "chunks per prefill forward", _PREFILLING),
+    "anchor_token_id": (_or_none(_int(0)), None, "the chunk anchor token", _PREFILLING),
+    # the harness's own
+    "context_field": (_text, "context", "the doc field holding the long context", _PREFILLING),
+    "add_bos": (_bool, True, "put BOS before the prompt (off under a chat template)", _ANY_METHOD),
+    "mc_samples": (_int(1), 128, "loglikelihood: Monte Carlo samples per request", _ANY_METHOD),
+    "mc_batch_size": (_int(1), 32, "loglikelihood: samples per forward", _ANY_METHOD),
+    "greedy_check": (_bool, True, "loglikelihood: decode greedily to report is_greedy", _ANY_METHOD),
+    "batch_size": (_batch_size, 1, "requests decoded together (the harness's --batch_size)", _ANY_METHOD),
+    "max_batch_size": (_anything, None, "accepted from the harness, unused (no 'auto')", _ANY_METHOD),
+    "trust_remote_code": (_anything, None, "accepted from the harness, unused (no remote code)", _ANY_METHOD),
+}
+_PREFILLING_FIELDS = tuple(f.name for f in dataclasses.fields(PrefillingConfig))
+# keys whose default belongs to no method (given explicitly, they fit every method)
+_FIT_ALL = ("gen_length",)
+
+
+@dataclass(frozen=True)
+class HarnessSettings:
+    """The checked ``--model_args``.
+
+    Attributes:
+        values: every key of :data:`MODEL_ARGS`, the given value (typed) or its default.
+        given: the keys the user gave.
+        prefilling: ``method=prefilling``: the checkpoint's :class:`PrefillingConfig` with the given fields
+            over it (``top_k=all`` overriding the file too); else None.
+    """
+
+    values: dict
+    given: frozenset
+    prefilling: PrefillingConfig | None
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def explicit_top_k(self) -> bool:
+        """``top_k`` given as a number: above a context's chunk count it is an error, not 'keep all'."""
+        return "top_k" in self.given and self.values["top_k"] is not None
+
+    def generate_kwargs(self) -> dict:
+        """The :func:`dllm.generate` keyword arguments shared by every request (gen_length, temperature,
+        prompt and prefilling config are per request)."""
+        v = self.values
+        kw = {k: v[k] for k in ("steps", "block_length", "alg", "top_p", "alg_temp", "eps", "threshold")}
+        kw.update(top_k=v["sampling_top_k"], confidence_from=v["confidence_from"], seed=v["seed"])
+        if v["method"] == "prefix_cache":
+            kw.update(live_window=v["live_window"], cache_refresh=v["cache_refresh"], cache_scope=v["cache_scope"])
+        if v["method"] == "prefilling" and v["cuda_graph"] is not None:
+            kw["cuda_graph"] = v["cuda_graph"]
+        return kw
+
+
+def parse_model_args(kwargs: dict, model_dir: str | None = None) -> HarnessSettings:
+    """Check ``--model_args`` (as the harness passes them: a dict of typed values) before anything loads.
+
+    Args:
+        kwargs: key -> value; values may be the harness's typed values or strings.
+        model_dir: where ``prefilling_config.json`` is read from (default: ``kwargs["pretrained"]``,
+            else the bundled model).
+
+    Returns:
+        :class:`HarnessSettings`.
+
+    Raises:
+        ModelArgsError: an unknown key (the message lists the known ones), an ill-typed or out-of-range
+            value (naming the key and what was expected), an option of another method than ``method``,
+            or a combination :class:`dllm.PrefillingConfig` / :class:`dllm.unmasking.UnmaskingConfig` rejects.
+    """
+    unknown = sorted(set(kwargs) - set(MODEL_ARGS))
+    if unknown:
+        hints = [difflib.get_close_matches(k, MODEL_ARGS, n=1) for k in unknown]
+        named = ", ".join(k + (f" (did you mean {h[0]}?)" if h else "") for k, h in zip(unknown, hints))
+        raise ModelArgsError(
+            f"model_args: unknown key(s) {named}; python -m dllm.harness --help-model-args lists the keys"
+        )
+    values, given = {}, set()
+    for key, (parse, default, _what, _method) in MODEL_ARGS.items():
+        if key in kwargs:
+            raw = kwargs[key]
+            try:
+                values[key] = parse(raw)
+            except TypeError as exc:
+                raise ModelArgsError(f"model_args {key}={raw!r}: {exc}") from None
+            given.add(key)
+        else:
+            values[key] = default
+    method = values["method"]
+    foreign = [k for k in sorted(given) if MODEL_ARGS[k][3] not in (None, method) and k not in _FIT_ALL]
+    if foreign:
+        owners = ", ".join(f"{k} (method={MODEL_ARGS[k][3]})" for k in foreign)
+        raise ModelArgsError(f"model_args: {owners}: not an option of method={method}")
+    try:
+        UnmaskingConfig(
+            alg=values["alg"] or "maskgit_plus",
+            temperature=values["temperature"] or 0.0,
+            top_p=values["top_p"],
+            top_k=values["sampling_top_k"],
+            alg_temp=values["alg_temp"],
+            eps=values["eps"],
+            threshold=values["threshold"],
+            confidence_from=values["confidence_from"],
+        )
+    except ValueError as exc:
+        raise ModelArgsError(f"model_args: {exc}") from None
+    if values["block_length"] is not None and values["gen_length"] is not None:
+        if values["gen_length"] % values["block_length"]:
+            raise ModelArgsError(
+                f"model_args: block_length={values['block_length']} does not divide gen_length={values['gen_length']}"
+            )
+    cfg = None
+    if method == "prefilling":
+        from dllm.loader import default_model_dir
+
+        base = PrefillingConfig.from_pretrained(model_dir or values["pretrained"] or default_model_dir())
+        fields = {f: values[f] for f in _PREFILLING_FIELDS if f in given}
+        try:  # replace, not from_pretrained's overrides: top_k=all (None) must override the file too
+            cfg = dataclasses.replace(base, **fields)
+        except (TypeError, ValueError) as exc:
+            raise ModelArgsError(f"model_args: {exc}") from None
+    return HarnessSettings(values, frozenset(given), cfg)
+
+
+def describe_model_args() -> str:
+    """One line per key: name, default and what it sets (``python -m dllm.harness --help-model-args``)."""
+    lines = []
+    for key, (_parse, default, what, method) in MODEL_ARGS.items():
+        scope = f" [method={method}]" if method else ""
+        lines.append(f"  {key:<18} default {default!s:<11} {what}{scope}")
+    return "\n".join(lines)

@@ -1,0 +1,338 @@
+"""The lm-evaluation-harness model ``prefilling-dllm`` (importing this module registers it).
+
+Requests (``lm_eval.api.instance.Instance``) and what answers them:
+
+- ``generate_until``: :func:`dllm.generate` with the ``--model_args`` method, in batches of
+  ``batch_size`` requests that share a gen length, temperature and (prefilling) config, or, for dense
+  and prefix_cache, a prompt length. With ``method=prefilling`` each prompt is split into prefix /
+  context / query by :func:`dllm.harness.split.split_request` (the dataset row's ``context`` field,
+  else the last paragraph, else the last 64 tokens). The gen length is ``gen_length`` if given, else
+  the task's ``max_gen_toks``, else 256; the temperature is ``temperature`` if given, else the task's
+  when it asks for ``do_sample``, else 0 (greedy). A diffusion LM writes every response token at
+  once, so the task's ``until`` strings cut the decoded text afterwards (at the first occurrence of
+  any of them; the text is already cut at EOS).
+- ``loglikelihood``: the masked-diffusion Monte Carlo ELBO of :mod:`dllm.harness.likelihood`
+  (``mc_samples`` copies, ``mc_batch_size`` per forward) over dense forwards of context + continuation
+  (whatever ``method`` says: the chunk selection of prefilling serves generation); ``is_greedy`` is
+  whether greedy dense decoding of as many tokens as the continuation reproduces it (``greedy_check``).
+- ``loglikelihood_rolling`` (perplexity tasks): not implemented (NotImplementedError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from dllm.harness.args import ModelArgsError, parse_model_args
+from dllm.harness.likelihood import masked_diffusion_loglikelihood
+from dllm.harness.split import split_request
+
+MODEL_NAME = "prefilling-dllm"
+DEFAULT_GEN_LENGTH = 256  # the harness's own default max_gen_toks
+_HANDLED_GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature")
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    """One generate_until request, ready to decode."""
+
+    index: int
+    key: tuple  # requests of one key decode in one batch
+    inputs: object  # PromptParts (prefilling) or a [L] prompt tensor
+    until: list
+    gen_length: int
+    temperature: float
+    prefilling: object  # the request's PrefillingConfig (K fitted to its chunks) or None
+
+
+@register_model(MODEL_NAME)
+class PrefillingDLLM(LM):
+    """A Dream / LLaDA checkpoint decoded by :func:`dllm.generate` for lm-evaluation-harness.
+
+    Args:
+        **model_args: the ``--model_args`` keys of :data:`dllm.harness.args.MODEL_ARGS` (``pretrained``,
+            ``method``, ``chunk_size``, ``top_k``, ``gen_length``, ``steps``, ``mc_samples``, ...), plus
+            the ``batch_size`` / ``max_batch_size`` / ``device`` the harness adds.
+
+    Raises:
+        ModelArgsError: a bad key or value (one line, before the weights load), a chunk larger than
+            the checkpoint's trained positions, or a checkpoint without a tokenizer.
+        dllm.ConfigError, dllm.WeightError: as :func:`dllm.load_model`.
+    """
+
+    def __init__(self, **model_args):
+        super().__init__()
+        import dllm
+        from dllm.config import load_config
+        from dllm.loader import default_model_dir
+
+        self.settings = s = parse_model_args(model_args)
+        model_dir = s.pretrained or default_model_dir()
+        if not os.path.isdir(model_dir):
+            raise ModelArgsError(f"model_args pretrained={model_dir}: no such directory (a local checkpoint folder)")
+        limit = load_config(model_dir, rope_theta=s.rope_theta).max_position_embeddings
+        if s.prefilling is not None and limit and s.prefilling.chunk_size + 1 > limit:
+            raise ModelArgsError(
+                f"model_args chunk_size={s.prefilling.chunk_size}: a chunk and its BOS anchor take "
+                f"{s.prefilling.chunk_size + 1} positions, more than the model's {limit} trained positions"
+            )
+        if s.device is not None:
+            _check_device(s.device)
+        self.model = dllm.load_model(
+            model_dir, device=s.device, dtype=s.dtype, tokenizer_path=s.tokenizer, rope_theta=s.rope_theta
+        )
+        if self.model.tokenizer is None:
+            raise ModelArgsError(f"model_args pretrained={model_dir}: the checkpoint has no tokenizer")
+        self._device = self.model.device
+        self._chat = False  # set once the harness renders prompts with the chat template
+        self._warned = set()
+        self._generator = None
+        if s.seed is not None:
+            self._generator = torch.Generator(device=self.model.device).manual_seed(s.seed)
+
+    # ---------------------------------------------------------------- chat templates
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The checkpoint's path with '/' as '__' (fingerprints the harness's request cache)."""
+        return str(self.model.model_dir).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The tokenizer's chat template string (None when it has none)."""
+        return getattr(self.model.tokenizer, "chat_template", None) if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render the harness's messages with the tokenizer's chat template (no BOS added afterwards).
+
+        Raises:
+            ValueError: the tokenizer has no chat template.
+        """
+        tok = self.model.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise ValueError(
+                f"the tokenizer of {self.model.model_dir} has no chat template: drop --apply_chat_template"
+            )
+        self._chat = True
+        return tok.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    @property
+    def _add_bos(self) -> bool:
+        return self.settings.add_bos and not self._chat
+
+    # ---------------------------------------------------------------- generate_until
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Answer ``generate_until`` requests (``args = (prompt, gen_kwargs)``); see the module docstring.
+
+        Returns:
+            One string per request, in request order.
+
+        Raises:
+            ValueError: a prompt that cannot be split for prefilling, an explicit ``top_k`` above a
+                context's chunk count, a gen length that ``block_length`` does not divide; all checked
+                before the first request decodes.
+        """
+        import dllm
+
+        jobs = [self._job(i, req) for i, req in enumerate(requests)]
+        groups = defaultdict(list)
+        for job in jobs:
+            groups[job.key].append(job)
+        out = [None] * len(jobs)
+        size = self.settings.batch_size
+        kw = self.settings.generate_kwargs()
+        method = self.settings.method
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc=f"{MODEL_NAME} generate_until", disable=disable_tqdm)
+        for members in groups.values():
+            for at in range(0, len(members), size):
+                batch = members[at : at + size]
+                first = batch[0]
+                if method == "prefilling":
+                    inputs = {"prompt": [j.inputs for j in batch], "prefilling": first.prefilling}
+                else:
+                    inputs = {"input_ids": torch.stack([j.inputs for j in batch])}
+                res = dllm.generate(
+                    self.model,
+                    **inputs,
+                    method=method,
+                    gen_length=first.gen_length,
+                    temperature=first.temperature,
+                    **kw,
+                )
+                for job, text in zip(batch, res.text):
+                    out[job.index] = cut_at_stops(text, job.until)
+                    self.cache_hook.add_partial("generate_until", requests[job.index].args, out[job.index])
+                bar.update(len(batch))
+        bar.close()
+        return out
+
+    def _job(self, index: int, req) -> _Job:
+        s = self.settings
+        text = req.args[0]
+        gen_kwargs = dict(req.args[1]) if len(req.args) > 1 and req.args[1] else {}
+        extra = sorted(set(gen_kwargs) - set(_HANDLED_GEN_KWARGS))
+        if extra and tuple(extra) not in self._warned:
+            self._warned.add(tuple(extra))
+            log.warning("%s ignores the task's generation kwargs %s (set them as --model_args)", MODEL_NAME, extra)
+        until = gen_kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        gen_length = s.gen_length or int(gen_kwargs.get("max_gen_toks") or DEFAULT_GEN_LENGTH)
+        if s.block_length is not None and gen_length % s.block_length:
+            raise ValueError(
+                f"model_args block_length={s.block_length} does not divide the gen length {gen_length} "
+                "(the task's max_gen_toks; set gen_length)"
+            )
+        if s.temperature is not None:
+            temperature = s.temperature
+        else:
+            temperature = float(gen_kwargs.get("temperature") or 0.0) if gen_kwargs.get("do_sample") else 0.0
+        cfg = None
+        if s.method == "prefilling":
+            parts, _rule = split_request(
+                self.model,
+                text,
+                req.doc,
+                context_field=s.context_field,
+                query_window=s.prefilling.query_window,
+                add_bos=self._add_bos,
+            )
+            cfg = fit_top_k(s.prefilling, parts.context.numel(), explicit=s.explicit_top_k)
+            key, inputs = (gen_length, temperature, cfg), parts
+        else:
+            from dllm.tokenization import encode_text
+
+            inputs = encode_text(self.model, text, bos=self._add_bos)
+            if inputs.numel() == 0:
+                raise ValueError(f"request {index}: the prompt is empty")
+            key = (gen_length, temperature, inputs.numel())
+        return _Job(index, key, inputs, until, gen_length, temperature, cfg)
+
+    # ---------------------------------------------------------------- loglikelihood
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """Score ``loglikelihood`` requests (``args = (context, continuation)``) by the Monte Carlo ELBO.
+
+        Returns:
+            ``(log-likelihood in nats, is_greedy)`` per request, in request order.
+
+        Raises:
+            ValueError: an empty continuation.
+        """
+        from tqdm.auto import tqdm
+
+        s = self.settings
+        out = []
+        for req in tqdm(requests, desc=f"{MODEL_NAME} loglikelihood", disable=disable_tqdm):
+            context, continuation = req.args[0], req.args[1]
+            ctx_ids, cont_ids = self._encode_pair(context, continuation)
+            ll = masked_diffusion_loglikelihood(
+                self.model,
+                ctx_ids,
+                cont_ids,
+                samples=s.mc_samples,
+                batch_size=s.mc_batch_size,
+                generator=self._generator,
+            )
+            greedy = self._is_greedy(ctx_ids, cont_ids) if s.greedy_check else False
+            out.append((ll, greedy))
+            self.cache_hook.add_partial("loglikelihood", req.args, out[-1])
+        return out
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids ``([P], [L])`` of a (context, continuation) pair, cut from the ids of context +
+        continuation where the context's own ids end. When the tokenizer merged the boundary (a BPE
+        tokenizer that writes a space with the word after it), the context's trailing spaces move to the
+        continuation first, as the harness's own models do; if the boundary still does not fall on a token
+        edge, the continuation is tokenized alone.
+
+        Raises:
+            ValueError: the continuation has no tokens.
+        """
+        from dllm.tokenization import encode_text
+
+        def cut(ctx_text: str, cont_text: str):
+            ctx = encode_text(self.model, ctx_text, bos=self._add_bos)
+            whole = encode_text(self.model, ctx_text + cont_text, bos=self._add_bos)
+            ok = whole.numel() > ctx.numel() and torch.equal(whole[: ctx.numel()], ctx)
+            return ctx, (whole[ctx.numel() :] if ok else None)
+
+        ctx, cont = cut(context, continuation)
+        spaces = len(context) - len(context.rstrip())
+        if cont is None and spaces:
+            ctx, cont = cut(context[:-spaces], context[-spaces:] + continuation)
+        if cont is None:
+            cont = encode_text(self.model, continuation)
+        if cont.numel() == 0:
+            raise ValueError(f"loglikelihood: the continuation {continuation!r} has no tokens")
+        return ctx, cont
+
+    def _is_greedy(self, ctx_ids: torch.Tensor, cont_ids: torch.Tensor) -> bool:
+        import dllm
+
+        if ctx_ids.numel() == 0:
+            if "greedy" not in self._warned:
+                self._warned.add("greedy")
+                log.warning("%s: is_greedy is False for requests with an empty context and add_bos=false", MODEL_NAME)
+            return False
+        n = cont_ids.numel()
+        res = dllm.generate(self.model, ctx_ids[None], method="dense", gen_length=n, steps=n)
+        return bool(torch.equal(res.tokens[0], cont_ids))
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        """Not implemented: raises NotImplementedError (perplexity tasks need a chunked rolling ELBO)."""
+        raise NotImplementedError(
+            f"{MODEL_NAME} does not implement loglikelihood_rolling (perplexity tasks such as wikitext): a diffusion "
+            "LM's likelihood is a Monte Carlo bound; use generate_until or multiple-choice (loglikelihood) tasks"
+        )
+
+
+def _check_device(text: str) -> None:
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise ModelArgsError(f"device {text!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ModelArgsError(f"device {text!r}: only cpu and cuda devices are supported")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelArgsError(f"device {text!r}: CUDA is not available on this machine (pass --device cpu)")
+
+
+def cut_at_stops(text: str, until: list) -> str:
+    """``text`` up to the first occurrence of any stop string of ``until`` (empty strings ignored)."""
+    cut = len(text)
+    for stop in until:
+        if stop:
+            at = text.find(stop)
+            if 0 <= at < cut:
+                cut = at
+    return text[:cut]
+
+
+def fit_top_k(cfg, context_tokens: int, explicit: bool):
+    """``cfg`` for a context of ``context_tokens``: an explicit K above its chunk count is an error (as
+    ``dllm eval --top-k``), a default K above it keeps every chunk (top_k None, as ``dllm eval``).
+
+    Raises:
+        ValueError: ``explicit`` and K above the chunk count.
+    """
+    from dllm.prefilling import cut_chunks
+
+    n = len(cut_chunks(context_tokens, cfg.chunk_size))
+    if cfg.top_k is None or cfg.top_k <= n:
+        return cfg
+    if explicit:
+        raise ValueError(
+            f"model_args top_k={cfg.top_k} exceeds the {n} chunk(s) of a {context_tokens}-token context at "
+            f"chunk_size={cfg.chunk_size}; lower top_k or chunk_size, or pass top_k=all"
+        )
+    return dataclasses.replace(cfg, top_k=None)
