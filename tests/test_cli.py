@@ -344,7 +344,7 @@ def test_dense_beyond_the_window_with_a_long_context_runs_with_a_note(files, cap
     """The dense baseline on a context past the window is measured on purpose: a note, not an error."""
     (files / "long.txt").write_text(FILLER * 60)  # ~2200 tokens for a 1536-position model
     rc, out, err = run_cli(
-        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file long.txt --gen-length 4")
+        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file long.txt --method dense --gen-length 4")
     )
     assert rc == 0 and "note: the prompt (" in err and "more than the model's 1536 trained positions" in err
 

@@ -56,7 +56,7 @@ def test_generate_and_eval_take_prefill_batch(tmp_path, monkeypatch, capsys):
         assert main(shlex.split(base + extra)) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1]
-    assert main(shlex.split("eval passkey --prefill-batch 2")) == 2
+    assert main(shlex.split("eval passkey --method dense --prefill-batch 2")) == 2
     assert "--prefill-batch: option(s) of --method prefilling" in capsys.readouterr().err
     cfg = PrefillingConfig(prefill_batch=2)
     assert cfg.prefill_batch == 2
