@@ -429,10 +429,15 @@ def _positions_check(args, gen_length: int | None) -> None:
     if gen_length is None:
         return
     cfg = _model_config(args)
-    if cfg.max_position_embeddings and gen_length > cfg.max_position_embeddings:
+    if cfg.trained_positions and gen_length > cfg.trained_positions:
         field = "max_sequence_length" if cfg.family == "llada" else "max_position_embeddings"
+        scaled = (
+            f" x its rope_scaling factor = {cfg.trained_positions}"
+            if cfg.trained_positions != cfg.max_position_embeddings
+            else ""
+        )
         raise UserError(
-            f"--gen-length {gen_length} exceeds the model's {field}={cfg.max_position_embeddings} "
+            f"--gen-length {gen_length} exceeds the model's {field}={cfg.max_position_embeddings}{scaled} "
             "(the positions it was trained for)"
         )
 
@@ -464,7 +469,7 @@ def _prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
 def _chunk_fits(chunk_size: int, args) -> None:
     """A chunk is encoded alone at positions 0..C (its BOS anchor first): past the checkpoint's trained
     positions its keys would be out of distribution, silently."""
-    limit = _model_config(args).max_position_embeddings
+    limit = _model_config(args).trained_positions
     if limit and chunk_size + 1 > limit:
         raise UserError(
             f"--chunk-size {chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than "
@@ -553,7 +558,7 @@ def _window_check(
     (:func:`_kept_positions`). Past the window the response is out of distribution: an error when
     nothing but the response and the prompt's own text fills it, a note when a long context (or the
     kept chunks) do (the dense baselines beyond the window are measured on purpose)."""
-    limit = model.config.max_position_embeddings
+    limit = model.config.trained_positions
     if (
         limit
         and method == "prefilling"

@@ -119,6 +119,22 @@ class ModelConfig:
             raise ConfigError(str(e)) from e
 
     @property
+    def trained_positions(self) -> int | None:
+        """Positions the model is meant to attend over: ``max_position_embeddings``, extended by a static
+        ``rope_scaling`` factor (linear / yarn / llama3 scale ``original_max_position_embeddings``, or
+        ``max_position_embeddings`` itself when the scaling names no original); None when unknown."""
+        base = self.max_position_embeddings
+        if not base:
+            return None
+        scaling = self.rope_scaling or {}
+        factor = scaling.get("factor")
+        kind = str(scaling.get("rope_type", scaling.get("type", "default")))
+        if kind in ("linear", "yarn", "llama3") and isinstance(factor, (int, float)) and factor > 1:
+            original = scaling.get("original_max_position_embeddings") or base
+            return max(base, int(original * factor))
+        return base
+
+    @property
     def gqa_group(self) -> int:
         """G = Hq / Hkv, the query heads that share one KV head."""
         return self.num_heads // self.num_kv_heads

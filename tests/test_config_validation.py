@@ -168,3 +168,16 @@ def test_integer_weights_are_a_weight_error(dream_dir, tmp_path):
     save_file(t, str(path))
     with pytest.raises(WeightError, match="model.norm.weight.*dtype I32.*floating point"):
         dllm.load_model(str(tmp_path / "ckpt"))
+
+
+def test_trained_positions_include_a_static_rope_scaling_factor():
+    base = dict(
+        family="dream", vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
+        num_kv_heads=1, head_dim=4, rope_theta=1e4, rms_norm_eps=1e-6, qkv_bias=True,
+        tie_word_embeddings=False, shift_logits=True, mask_token_id=3, max_position_embeddings=64,
+    )  # fmt: skip
+    assert ModelConfig(**base).trained_positions == 64
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    assert ModelConfig(**base, rope_scaling=yarn).trained_positions == 256
+    assert ModelConfig(**base, rope_scaling={"rope_type": "linear", "factor": 2.0}).trained_positions == 128
+    assert ModelConfig(**dict(base, max_position_embeddings=None)).trained_positions is None

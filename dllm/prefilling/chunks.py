@@ -166,11 +166,11 @@ def encode_chunks_rows(
             positions) longer than the model's trained positions (``max_position_embeddings``): its
             keys would be out of distribution, silently.
     """
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    limit = getattr(getattr(model, "config", None), "trained_positions", None)
     if limit and chunk_size + 1 > limit:
         raise ValueError(
             f"chunk_size={chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than the "
-            f"model's {limit} trained positions (max_position_embeddings)"
+            f"model's {limit} trained positions (max_position_embeddings, with its rope_scaling factor)"
         )
     spans = [cut_chunks(c.numel(), chunk_size) for c in contexts]
     groups: dict[int, list[int]] = {}
