@@ -479,18 +479,14 @@ def _chunk_fits(chunk_size: int, args) -> None:
 
 def _fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> PrefillingConfig:
     """``cfg`` for a context of ``context_tokens``: an explicit K above its chunk count is a user error;
-    a default K above it keeps every chunk (top_k None)."""
-    from dllm.prefilling import cut_chunks
-
-    n = len(cut_chunks(context_tokens, cfg.chunk_size))
-    if cfg.top_k is None or cfg.top_k <= n:
-        return cfg
-    if explicit:
+    a default K above it keeps every chunk (top_k None; :meth:`PrefillingConfig.fit_top_k`)."""
+    fitted = cfg.fit_top_k(context_tokens)
+    if explicit and fitted is not cfg:
         raise UserError(
-            f"--top-k {cfg.top_k} exceeds the {n} chunk(s) of a {context_tokens}-token context at --chunk-size "
-            f"{cfg.chunk_size}; lower --top-k or --chunk-size, or pass --top-k all"
+            f"--top-k {cfg.top_k} exceeds the {cfg.chunks_of(context_tokens)} chunk(s) of a {context_tokens}-token "
+            f"context at --chunk-size {cfg.chunk_size}; lower --top-k or --chunk-size, or pass --top-k all"
         )
-    return dataclasses.replace(cfg, top_k=None)
+    return fitted
 
 
 MAX_INPUT_BYTES = 1 << 30  # 1 GiB of text is ~250M tokens: far past any context this package encodes

@@ -20,7 +20,6 @@ Requests (``lm_eval.api.instance.Instance``) and what answers them:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections import defaultdict
@@ -325,14 +324,11 @@ def fit_top_k(cfg, context_tokens: int, explicit: bool):
     Raises:
         ValueError: ``explicit`` and K above the chunk count.
     """
-    from dllm.prefilling import cut_chunks
-
-    n = len(cut_chunks(context_tokens, cfg.chunk_size))
-    if cfg.top_k is None or cfg.top_k <= n:
-        return cfg
-    if explicit:
+    fitted = cfg.fit_top_k(context_tokens)
+    if explicit and fitted is not cfg:
         raise ValueError(
-            f"model_args top_k={cfg.top_k} exceeds the {n} chunk(s) of a {context_tokens}-token context at "
-            f"chunk_size={cfg.chunk_size}; lower top_k or chunk_size, or pass top_k=all"
+            f"model_args top_k={cfg.top_k} exceeds the {cfg.chunks_of(context_tokens)} chunk(s) of a "
+            f"{context_tokens}-token context at chunk_size={cfg.chunk_size}; lower top_k or chunk_size, or pass "
+            "top_k=all"
         )
-    return dataclasses.replace(cfg, top_k=None)
+    return fitted

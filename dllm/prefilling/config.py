@@ -7,6 +7,7 @@ anchor id is chosen by :func:`resolve_anchor_token_id`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 import os
@@ -157,6 +158,20 @@ class PrefillingConfig:
             return cls(**values)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path or 'PrefillingConfig'}: {e}") from e
+
+    def chunks_of(self, context_tokens: int) -> int:
+        """N, the chunks a context of ``context_tokens`` tokens is cut into at this ``chunk_size``."""
+        from dllm.prefilling.chunks import cut_chunks
+
+        return len(cut_chunks(context_tokens, self.chunk_size))
+
+    def fit_top_k(self, context_tokens: int) -> PrefillingConfig:
+        """This config for a context of ``context_tokens``: itself when K <= N (or K is None), the same
+        with ``top_k=None`` (keep every chunk) when K > N. Callers whose K was given explicitly treat the
+        second case as a user error instead (``fit_top_k(...) is not self``)."""
+        if self.top_k is None or self.top_k <= self.chunks_of(context_tokens):
+            return self
+        return dataclasses.replace(self, top_k=None)
 
     def changed_fields(self) -> dict:
         """The fields that differ from the paper's defaults (what :meth:`save_pretrained` writes)."""
