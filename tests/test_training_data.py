@@ -217,7 +217,7 @@ def test_phase9_runs_alone_from_given_weights_and_the_default_run_stops_before_i
     assert len({run_at(schedule(parse_args([])), s).n for s in range(12000)}) == 7
     trial8 = schedule(parse_args(["--steps", "14000"]))
     assert run_at(trial8, 13999).n == 8 and trial8[8].first == trial8[8].end == 14000  # phase 9 only by --phase
-    assert "phase 9 (steps 14000-14500, own warm-up and cosine from lr 0.0004" in train.__doc__
+    assert "phase 9 (steps 14000-15200, own warm-up and cosine from lr 0.0004" in train.__doc__
 
 
 def test_gpu_train_script_dry_runs_on_cpu_and_resumes(tmp_path):

@@ -183,7 +183,7 @@ def fine_tune(copy, dense, chunked, no_needle, answer_tasks, pools=()) -> tuple[
     )
 
 
-PROSE_STEPS = 500
+PROSE_STEPS = 1200
 PROSE_TASKS = {"passkey": 0.4, "number_string": 0.3, "word_fact": 0.3}
 PROSE_MIX = (("filler", 1 / 3), ("essays", 2 / 9), ("pydoc", 2 / 9), ("generated", 2 / 9))
 
