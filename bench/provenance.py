@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from dllm.evaluation import one_line_cell
 from dllm.provenance import REPO_ROOT, provenance  # noqa: F401  (the columns dllm eval writes too)
 from dllm.provenance import git_commit as _git_commit  # noqa: F401
 
@@ -26,11 +27,13 @@ def machine_line(device: str | None = None) -> str:
 def write_csv(path, rows: list[dict], device: str | None = None) -> Path:
     """Write ``rows`` (dicts) to ``path`` with the provenance columns (:func:`provenance` of ``device``)
     prepended to every row. Columns are the union of all row keys in first-seen order; missing cells
-    are empty. Returns the path; raises ``OSError`` if it cannot be written."""
+    are empty; text cells are on one line (:func:`dllm.evaluation.one_line_cell`: a backslash, CR and LF
+    written as ``\\``, ``\r``, ``\n``), so every row is one line of the file. Returns the path; raises
+    ``OSError`` if it cannot be written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prov = provenance(device)
-    full = [{**prov, **row} for row in rows]
+    full = [{k: one_line_cell(v) for k, v in {**prov, **row}.items()} for row in rows]
     fields: list[str] = []
     for row in full:
         for key in row:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import inspect
 import json
 import math
@@ -45,6 +44,8 @@ EXAMPLES = {
         "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --gen-length 8",
         "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 128 "
         "--top-k 8 --gen-length 8",
+        "python -m dllm generate --prompt-file ask.txt --context-file doc.txt --questions-file questions.txt "
+        "--gen-length 8",
     ),
     "encode": ("python -m dllm encode --context-file doc.txt --out doc.cache",),
     "eval": (
@@ -66,7 +67,10 @@ the last line ends with "is" and a space):
 
   What is the pass key? The pass key is
 doc.txt holds a few thousand characters of "The grass is green. The sky is blue. " with
-"The pass key is 12345. Remember it." somewhere inside.""",
+"The pass key is 12345. Remember it." somewhere inside. ask.txt is prompt.txt with a {question} slot,
+its last line "{question} The pass key is " (a space at the end); questions.txt holds one question a
+line ("What is the pass key?", "Which number is hidden in the text?"): each answer prints as Q1:/A1:
+lines, from one model load and one encoding of doc.txt.""",
     "eval": """\
 hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
 bundled model does not answer it).""",
@@ -269,7 +273,6 @@ def _add_common_args(p):
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
 
 
-@functools.cache
 def _model_defaults(model_dir: str | None) -> tuple[PrefillingConfig, str]:
     """The prefilling settings ``--model model_dir`` will use (its ``prefilling_config.json`` over the
     library's, which are the paper's) and how the help names it, for the help text. A folder that cannot
@@ -297,7 +300,11 @@ def _model_in_argv(argv: list[str]) -> str | None:
     """The ``--model`` value of a command line, read before parsing, so that ``--help`` shows the defaults
     of that model (None: the bundled one, or a --model that is not a folder: parsing reports it)."""
     for i, arg in enumerate(argv):
-        value = argv[i + 1] if arg == "--model" and i + 1 < len(argv) else arg[8:] if arg.startswith("--model=") else None
+        value = None
+        if arg == "--model" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--model="):
+            value = arg.removeprefix("--model=")
         if value is not None:
             return value if os.path.isdir(value) else None
     return None
@@ -336,9 +343,9 @@ def _add_decode_args(p, gen_length_default: int | None, document: bool = False, 
         "--confidence-from",
         default=None,
         choices=CONFIDENCE_SOURCES,
-        help="research option: the distribution that ranks positions at temperature > 0: the tempered one the tokens are drawn from "
-        "(Dream's reference) or softmax(logits) (LLaDA's, Fast-dLLM's); ties go to the leftmost position "
-        "(default: the rule's reference: tempered for Dream's rules, logits for the others)",
+        help="research option: the distribution that ranks positions at temperature > 0: the tempered one the tokens "
+        "are drawn from (Dream's reference) or softmax(logits) (LLaDA's, Fast-dLLM's); ties go to the leftmost "
+        "position (default: the rule's reference: tempered for Dream's rules, logits for the others)",
     )
     p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
     p.add_argument(
@@ -721,15 +728,18 @@ def _templates(args, questions: list[str] | None) -> list[str]:
     if slots != 1:
         raise UserError(
             f"--prompt-file {args.prompt_file} must hold exactly one {QUESTION_SLOT} slot for the questions, found "
-            f"{slots} (e.g. a last line \"Question: {QUESTION_SLOT} Answer:\"; without --prompt-file the prompt is "
+            f'{slots} (e.g. a last line "Question: {QUESTION_SLOT} Answer:"; without --prompt-file the prompt is '
             f"{DEFAULT_QUESTION_TEMPLATE})"
         )
     return [template.replace(QUESTION_SLOT, q) for q in questions]
 
 
 def _one_line_answer(text: str) -> str:
-    """An answer on one line of labelled output: backslashes doubled, CR and LF written as ``\\r`` and ``\\n``."""
-    return text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
+    """An answer on one line of labelled output: backslashes doubled, CR and LF written as ``\\r`` and ``\\n``
+    (as in eval's CSV: :func:`dllm.evaluation.one_line_cell`)."""
+    from dllm.evaluation import one_line_cell
+
+    return one_line_cell(text)
 
 
 def _print_answer(res, label: int | None, question: str | None) -> None:
@@ -792,9 +802,7 @@ def _stats_line(res, spans: list | None, chunk_size: int | None) -> str:
         size = f" of {chunk_size} tokens" if chunk_size else ""
         parts.append(f"kept {len(kept)} of {extra['num_chunks']} chunks{size}: {', '.join(where)}")
     parts.append(", ".join(f"{k} {v:.2f} s" for k, v in res.stats.seconds.items()))
-    parts.append(
-        f"{res.stats.steps} steps, {res.stats.nfe} forwards, {res.stats.tokens_per_second:.1f} tokens/s"
-    )
+    parts.append(f"{res.stats.steps} steps, {res.stats.nfe} forwards, {res.stats.tokens_per_second:.1f} tokens/s")
     return "; ".join(parts)
 
 
@@ -1301,9 +1309,9 @@ def build_parser(model_dir: str | None = None) -> argparse.ArgumentParser:
     e.add_argument(
         "--out",
         default=None,
-        help=f"CSV path, replaced if it exists (default: a new {RUNS_DIR}/eval_TASK_METHOD_DATE-TIME.csv in the working "
-        "directory, UTC, never an earlier run's); every row carries the device, torch/triton versions, git commit, "
-        "date and the settings (model, C, K, B, ...)",
+        help=f"CSV path, replaced if it exists (default: a new {RUNS_DIR}/eval_TASK_METHOD_DATE-TIME.csv in the "
+        "working directory, UTC, never an earlier run's); every row carries the device, torch/triton versions, git "
+        "commit, date and the settings (model, C, K, B, ...)",
     )
     _add_common_args(e)
     _add_decode_args(e, None, model_dir=model_dir)

@@ -25,8 +25,11 @@ LONGBENCH_SAMPLE = Path(__file__).parent / "tasks" / "data" / "longbench_tiny.js
 
 def write_example_files(folder):
     """The input files of the --help examples as the help describes them: prompt.txt (with the newline an
-    editor adds), doc.txt, and hotpotqa.jsonl (the hotpotqa lines of the test suite's LongBench sample)."""
+    editor adds), ask.txt and questions.txt, doc.txt, and hotpotqa.jsonl (the hotpotqa lines of the test
+    suite's LongBench sample)."""
     (folder / "prompt.txt").write_text(PROMPT + "\n")
+    (folder / "ask.txt").write_text(PROMPT.replace("What is the pass key? ", "{question} ") + "\n")
+    (folder / "questions.txt").write_text("What is the pass key?\nWhich number is hidden in the text?\n")
     (folder / "doc.txt").write_text(FILLER * 50 + "The pass key is 12345. Remember it. " + FILLER * 30)
     lines = [
         x for x in LONGBENCH_SAMPLE.read_text().splitlines() if x.strip() and json.loads(x)["dataset"] == "hotpotqa"
