@@ -770,9 +770,10 @@ def _chunk_char_spans(model, context: str, chunk_size: int) -> list | None:
     return [(offsets[s][0], offsets[s + n - 1][1]) for s, n in cut_chunks(len(offsets), chunk_size)]
 
 
-def _stats_dict(res, spans: list | None) -> dict:
+def _stats_dict(res, spans: tuple | None) -> dict:
     """The full stats of one answer (``--stats json``): forwards, steps, seconds per phase, tokens per second,
-    the prefilling details of ``res.stats.extra`` and, when known, the kept chunks' character spans."""
+    the prefilling details of ``res.stats.extra`` and, when known, the kept chunks' spans
+    (``selected_chunk_chars`` into the context text, else ``selected_chunk_tokens``; :func:`_stats_line`)."""
     stats = {
         "nfe": res.stats.nfe,
         "steps": res.stats.steps,
@@ -781,22 +782,22 @@ def _stats_dict(res, spans: list | None) -> dict:
         **{k: v for k, v in res.stats.extra.items() if k != "gen_tokens"},
     }
     if spans is not None and "selected_chunks" in stats:
-        stats["selected_chunk_chars"] = [list(spans[j]) for j in stats["selected_chunks"]]
+        unit, where = spans
+        stats[f"selected_chunk_{unit}"] = [list(where[j]) for j in stats["selected_chunks"]]
     return stats
 
 
-def _stats_line(res, spans: list | None, chunk_size: int | None) -> str:
-    """The one-line summary of ``--stats summary``: the kept chunks with their character spans in the
-    context (``[start:end)``; token spans when the text is not known, as with --document), seconds per
-    phase, steps, forwards and tokens per second."""
+def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
+    """The one-line summary of ``--stats summary``: the kept chunks with their spans in the context
+    (``spans``: ``("chars", [(start, end)])`` into the context text, or ``("tokens", ...)`` when the text is
+    not known, as with --document; end exclusive), seconds per phase, steps, forwards and tokens per second."""
     extra = res.stats.extra
     parts = []
     if "selected_chunks" in extra:
         kept = extra["selected_chunks"]
         if spans is not None:
-            where = [f"{j} [chars {spans[j][0]}:{spans[j][1]}]" for j in kept]
-        elif chunk_size is not None:
-            where = [f"{j} [tokens {j * chunk_size}:{(j + 1) * chunk_size}]" for j in kept]
+            unit, where = spans
+            where = [f"{j} [{unit} {where[j][0]}:{where[j][1]}]" for j in kept]
         else:
             where = [str(j) for j in kept]
         size = f" of {chunk_size} tokens" if chunk_size else ""
@@ -806,7 +807,7 @@ def _stats_line(res, spans: list | None, chunk_size: int | None) -> str:
     return "; ".join(parts)
 
 
-def _print_stats(args, res, label: int | None, spans: list | None, chunk_size: int | None) -> None:
+def _print_stats(args, res, label: int | None, spans: tuple | None, chunk_size: int | None) -> None:
     """``--stats``: one summary line (default), the full JSON line, or nothing, on stderr."""
     if args.stats == "none":
         return
@@ -962,9 +963,15 @@ def cmd_generate(args) -> int:
         document, context_tokens = dllm.DocumentCache.load(args.document, model), header["num_tokens"]
     elif cfg is not None and context is not None and len(templates) > 1:
         document, cfg, context_tokens = _encode_context_once(model, args, context, cfg)
-    spans = None
-    if context is not None and cfg is not None and args.stats != "none":
-        spans = _chunk_char_spans(model, context, cfg.chunk_size)
+    spans = None  # ("chars" | "tokens", [(start, end)] per chunk), for the stats
+    if cfg is not None and args.stats != "none":
+        if context is not None:
+            chars = _chunk_char_spans(model, context, cfg.chunk_size)
+            spans = ("chars", chars) if chars is not None else None
+        if spans is None and context_tokens is not None:
+            from dllm.prefilling import cut_chunks
+
+            spans = ("tokens", [(s, s + n) for s, n in cut_chunks(context_tokens, cfg.chunk_size)])
     for i, template in enumerate(templates):
         if document is not None:
             res = _answer_from_document(model, args, template, document, cfg, context_tokens, kw)

@@ -319,3 +319,15 @@ def test_info_says_how_many_characters_a_token_covers(capsys):
         assert (
             got["tokens"] == n and got["chars_per_token"] == round(len(text) / n, 3) and 4 < got["chars_per_token"] < 6
         )
+
+
+def test_stats_summary_from_a_document_gives_token_spans(files, capsys):
+    """A document cache holds token ids, not the text: its kept chunks are given as token spans [start:end)."""
+    assert run_cli(capsys, *shlex.split("encode --context-file doc.txt --out doc.cache"))[0] == 0
+    cmd = "generate --document doc.cache --prompt-file prompt.txt --gen-length 8 --top-k all"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    assert rc == 0 and "12345" in out
+    spans = re.findall(r"(\d+) \[tokens (\d+):(\d+)\]", err)
+    assert [(int(j), int(s), int(e)) for j, s, e in spans] == [
+        (j, 256 * j, min(256 * (j + 1), 2996)) for j in range(12)
+    ]
