@@ -324,10 +324,10 @@ def test_info_says_how_many_characters_a_token_covers(capsys):
 def test_stats_summary_from_a_document_gives_token_spans(files, capsys):
     """A document cache holds token ids, not the text: its kept chunks are given as token spans [start:end)."""
     assert run_cli(capsys, *shlex.split("encode --context-file doc.txt --out doc.cache"))[0] == 0
-    cmd = "generate --document doc.cache --prompt-file prompt.txt --gen-length 8 --top-k all"
-    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    cmd = "generate --document doc.cache --prompt-file prompt.txt --gen-length 8 --stats"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd + " summary"))
     assert rc == 0 and "12345" in out
-    spans = re.findall(r"(\d+) \[tokens (\d+):(\d+)\]", err)
-    assert [(int(j), int(s), int(e)) for j, s, e in spans] == [
-        (j, 256 * j, min(256 * (j + 1), 2996)) for j in range(12)
-    ]
+    spans = [(int(j), int(s), int(e)) for j, s, e in re.findall(r"(\d+) \[tokens (\d+):(\d+)\]", err)]
+    assert len(spans) == 4 and all((s, e) == (256 * j, min(256 * (j + 1), 2996)) for j, s, e in spans)
+    rc, _, err = run_cli(capsys, *shlex.split(cmd + " json"))
+    assert json.loads(err)["selected_chunk_tokens"] == [[s, e] for _, s, e in spans]
