@@ -244,7 +244,8 @@ def test_cli_encode_then_answer_several_questions_from_the_document(tmp_path, mo
     for q, answer in zip(questions, answers):
         fresh = ["generate", "--method", "prefilling", "--context-file", "doc.txt", "--chunk-size", "128"]
         assert main([*fresh, *common, "--question", q]) == 0
-        assert capsys.readouterr().out.strip("\n").split("\n")[1] == answer
+        fresh_answer = capsys.readouterr().out.strip("\n").split("\n")[1]
+        assert fresh_answer.split(": ", 1)[1] == answer.split(": ", 1)[1]  # A1 (one question) vs An
     for bad, message in (
         (["--chunk-size", "64"], "encoded with chunk size 128"),
         (["--context-file", "doc.txt"], "--document and --context-file"),
