@@ -20,7 +20,7 @@ import torch
 
 from bench.budget import TimeBudget
 from bench.demo import EXPONENT, TINY_PREFILLING
-from bench.figures import save_figure
+from bench.figures import save_figure, tokens_label
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
@@ -82,8 +82,7 @@ def plot(rows, tasks, lengths, depths, path):
     import numpy as np
 
     fig, axes = plt.subplots(len(tasks), len(METHODS), figsize=(4.2 * len(METHODS), 3.4 * len(tasks)), squeeze=False)
-    cmap = plt.get_cmap("RdYlGn").copy()
-    cmap.set_bad("lightgrey")
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
     for ti, task in enumerate(tasks):
         for mi, method in enumerate(METHODS):
             grid = np.full((len(depths), len(lengths)), np.nan)
@@ -93,20 +92,29 @@ def plot(rows, tasks, lengths, depths, path):
                     grid[di, lengths.index(r["length"])] = 100.0 * r["correct"]
             ax = axes[ti][mi]
             ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=100, aspect="auto", origin="upper")
-            ax.set_xticks(range(len(lengths)), [f"{ln // 1024}K" if ln >= 1024 else str(ln) for ln in lengths])
+            ax.set_xticks(range(len(lengths)), [tokens_label(ln) for ln in lengths])
             ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=7)
             ax.set_title(f"{task} / {method}")
-            ax.set_xlabel("context tokens")
+            ax.set_xlabel("context length (tokens)")
             if mi == 0:
-                ax.set_ylabel("needle depth")
-    save_figure(fig, path, "tiny-dream, CPU: green = correct, red = wrong, grey = not run (time budget)", dpi=110)
+                ax.set_ylabel("needle depth (% of the context)")
+    save_figure(
+        fig,
+        path,
+        "Where the needle sits vs whether it is found: bundled tiny-dream on CPU",
+        dpi=110,
+        caption="green: correct, red: wrong, grey: not run (the time budget skipped it); one case per cell",
+    )
+
+
+DEFAULTS = {"tasks": ["passkey", "needle"], "lengths": [1024, 2048, 4096, 8192, 16384, 32768], "depths": 11}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", default=["passkey", "needle"])
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
-    p.add_argument("--depths", type=int, default=11, help="number of depths in 0..1")
+    p.add_argument("--tasks", nargs="+", default=DEFAULTS["tasks"])
+    p.add_argument("--lengths", type=int, nargs="+", default=DEFAULTS["lengths"])
+    p.add_argument("--depths", type=int, default=DEFAULTS["depths"], help="number of depths in 0..1")
     p.add_argument("--budget", type=float, default=300.0, help="seconds of the timed grid")
     add_output_args(p, "bench")
     args = p.parse_args(argv)

@@ -40,6 +40,23 @@ _ST_BYTES = {
 _ST_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
+# English prose in the public domain (Lincoln's Gettysburg Address, the opening of the US Declaration of
+# Independence), the fixed text on which info measures how many characters a token covers
+TEXT_SAMPLE = os.path.join(os.path.dirname(__file__), "assets", "english_sample.txt")
+TEXT_SAMPLE_NAME = "dllm/assets/english_sample.txt, English prose"
+
+
+def chars_per_token(tok, path: str = TEXT_SAMPLE) -> dict:
+    """How many characters one token of ``tok`` covers on the text of ``path`` (default :data:`TEXT_SAMPLE`):
+    ``{"chars_per_token": characters / tokens, "characters": int, "tokens": int, "sample": name}``, tokens
+    without special ones. Raises ``OSError`` when the sample cannot be read."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    name = TEXT_SAMPLE_NAME if path == TEXT_SAMPLE else path
+    return {"chars_per_token": round(len(text) / max(n, 1), 3), "characters": len(text), "tokens": n, "sample": name}
+
+
 def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     """Bytes of cached K and V per token over all layers of ``cfg`` (a :class:`dllm.ModelConfig`) in
     ``dtype``: ``2 * layers * Hkv * D * itemsize``."""
@@ -136,7 +153,11 @@ def checkpoint_info(model_dir: str | None = None, *, device=None, dtype=None) ->
         },
         "tokenizer": None
         if tok is None
-        else {"class": type(tok).__name__, "chat_template": bool(getattr(tok, "chat_template", None))},
+        else {
+            "class": type(tok).__name__,
+            "chat_template": bool(getattr(tok, "chat_template", None)),
+            **chars_per_token(tok),
+        },
         "mask_token_id": cfg.mask_token_id,
         "anchor_token_id": anchor,
         "anchor_source": anchor_source,
@@ -191,6 +212,13 @@ def format_info(info: dict) -> str:
         (
             "tokenizer",
             "none" if tok is None else f"{tok['class']}, chat template: {'yes' if tok['chat_template'] else 'no'}",
+        ),
+        (
+            "characters / token",
+            "n/a (no tokenizer)"
+            if tok is None
+            else f"{tok['chars_per_token']:.2f} on {tok['sample']} ({tok['characters']:,} characters, "
+            f"{tok['tokens']:,} tokens): a 100K-character document is ~{100_000 / tok['chars_per_token']:,.0f} tokens",
         ),
         ("mask token id", info["mask_token_id"]),
         ("chunk anchor id", f"{info['anchor_token_id']} (from {info['anchor_source']})"),

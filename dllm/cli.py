@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import inspect
 import json
 import math
@@ -45,6 +44,8 @@ EXAMPLES = {
         "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --gen-length 8",
         "python -m dllm generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 128 "
         "--top-k 8 --gen-length 8",
+        "python -m dllm generate --prompt-file ask.txt --context-file doc.txt --questions-file questions.txt "
+        "--gen-length 8",
     ),
     "encode": ("python -m dllm encode --context-file doc.txt --out doc.cache",),
     "eval": (
@@ -66,14 +67,16 @@ the last line ends with "is" and a space):
 
   What is the pass key? The pass key is
 doc.txt holds a few thousand characters of "The grass is green. The sky is blue. " with
-"The pass key is 12345. Remember it." somewhere inside.""",
+"The pass key is 12345. Remember it." somewhere inside. ask.txt is prompt.txt with a {question} slot,
+its last line "{question} The pass key is " (a space at the end); questions.txt holds one question a
+line ("What is the pass key?", "Which number is hidden in the text?"): each answer prints as Q1:/A1:
+lines, from one model load and one encoding of doc.txt.""",
     "eval": """\
 hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
 bundled model does not answer it).""",
     "encode": """\
 doc.txt as for generate. Answer questions from the saved cache without encoding the document again
-(the prompt's {context} slot marks where the document goes; each --question fills a {question} slot
-or is appended to the prompt):
+(the prompt's {context} slot marks where the document goes; each --question fills its {question} slot):
   dllm generate --document doc.cache --prompt-file prompt.txt --gen-length 8""",
     "info": "With no --model, info describes the bundled tiny model.",
 }
@@ -97,6 +100,7 @@ chunks, ...) prints one line "error: ..." and exits with status 2, as does runni
 line says what to lower); Ctrl-C exits with status 130. --debug shows the traceback instead.
 The demo and the benchmarks live in bench/ of the repository (make demo, make bench)."""
 LONGBENCH = "longbench"  # eval's task for a local LongBench file (--data), beside the seeded tasks
+STATS_MODES = ("summary", "json", "none")  # generate --stats
 _ALL = "all"  # --top-k all / --token-budget all: keep every chunk / every token (the library's None)
 
 
@@ -231,6 +235,11 @@ def _input_file(text: str) -> str:
     return text
 
 
+def _questions_file(text: str) -> str:
+    """``--questions-file``: ``-`` (stdin) or a file read once (:func:`_input_file`)."""
+    return text if text == "-" else _input_file(text)
+
+
 def _is_terminal(path: str) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
@@ -264,16 +273,44 @@ def _add_common_args(p):
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
 
 
-@functools.cache
-def _bundled_tuned() -> str:
-    """The bundled model's prefilling_config.json settings, for the help text (read once per process)."""
+def _model_defaults(model_dir: str | None) -> tuple[PrefillingConfig, str]:
+    """The prefilling settings ``--model model_dir`` will use (its ``prefilling_config.json`` over the
+    library's, which are the paper's) and how the help names it, for the help text. A folder that cannot
+    be read gives the library's settings here: its error is reported when the command runs."""
     from dllm.loader import default_model_dir
 
-    tuned = PrefillingConfig.from_pretrained(default_model_dir()).changed_fields()
-    return ", ".join(f"{k}={v}" for k, v in tuned.items())
+    label = "the bundled model" if model_dir is None else model_dir
+    try:
+        return PrefillingConfig.from_pretrained(model_dir or default_model_dir()), label
+    except (OSError, ValueError):
+        return _PREFILLING_DEFAULTS, label
 
 
-def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
+def _default_help(model_dir: str | None, field: str, show=str) -> str:
+    """``default: X`` of one prefilling field for ``--model model_dir``, saying whose value X is when the
+    checkpoint's prefilling_config.json changes the library's (e.g. the bundled model's C=256 beside 1024)."""
+    cfg, label = _model_defaults(model_dir)
+    mine, lib = getattr(cfg, field), getattr(_PREFILLING_DEFAULTS, field)
+    if mine == lib:
+        return f"default: {show(lib)}"
+    return f"default: {show(mine)}, {label}'s; the library's and the paper's: {show(lib)}"
+
+
+def _model_in_argv(argv: list[str]) -> str | None:
+    """The ``--model`` value of a command line, read before parsing, so that ``--help`` shows the defaults
+    of that model (None: the bundled one, or a --model that is not a folder: parsing reports it)."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--model" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--model="):
+            value = arg.removeprefix("--model=")
+        if value is not None:
+            return value if os.path.isdir(value) else None
+    return None
+
+
+def _add_decode_args(p, gen_length_default: int | None, document: bool = False, model_dir: str | None = None):
 
     p.add_argument(
         "--method",
@@ -306,75 +343,88 @@ def _add_decode_args(p, gen_length_default: int | None, document: bool = False):
         "--confidence-from",
         default=None,
         choices=CONFIDENCE_SOURCES,
-        help="distribution that ranks positions at temperature > 0: the tempered one the tokens are drawn from "
-        "(Dream's reference) or softmax(logits) (LLaDA's, Fast-dLLM's); ties go to the leftmost position "
-        "(default: the rule's reference: tempered for Dream's rules, logits for the others)",
+        help="research option: the distribution that ranks positions at temperature > 0: the tempered one the tokens "
+        "are drawn from (Dream's reference) or softmax(logits) (LLaDA's, Fast-dLLM's); ties go to the leftmost "
+        "position (default: the rule's reference: tempered for Dream's rules, logits for the others)",
     )
     p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
     p.add_argument(
         "--seed", type=_seed, default=None, help="seeds the sampling RNG, an integer in [0, 2**64) (default: unseeded)"
     )
-    d = _PREFILLING_DEFAULTS
-    tuned = _bundled_tuned()
+    _add_prefilling_args(p, model_dir)
+
+
+def _add_prefilling_args(p, model_dir: str | None) -> None:
+    """The options of ``--method prefilling``: the product's (C, K, batch, CUDA graph), then the research
+    options (the paper's ablations; their defaults are the method as shipped). Each help states the
+    default ``--model model_dir`` will use (:func:`_default_help`)."""
+    label = _model_defaults(model_dir)[1]
     g = p.add_argument_group(
-        "prefilling (with --method prefilling; the defaults shown are the library's; a checkpoint's "
-        f"prefilling_config.json overrides them, the bundled model's with {tuned or 'nothing'})"
+        "prefilling (with --method prefilling; the defaults shown are those of --model, here "
+        f"{label}: its prefilling_config.json, else the library's, which are the paper's)"
     )
     g.add_argument(
         "--chunk-size",
         type=_positive_int,
         default=None,
-        help=f"C, context tokens per chunk (default: {d.chunk_size})",
+        help=f"C, context tokens per chunk ({_default_help(model_dir, 'chunk_size')})",
     )
-    g.add_argument("--prefill-batch", type=_positive_int, default=None, help=_PREFILL_BATCH_HELP)
     g.add_argument(
         "--top-k",
         type=_positive_int_or_all,
         default=None,
         metavar="K|all",
-        help=f"K, chunks kept, or 'all'; an explicit K above the chunk count is an error (default: {d.top_k}, "
-        "or every chunk when the context has fewer)",
+        help="K, chunks kept, or 'all'; an explicit K above the chunk count is an error "
+        f"({_default_help(model_dir, 'top_k', lambda k: 'all' if k is None else k)}, or every chunk when the "
+        "context has fewer)",
     )
-    g.add_argument(
-        "--token-budget",
-        type=_positive_int_or_all,
-        default=None,
-        metavar="B|all",
-        help="B, tokens kept per chunk, 1 <= B <= C, or 'all' (default: all)",
-    )
-    g.add_argument(
-        "--position-mode",
-        default=None,
-        choices=POSITION_MODES,
-        help="where the kept chunks sit: back to back after the prefix (continuous), all right after it (reuse) "
-        f"or where they were in the prompt (absolute) (default: {d.position_mode})",
-    )
-    g.add_argument(
-        "--cache-mode",
-        default=None,
-        choices=CACHE_MODES,
-        help="decode over the prefill's chunk caches (independent) or re-encode the kept chunks together once "
-        f"(joint) (default: {d.cache_mode})",
-    )
-    g.add_argument(
-        "--score-mode",
-        default=None,
-        choices=SCORE_MODES,
-        help=f"how chunks are scored: masked (dllm) or next-token (causal) log-probs (default: {d.score_mode})",
-    )
-    g.add_argument(
-        "--score-terms",
-        nargs="+",
-        default=None,
-        choices=SCORE_TERMS,
-        help="terms summed into the chunk score: s_I, s_P (the paper's), s_C, s_C - s_P (ours) "
-        f"(default: {' '.join(d.score_terms)})",
-    )
+    g.add_argument("--prefill-batch", type=_positive_int, default=None, help=_PREFILL_BATCH_HELP)
     g.add_argument(
         "--no-cuda-graph",
         action="store_true",
         help="run each denoising step's forward eagerly (default: replayed from a CUDA graph where supported: "
         "CUDA with the compiled Triton kernels; same tokens)",
+    )
+    r = p.add_argument_group(
+        "research options of prefilling (the paper's ablations and our variants; the defaults are the method as "
+        "shipped, other values are for experiments)"
+    )
+    r.add_argument(
+        "--token-budget",
+        type=_positive_int_or_all,
+        default=None,
+        metavar="B|all",
+        help="B, tokens kept per chunk, 1 <= B <= C, or 'all' "
+        f"({_default_help(model_dir, 'token_budget', lambda b: 'all' if b is None else b)})",
+    )
+    r.add_argument(
+        "--position-mode",
+        default=None,
+        choices=POSITION_MODES,
+        help="where the kept chunks sit: back to back after the prefix (continuous), all right after it (reuse) "
+        f"or where they were in the prompt (absolute) ({_default_help(model_dir, 'position_mode')})",
+    )
+    r.add_argument(
+        "--cache-mode",
+        default=None,
+        choices=CACHE_MODES,
+        help="decode over the prefill's chunk caches (independent) or re-encode the kept chunks together once "
+        f"(joint) ({_default_help(model_dir, 'cache_mode')})",
+    )
+    r.add_argument(
+        "--score-mode",
+        default=None,
+        choices=SCORE_MODES,
+        help="how chunks are scored: masked (dllm) or next-token (causal) log-probs "
+        f"({_default_help(model_dir, 'score_mode')})",
+    )
+    r.add_argument(
+        "--score-terms",
+        nargs="+",
+        default=None,
+        choices=SCORE_TERMS,
+        help="terms summed into the chunk score: s_I, s_P (the paper's), s_C, s_C - s_P (ours) "
+        f"({_default_help(model_dir, 'score_terms', ' '.join)})",
     )
 
 
@@ -621,27 +671,109 @@ def _load(args):
 
 # ---------------------------------------------------------------- generate
 
+QUESTION_SLOT = "{question}"
+DEFAULT_QUESTION_TEMPLATE = "{context}{question}"  # generate --question without --prompt-file
 
-def _templates(args) -> list[str]:
-    """The prompts to answer: the prompt file (or ``{context}{question}``), once per ``--question``, which
-    fills the ``{question}`` slot or is appended."""
-    if args.prompt_file is None and not args.question:
-        raise UserError("generate needs --prompt-file or --question")
-    template = (
-        "{context}" if args.prompt_file is None else _strip_one_newline(_read_text(args.prompt_file, "--prompt-file"))
-    )
-    if not args.question:
-        return [template]
-    for i, question in enumerate(args.question, 1):
+
+def _read_questions_file(path: str) -> list[str]:
+    """``--questions-file``: one question per line (a trailing ``\\r`` removed, blank lines skipped); ``-`` reads
+    stdin to its end (on a terminal, stderr says so first)."""
+    if path == "-":
+        if sys.stdin.isatty():
+            print("reading questions from stdin, one per line; end with Ctrl-D", file=sys.stderr)
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise UserError(f"--questions-file -: more than {MAX_INPUT_BYTES:,} bytes of text")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError("--questions-file -: stdin is not UTF-8 text") from None
+    else:
+        text = _read_text(path, "--questions-file")
+    questions = [line.removesuffix("\r") for line in text.split("\n")]
+    questions = [q for q in questions if q.strip()]
+    if not questions:
+        raise UserError(f"--questions-file {path}: no questions (one per line; blank lines are skipped)")
+    return questions
+
+
+def _questions(args) -> list[str] | None:
+    """The questions to answer, in order: every ``--question``, then the lines of ``--questions-file``;
+    None when neither is given."""
+    questions = list(args.question or [])
+    for i, question in enumerate(questions, 1):
         if not question.strip():
             raise UserError(f"--question #{i} is empty")
-    if "{question}" not in template:
-        template += "{question}"
-    return [template.replace("{question}", q) for q in args.question]
+    if args.questions_file is not None:
+        questions += _read_questions_file(args.questions_file)
+    for i, question in enumerate(questions, 1):
+        if "{context}" in question or QUESTION_SLOT in question:
+            raise UserError(f"question {i} holds a {{context}} or {{question}} slot: a question is plain text")
+    return questions or None
 
 
-def _print_result(res) -> None:
-    print(res.text[0] if res.text is not None else res.tokens[0].tolist(), flush=True)
+def _templates(args, questions: list[str] | None) -> list[str]:
+    """The prompts to answer: the prompt file (or :data:`DEFAULT_QUESTION_TEMPLATE` with questions and no
+    prompt file), once per question, which fills the prompt's one ``{question}`` slot. A prompt file
+    without the slot is an error when questions are given (nothing is appended silently)."""
+    if args.prompt_file is None and not questions:
+        raise UserError("generate needs --prompt-file, --question or --questions-file")
+    if args.prompt_file is None:
+        template = DEFAULT_QUESTION_TEMPLATE
+    else:
+        template = _strip_one_newline(_read_text(args.prompt_file, "--prompt-file"))
+    if not questions:
+        return [template]
+    slots = template.count(QUESTION_SLOT)
+    if slots != 1:
+        raise UserError(
+            f"--prompt-file {args.prompt_file} must hold exactly one {QUESTION_SLOT} slot for the questions, found "
+            f'{slots} (e.g. a last line "Question: {QUESTION_SLOT} Answer:"; without --prompt-file the prompt is '
+            f"{DEFAULT_QUESTION_TEMPLATE})"
+        )
+    return [template.replace(QUESTION_SLOT, q) for q in questions]
+
+
+def _one_line_answer(text: str) -> str:
+    """An answer on one line of labelled output: backslashes doubled, CR and LF written as ``\\r`` and ``\\n``
+    (as in eval's CSV: :func:`dllm.evaluation.one_line_cell`)."""
+    from dllm.evaluation import one_line_cell
+
+    return one_line_cell(text)
+
+
+def _print_answer(res, label: int | None, question: str | None) -> None:
+    """The answer on stdout: as is for a single prompt; ``Q<n>: question`` and ``A<n>: answer`` lines (the
+    answer on one line, :func:`_one_line_answer`) for the n-th question."""
+    answer = res.text[0] if res.text is not None else " ".join(map(str, res.tokens[0].tolist()))
+    if label is None:
+        print(answer, flush=True)
+        return
+    print(f"Q{label}: {_one_line_answer(question.strip())}", flush=True)
+    print(f"A{label}: {_one_line_answer(answer)}".rstrip(" "), flush=True)
+
+
+def _chunk_char_spans(model, context: str, chunk_size: int) -> list | None:
+    """``[(start, end)]`` character offsets into ``context`` of each chunk of ``chunk_size`` tokens (end
+    exclusive), from the tokenizer's offset mapping; None when the tokenizer gives none or its ids differ
+    from :func:`dllm.tokenization.encode_text`'s."""
+    from dllm.prefilling import cut_chunks
+    from dllm.tokenization import encode_text
+
+    tok = model.tokenizer
+    if tok is None or not getattr(tok, "is_fast", False):
+        return None
+    enc = tok(context, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    if not offsets or enc["input_ids"] != encode_text(model, context).tolist():
+        return None
+    return [(offsets[s][0], offsets[s + n - 1][1]) for s, n in cut_chunks(len(offsets), chunk_size)]
+
+
+def _stats_dict(res, spans: tuple | None) -> dict:
+    """The full stats of one answer (``--stats json``): forwards, steps, seconds per phase, tokens per second,
+    the prefilling details of ``res.stats.extra`` and, when known, the kept chunks' spans
+    (``selected_chunk_chars`` into the context text, else ``selected_chunk_tokens``; :func:`_stats_line`)."""
     stats = {
         "nfe": res.stats.nfe,
         "steps": res.stats.steps,
@@ -649,7 +781,46 @@ def _print_result(res) -> None:
         "tokens_per_second": round(res.stats.tokens_per_second, 2),
         **{k: v for k, v in res.stats.extra.items() if k != "gen_tokens"},
     }
-    print(json.dumps(stats), file=sys.stderr, flush=True)
+    if spans is not None and "selected_chunks" in stats:
+        unit, where = spans
+        stats[f"selected_chunk_{unit}"] = [list(where[j]) for j in stats["selected_chunks"]]
+    return stats
+
+
+def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
+    """The one-line summary of ``--stats summary``: the kept chunks with their spans in the context
+    (``spans``: ``("chars", [(start, end)])`` into the context text, or ``("tokens", ...)`` when the text is
+    not known, as with --document; end exclusive), seconds per phase, steps, forwards and tokens per second."""
+    extra = res.stats.extra
+    parts = []
+    if "selected_chunks" in extra:
+        kept = extra["selected_chunks"]
+        if spans is not None:
+            unit, where = spans
+            where = [f"{j} [{unit} {where[j][0]}:{where[j][1]}]" for j in kept]
+        else:
+            where = [str(j) for j in kept]
+        size = f" of {chunk_size} tokens" if chunk_size else ""
+        parts.append(f"kept {len(kept)} of {extra['num_chunks']} chunks{size}: {', '.join(where)}")
+    parts.append(", ".join(f"{k} {v:.2f} s" for k, v in res.stats.seconds.items()))
+    parts.append(f"{res.stats.steps} steps, {res.stats.nfe} forwards, {res.stats.tokens_per_second:.1f} tokens/s")
+    return "; ".join(parts)
+
+
+def _print_stats(args, res, label: int | None, spans: tuple | None, chunk_size: int | None) -> None:
+    """``--stats``: one summary line (default), the full JSON line, or nothing, on stderr."""
+    if args.stats == "none":
+        return
+    if args.stats == "json":
+        line = json.dumps({"question": label, **_stats_dict(res, spans)} if label else _stats_dict(res, spans))
+    else:
+        line = f"stats{f' Q{label}' if label else ''}: {_stats_line(res, spans, chunk_size)}"
+    print(line, file=sys.stderr, flush=True)
+
+
+def _progress() -> bool:
+    """Progress bars only on a terminal: piped or redirected stderr gets none (no bar residue in logs)."""
+    return sys.stderr.isatty()
 
 
 def _document_config(args, header: dict) -> PrefillingConfig:
@@ -667,27 +838,8 @@ def _document_config(args, header: dict) -> PrefillingConfig:
     return _fit_top_k(cfg, header["num_tokens"], explicit=args.top_k not in (None, _ALL))
 
 
-def cmd_generate(args) -> int:
-    import dllm
-    from dllm.loader import default_model_dir
-    from dllm.tokenization import encode_text
-
-    document = None
-    if args.document is not None:
-        if args.context_file is not None:
-            raise UserError("--document and --context-file both give the context: pass one")
-        if args.method not in (None, "prefilling"):
-            raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
-        args.method = "prefilling"
-        header = dllm.DocumentCache.read_header(args.document)  # before the model loads
-    # the product with a context; a prompt alone (nothing to chunk) decodes densely
-    args.method = args.method or ("prefilling" if args.context_file is not None else "dense")
-    templates = _templates(args)
-    context = None
-    if args.context_file is not None:
-        context = _read_text(args.context_file, "--context-file")
-        if not context.strip():
-            raise UserError(f"--context-file {args.context_file} is empty")
+def _check_templates(args, templates: list[str], context: str | None) -> None:
+    """The ``{context}`` slot rules of every prompt, before the model loads."""
     for template in templates:
         slots = template.count("{context}")
         if args.document is not None:
@@ -708,6 +860,94 @@ def cmd_generate(args) -> int:
                 "default with a context) scores the chunks by the question that follows the context; put the question "
                 "after the slot, or pass --method dense"
             )
+
+
+def _encode_context_once(model, args, context: str, cfg: PrefillingConfig):
+    """Several questions about one --context-file with --method prefilling: the context's chunks are encoded
+    once, as a :class:`dllm.DocumentCache` in memory, and every question is answered from it (answers equal
+    fresh ones token for token: :func:`dllm.encode_document`). Returns ``(document, config, context tokens)``."""
+    import dllm
+    from dllm.tokenization import encode_text
+
+    ids = encode_text(model, context)
+    fitted = _fit_top_k(cfg, ids.numel(), explicit=args.top_k not in (None, _ALL))
+    t0 = time.perf_counter()
+    document = dllm.encode_document(model, ids, prefilling=fitted, progress=_progress())
+    if args.stats != "none":
+        print(
+            f"encoded the context once for every question: {ids.numel()} tokens in {document.num_chunks} chunks, "
+            f"{time.perf_counter() - t0:.2f} s",
+            file=sys.stderr,
+        )
+    return document, fitted, ids.numel()
+
+
+def _answer_from_document(model, args, template, document, cfg, context_tokens, kw):
+    """One answer from a :class:`dllm.DocumentCache` (--document, or a context encoded once)."""
+    import dllm
+    from dllm.prefilling import split_document_prompt
+
+    parts = split_document_prompt(model, template, apply_chat_template=args.chat)
+    live = parts.prefix.numel() + parts.query.numel()
+    _window_check(model, live, kw["gen"], "prefilling", True, _kept_positions(cfg, context_tokens))
+    return dllm.generate(
+        model, prompt=parts, document=document, method="prefilling", prefilling=cfg, seed=args.seed,
+        progress=_progress(), **_graph_kwargs(args), **kw["decode"],
+    )  # fmt: skip
+
+
+def _answer_fresh(model, args, template, context, cfg, kw):
+    """One answer with the context in the prompt: prefilling (chunked prefill, selection) or a baseline."""
+    import dllm
+    from dllm.tokenization import encode_text
+
+    gen = kw["gen"]
+    if cfg is not None:
+        from dllm.prefilling import split_prompt
+
+        parts = split_prompt(
+            model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
+        )
+        fitted = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
+        live = parts.prefix.numel() + parts.query.numel()
+        _window_check(model, live, gen, "prefilling", True, _kept_positions(fitted, parts.context.numel()))
+        return dllm.generate(
+            model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=_progress(),
+            **_graph_kwargs(args), **kw["decode"],
+        )  # fmt: skip
+    text = template if context is None else template.replace("{context}", context)
+    if args.chat:  # the chat template decides the leading special tokens
+        from dllm.prefilling.prompt import render_chat
+
+        ids = encode_text(model, render_chat(model, text))[None]
+    else:
+        ids = encode_text(model, text, bos=True)[None]
+    _window_check(model, ids.shape[1], gen, args.method, context is not None)
+    return dllm.generate(model, ids, method=args.method, seed=args.seed, progress=_progress(), **kw["decode"])
+
+
+def cmd_generate(args) -> int:
+    import dllm
+    from dllm.loader import default_model_dir
+
+    header = None
+    if args.document is not None:
+        if args.context_file is not None:
+            raise UserError("--document and --context-file both give the context: pass one")
+        if args.method not in (None, "prefilling"):
+            raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
+        args.method = "prefilling"
+        header = dllm.DocumentCache.read_header(args.document)  # before the model loads
+    # the product with a context; a prompt alone (nothing to chunk) decodes densely
+    args.method = args.method or ("prefilling" if args.context_file is not None else "dense")
+    questions = _questions(args)
+    templates = _templates(args, questions)
+    context = None
+    if args.context_file is not None:
+        context = _read_text(args.context_file, "--context-file")
+        if not context.strip():
+            raise UserError(f"--context-file {args.context_file} is empty")
+    _check_templates(args, templates, context)
     _unmasking_check(args, args.gen_length)
     _positions_check(args, args.gen_length)
     if args.document is not None:
@@ -716,58 +956,30 @@ def cmd_generate(args) -> int:
         cfg = _prefilling_config(args, args.model or default_model_dir())
 
     model, _ = _load(args)
-    if args.document is not None:
-        document = dllm.DocumentCache.load(args.document, model)
-    kw = _decode_kwargs(args, args.gen_length)
     gen = args.gen_length or inspect.signature(dllm.generate).parameters["gen_length"].default
-    for template in templates:
+    kw = {"gen": gen, "decode": _decode_kwargs(args, args.gen_length)}
+    document = context_tokens = None
+    if args.document is not None:
+        document, context_tokens = dllm.DocumentCache.load(args.document, model), header["num_tokens"]
+    elif cfg is not None and context is not None and len(templates) > 1:
+        document, cfg, context_tokens = _encode_context_once(model, args, context, cfg)
+    spans = None  # ("chars" | "tokens", [(start, end)] per chunk), for the stats
+    if cfg is not None and args.stats != "none":
+        if context is not None:
+            chars = _chunk_char_spans(model, context, cfg.chunk_size)
+            spans = ("chars", chars) if chars is not None else None
+        if spans is None and context_tokens is not None:
+            from dllm.prefilling import cut_chunks
+
+            spans = ("tokens", [(s, s + n) for s, n in cut_chunks(context_tokens, cfg.chunk_size)])
+    for i, template in enumerate(templates):
         if document is not None:
-            from dllm.prefilling import split_document_prompt
-
-            parts = split_document_prompt(model, template, apply_chat_template=args.chat)
-            live = parts.prefix.numel() + parts.query.numel()
-            _window_check(model, live, gen, "prefilling", True, _kept_positions(cfg, header["num_tokens"]))
-            res = dllm.generate(
-                model,
-                prompt=parts,
-                document=document,
-                method="prefilling",
-                prefilling=cfg,
-                seed=args.seed,
-                progress=True,
-                **_graph_kwargs(args),
-                **kw,
-            )
-        elif cfg is not None:
-            from dllm.prefilling import split_prompt
-
-            parts = split_prompt(
-                model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
-            )
-            fitted = _fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, _ALL))
-            live = parts.prefix.numel() + parts.query.numel()
-            _window_check(model, live, gen, "prefilling", True, _kept_positions(fitted, parts.context.numel()))
-            res = dllm.generate(
-                model,
-                prompt=parts,
-                method="prefilling",
-                prefilling=fitted,
-                seed=args.seed,
-                progress=True,
-                **_graph_kwargs(args),
-                **kw,
-            )
+            res = _answer_from_document(model, args, template, document, cfg, context_tokens, kw)
         else:
-            text = template if context is None else template.replace("{context}", context)
-            if args.chat:  # the chat template decides the leading special tokens
-                from dllm.prefilling.prompt import render_chat
-
-                ids = encode_text(model, render_chat(model, text))[None]
-            else:
-                ids = encode_text(model, text, bos=True)[None]
-            _window_check(model, ids.shape[1], gen, args.method, context is not None)
-            res = dllm.generate(model, ids, method=args.method, seed=args.seed, progress=True, **kw)
-        _print_result(res)
+            res = _answer_fresh(model, args, template, context, cfg, kw)
+        label = i + 1 if questions else None
+        _print_answer(res, label, questions[i] if questions else None)
+        _print_stats(args, res, label, spans, cfg.chunk_size if cfg is not None else None)
     return 0
 
 
@@ -807,7 +1019,7 @@ def cmd_encode(args) -> int:
     _chunk_fits(cfg.chunk_size, args)
 
     model, _ = _load(args)
-    doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=True)
+    doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=_progress())
     doc.save(args.out)
     print(
         f"wrote {args.out}: {len(doc)} tokens in {doc.num_chunks} chunks of {doc.chunk_size} "
@@ -817,6 +1029,48 @@ def cmd_encode(args) -> int:
 
 
 # ---------------------------------------------------------------- eval
+
+
+def _unique_eval_path(task: str, method: str) -> str:
+    """eval's default CSV: ``runs/eval_TASK_METHOD_YYYYmmdd-HHMMSS.csv`` (UTC), with ``-2``, ``-3``, ... when
+    that name exists: a run never replaces an earlier one's file."""
+    import datetime as dt
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(RUNS_DIR, f"eval_{task}_{method}_{stamp}")
+    path, n = base + ".csv", 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}.csv"
+    return path
+
+
+def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
+    """The constant columns of every eval CSV row: provenance (:func:`dllm.provenance.provenance`: device,
+    torch/triton/CUDA versions, git commit, UTC date) and the settings (model, dtype, decoding options, and
+    C, K, B and the score terms of prefilling; empty for the baselines)."""
+    from dllm.provenance import provenance
+
+    def opt(v):
+        return "" if v is None else "all" if v == _ALL else v
+
+    return {
+        **provenance(str(model.device)),
+        "device": str(model.device),
+        "model": args.model or "bundled tiny-dream",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "haystack": args.haystack,
+        "gen_length": opt(args.gen_length),
+        "steps": opt(args.steps),
+        "block_length": opt(args.block_length),
+        "alg": opt(args.alg),
+        "temperature": args.temperature,
+        "sampling_seed": opt(args.seed),
+        "chunk_size": cfg.chunk_size if cfg is not None else "",
+        "top_k": ("all" if cfg.top_k is None else cfg.top_k) if cfg is not None else "",
+        "token_budget": ("all" if cfg.token_budget is None else cfg.token_budget) if cfg is not None else "",
+        "score_terms": " ".join(cfg.score_terms) if cfg is not None else "",
+    }
 
 
 def cmd_eval(args) -> int:
@@ -841,7 +1095,7 @@ def cmd_eval(args) -> int:
     cfg = _prefilling_config(args, args.model or default_model_dir())
     if args.out is not None and not args.out.strip():
         raise UserError("--out is empty; give a file name (or leave --out out for the default)")
-    out = args.out or os.path.join(RUNS_DIR, f"eval_{args.task}_{args.method}.csv")
+    out = args.out or _unique_eval_path(args.task, args.method)
     _check_out(out, create_folder=args.out is None)
     if longbench:  # the file is read and checked before the model is loaded
         from dllm.longbench import load_longbench, metric_for
@@ -899,8 +1153,8 @@ def cmd_eval(args) -> int:
     t0 = time.perf_counter()
     run(0)  # warm-up: one untimed case absorbs the one-off start-up costs
     warm_s = time.perf_counter() - t0
-    rows = [run(i) for i in tqdm(range(len(cases)), desc=f"{args.task}/{args.method}")]
-    write_csv(rows, out)
+    rows = [run(i) for i in tqdm(range(len(cases)), desc=f"{args.task}/{args.method}", disable=not _progress())]
+    write_csv(rows, out, provenance=_eval_columns(args, model, cfg))
     if longbench:
         print(accuracy_table(rows, by=("dataset", "method"), value="score"))
     else:
@@ -930,16 +1184,17 @@ def _epilog(command: str) -> str:
     return f"examples:\n{_examples(command)}\n\n{EXAMPLE_FILES[command]}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m dllm`` parser (its subcommands' help texts hold the runnable examples)."""
+def build_parser(model_dir: str | None = None) -> argparse.ArgumentParser:
+    """The ``python -m dllm`` parser (its subcommands' help texts hold the runnable examples); the help shows
+    the prefilling defaults of the checkpoint ``model_dir`` (default: the bundled model)."""
     p = _Parser(prog="python -m dllm", description=DESCRIPTION, formatter_class=_HelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
     g = sub.add_parser(
         "generate",
         help="answer one prompt (or several questions)",
-        description="Answer one prompt (or each --question): the answer on stdout, progress bars and a stats JSON\n"
-        "line on stderr.",
+        description="Answer one prompt (or each question): the answer on stdout (labelled Q1:/A1: with questions),\n"
+        "one stats line per answer on stderr (--stats json for all of them); progress bars only on a terminal.",
         epilog=_epilog("generate"),
         formatter_class=_HelpFormatter,
     )
@@ -947,9 +1202,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-file",
         type=_input_file,
         default=None,
-        help="UTF-8 prompt; may hold one {context} slot (and a {question} slot for --question); one trailing "
-        "newline (an editor's) is removed. Without a slot and --context-file, --method prefilling takes the last "
-        "64 tokens as the query, the rest as context (default: none; needed unless --question is given)",
+        help="UTF-8 prompt; may hold one {context} slot (and must hold one {question} slot with --question or "
+        "--questions-file); one trailing newline (an editor's) is removed. Without a slot and --context-file, "
+        "--method prefilling takes the last 64 tokens as the query, the rest as context (default: none; needed "
+        "unless questions are given)",
     )
     g.add_argument(
         "--context-file",
@@ -967,8 +1223,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--question",
         action="append",
         default=None,
-        help="a question, repeatable: each fills the prompt's {question} slot (or is appended to the prompt) and "
-        "is answered in turn from one model load (default: none)",
+        help="a question, repeatable: each fills the prompt's one {question} slot (a prompt file without the slot "
+        "is an error; without --prompt-file the prompt is {context}{question}) and is answered in turn from one "
+        "model load and, with --method prefilling, one encoding of the context; the answers print as 'Q1: ...' "
+        "and 'A1: ...' lines, an answer's line breaks written as \\n (default: none)",
+    )
+    g.add_argument(
+        "--questions-file",
+        type=_questions_file,
+        default=None,
+        metavar="FILE|-",
+        help="questions one per line ('-': stdin, read to its end), blank lines skipped; after any --question, "
+        "answered as --question is (default: none)",
+    )
+    g.add_argument(
+        "--stats",
+        choices=STATS_MODES,
+        default="summary",
+        help="what stderr gets after each answer: one line (the kept chunks with their character spans "
+        "[start:end) in the context, seconds per phase, steps, forwards, tokens/s), the full stats as one JSON "
+        "line, or nothing; progress bars appear only when stderr is a terminal",
     )
     g.add_argument(
         "--chat",
@@ -976,7 +1250,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="instruct checkpoints: the prompt (context slot inside) is the user turn of the tokenizer's chat template",
     )
     _add_common_args(g)
-    _add_decode_args(g, 32, document=True)
+    _add_decode_args(g, 32, document=True, model_dir=model_dir)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser(
@@ -993,7 +1267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk-size",
         type=_positive_int,
         default=None,
-        help=f"C, context tokens per chunk (default: the checkpoint's, else {_PREFILLING_DEFAULTS.chunk_size})",
+        help=f"C, context tokens per chunk ({_default_help(model_dir, 'chunk_size')})",
     )
     c.add_argument("--prefill-batch", type=_positive_int, default=None, help=_PREFILL_BATCH_HELP)
     _add_common_args(c)
@@ -1040,10 +1314,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=_positive_int, default=None, help="longbench: score the first N examples (default: all)"
     )
     e.add_argument(
-        "--out", default=None, help=f"CSV path (default: {RUNS_DIR}/eval_TASK_METHOD.csv in the working directory)"
+        "--out",
+        default=None,
+        help=f"CSV path, replaced if it exists (default: a new {RUNS_DIR}/eval_TASK_METHOD_DATE-TIME.csv in the "
+        "working directory, UTC, never an earlier run's); every row carries the device, torch/triton versions, git "
+        "commit, date and the settings (model, C, K, B, ...)",
     )
     _add_common_args(e)
-    _add_decode_args(e, None)
+    _add_decode_args(e, None, model_dir=model_dir)
     e.set_defaults(func=cmd_eval)
 
     i = sub.add_parser(
@@ -1102,7 +1380,7 @@ def main(argv=None) -> int:
     debug = "--debug" in argv
     command = None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(_model_in_argv(argv)).parse_args(argv)
         command = args.command
         _backend_check(args)
         return args.func(args)

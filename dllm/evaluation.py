@@ -216,8 +216,18 @@ def run_longbench_case(model, case, method: str = "dense", *, gen_length: int | 
     return LongBenchRow(case.dataset, case.id, method, value, text, " | ".join(case.answers), **stats)
 
 
+def one_line_cell(value):
+    """A CSV cell on one line: in a string, a backslash, CR and LF become ``\\\\``, ``\\r`` and ``\\n`` (undo
+    with ``codecs.decode(cell, "unicode_escape")`` for ASCII text); other values are returned as they are.
+    A decoded answer of several lines (a model that wrote newlines) thus stays one row of one line."""
+    if not isinstance(value, str):
+        return value
+    return value.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
+
+
 def write_csv(rows, path: str, provenance: dict | None = None) -> None:
-    """Write rows (:class:`EvalRow` or :class:`LongBenchRow`, plus optional constant provenance columns) as CSV."""
+    """Write rows (:class:`EvalRow` or :class:`LongBenchRow`, plus optional constant provenance columns) as CSV,
+    one line per row (text cells through :func:`one_line_cell`)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     extra = dict(provenance or {})
     fields = [f.name for f in dataclasses.fields(rows[0])] if rows else list(CSV_FIELDS)
@@ -225,7 +235,7 @@ def write_csv(rows, path: str, provenance: dict | None = None) -> None:
         w = csv.DictWriter(f, fieldnames=fields + list(extra))
         w.writeheader()
         for r in rows:
-            w.writerow({**asdict(r), **extra})
+            w.writerow({k: one_line_cell(v) for k, v in {**asdict(r), **extra}.items()})
 
 
 def accuracy_table(rows, by=("task", "method", "length"), value: str = "correct") -> str:

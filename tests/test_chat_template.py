@@ -82,7 +82,7 @@ def test_cli_chat_flag(real_dream_dir, tmp_path, capsys, method):
     context.write_text(CONTEXT)
     extra = ["--chunk-size", "16", "--top-k", "2"] if method == "prefilling" else []
     argv = ["generate", "--model", real_dream_dir, "--prompt-file", str(prompt), "--context-file", str(context)]
-    rc = main([*argv, "--chat", "--method", method, "--gen-length", "4", "--steps", "2", *extra])
+    rc = main([*argv, "--chat", "--method", method, "--gen-length", "4", "--steps", "2", "--stats", "json", *extra])
     assert rc == 0
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     if method == "prefilling":

@@ -25,8 +25,11 @@ LONGBENCH_SAMPLE = Path(__file__).parent / "tasks" / "data" / "longbench_tiny.js
 
 def write_example_files(folder):
     """The input files of the --help examples as the help describes them: prompt.txt (with the newline an
-    editor adds), doc.txt, and hotpotqa.jsonl (the hotpotqa lines of the test suite's LongBench sample)."""
+    editor adds), ask.txt and questions.txt, doc.txt, and hotpotqa.jsonl (the hotpotqa lines of the test
+    suite's LongBench sample)."""
     (folder / "prompt.txt").write_text(PROMPT + "\n")
+    (folder / "ask.txt").write_text(PROMPT.replace("What is the pass key? ", "{question} ") + "\n")
+    (folder / "questions.txt").write_text("What is the pass key?\nWhich number is hidden in the text?\n")
     (folder / "doc.txt").write_text(FILLER * 50 + "The pass key is 12345. Remember it. " + FILLER * 30)
     lines = [
         x for x in LONGBENCH_SAMPLE.read_text().splitlines() if x.strip() and json.loads(x)["dataset"] == "hotpotqa"
@@ -65,6 +68,7 @@ def test_no_cuda_graph_gives_the_same_answer(files, capsys):
 def test_generate_prints_answer_and_stats(files, method, capsys):
     extra = " --chunk-size 256 --top-k 2" if method == "prefilling" else ""
     cmd = f"generate --prompt-file prompt.txt --context-file doc.txt --method {method} --gen-length 8 --steps 4{extra}"
+    cmd += " --stats json"
     rc, out, err = run_cli(capsys, *shlex.split(cmd))
     assert rc == 0
     stats = json.loads(err.strip().splitlines()[-1])
@@ -81,12 +85,12 @@ def test_method_defaults_to_prefilling_with_a_context(files, capsys):
     """A long --context-file without --method gets the product (prefilling), not the slow dense baseline;
     a prompt alone decodes densely; eval cases always have a context."""
     rc, out, err = run_cli(
-        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8")
+        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8 --stats json")
     )
     stats = json.loads(err.strip().splitlines()[-1])
     assert rc == 0 and stats["num_chunks"] == 12 and len(stats["selected_chunks"]) == 4  # the bundled C=256, K=4
     assert "12345" in out
-    rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file noslot.txt --gen-length 2"))
+    rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file noslot.txt --gen-length 2 --stats json"))
     assert rc == 0 and "selected_chunks" not in json.loads(err.strip().splitlines()[-1])
     rc, _, _ = run_cli(capsys, *shlex.split("eval passkey --lengths 300 --depths 0.5 --samples 1 --out e.csv"))
     with open(files / "e.csv", newline="") as f:
@@ -119,6 +123,7 @@ def test_prompt_file_loses_one_trailing_newline(files, capsys):
 def test_default_top_k_above_the_chunk_count_keeps_every_chunk(files, capsys):
     # 2996 tokens at the default chunk size (1024) are 3 chunks, fewer than the default K of 4
     base = ["generate", "--prompt-file", "prompt.txt", "--context-file", "doc.txt", "--method", "prefilling"]
+    base += ["--stats", "json"]
     rc, _, err = run_cli(capsys, *base, "--gen-length", "4", "--chunk-size", "1024")
     stats = json.loads(err.strip().splitlines()[-1])
     assert rc == 0 and stats["num_chunks"] == 3 and stats["selected_chunks"] == [0, 1, 2]
@@ -271,7 +276,7 @@ def test_dense_may_end_its_prompt_with_the_context(files, capsys):
     rc, out, err = run_cli(
         capsys,
         *("generate", "--prompt-file", "slot_last.txt", "--context-file", "doc.txt", "--method", "dense"),
-        *("--gen-length", "2"),
+        *("--gen-length", "2", "--stats", "json"),
     )
     assert rc == 0 and out.endswith("\n") and json.loads(err.strip().splitlines()[-1])["steps"] == 2, err
 

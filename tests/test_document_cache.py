@@ -230,18 +230,22 @@ def test_cli_encode_then_answer_several_questions_from_the_document(tmp_path, mo
     questions = ["What is the pass key? The pass key is ", "What was the pass key? The pass key is "]
     assert main(["encode", "--context-file", "doc.txt", "--out", "doc.cache", "--chunk-size", "128"]) == 0
     assert "chunks of 128" in capsys.readouterr().out and (tmp_path / "doc.cache").is_file()
-    common = ["--prompt-file", "q.txt", "--gen-length", "8", "--top-k", "2"]
+    common = ["--prompt-file", "q.txt", "--gen-length", "8", "--top-k", "2", "--stats", "json"]
     qargs = [a for q in questions for a in ("--question", q)]
     assert main(["generate", "--document", "doc.cache", *common, *qargs]) == 0
     out, err = capsys.readouterr()
-    answers = out.strip("\n").split("\n")
+    lines = out.strip("\n").split("\n")
+    assert [x.split(": ")[0] for x in lines] == ["Q1", "A1", "Q2", "A2"]  # each answer labelled
+    answers = [x for x in lines if x.startswith("A")]
     stats = [json.loads(line) for line in err.strip().splitlines() if line.startswith("{")]
     assert len(answers) == 2 and len(stats) == 2 and all(s["document"] is True for s in stats)
+    assert [s["question"] for s in stats] == [1, 2]
     assert all(s["num_chunks"] == len(stats[0]["all_chunk_scores"]) for s in stats)
     for q, answer in zip(questions, answers):
         fresh = ["generate", "--method", "prefilling", "--context-file", "doc.txt", "--chunk-size", "128"]
         assert main([*fresh, *common, "--question", q]) == 0
-        assert capsys.readouterr().out.strip("\n") == answer
+        fresh_answer = capsys.readouterr().out.strip("\n").split("\n")[1]
+        assert fresh_answer.split(": ", 1)[1] == answer.split(": ", 1)[1]  # A1 (one question) vs An
     for bad, message in (
         (["--chunk-size", "64"], "encoded with chunk size 128"),
         (["--context-file", "doc.txt"], "--document and --context-file"),

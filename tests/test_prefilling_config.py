@@ -88,7 +88,7 @@ def test_cli_flags_override_the_file(tmp_path, capsys):
     prompt.write_text("Find the key.\n\n{context}\n\nThe key is ")
     context.write_text("x" * 1100)
     base = ["generate", "--prompt-file", str(prompt), "--context-file", str(context), "--method", "prefilling"]
-    base += ["--gen-length", "4", "--steps", "2"]
+    base += ["--gen-length", "4", "--steps", "2", "--stats", "json"]
     assert main(base) == 0
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert stats["num_chunks"] == 5 and len(stats["selected_chunks"]) == 4  # the bundled file: C=256, K=4

@@ -64,3 +64,5 @@ def test_bash_block_runs(body, tmp_path):
         ["bash", "-e", "-c", body], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    # what a README command writes goes under runs/ (git-ignored), never into the user's checkout
+    assert {p.name for p in tmp_path.iterdir()} <= {"runs"}, sorted(p.name for p in tmp_path.iterdir())

@@ -1,0 +1,333 @@
+"""The command line as a new user meets it (issue 25 part 2): help with the chosen model's defaults,
+questions from a file or stdin with labelled answers, the one-line stats summary, progress bars only on a
+terminal, eval CSVs that never overwrite and carry provenance, characters per token in info."""
+
+import csv
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import dllm
+import dllm.prefilling.chunks
+import dllm.prefilling.pipeline
+from dllm.cli import _chunk_char_spans, _one_line_answer, build_parser, main
+from tests.test_cli import FILLER, PROMPT, run_cli, write_example_files
+from tests.tiny_checkpoints import DREAM_TOKENIZER
+
+ROOT = Path(__file__).resolve().parents[1]
+ASK = PROMPT.replace("What is the pass key? ", "{question} ")  # prompt.txt with a {question} slot
+QUESTIONS = ["What is the pass key?", "Which number is hidden in the text?", "What number should you remember?"]
+
+
+def _subparser(name, model_dir=None):
+    import argparse
+
+    top = build_parser(model_dir)
+    return next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def _option_help(parser, flag) -> str:
+    text = " ".join(parser.format_help().split())
+    text = text[text.index("options:") :]  # past the usage lines
+    return text[text.index(flag + " ") :][:400]
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch):
+    """A working directory with the --help examples' files (tests.test_cli.write_example_files) and a prompt
+    without slots."""
+    monkeypatch.chdir(tmp_path)
+    write_example_files(tmp_path)
+    (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
+    return tmp_path
+
+
+# ---------------------------------------------------------------- help
+
+
+def test_help_shows_the_defaults_of_the_chosen_model(tmp_path, capsys, monkeypatch):
+    """Bundled model: C=256 (its prefilling_config.json) beside the library's / paper's 1024; a checkpoint
+    without the file: 1024 and nothing else; ``--model DIR --help`` resolves the model before printing."""
+    for name in ("generate", "eval", "encode"):
+        text = _option_help(_subparser(name), "--chunk-size CHUNK_SIZE")
+        assert "default: 256, the bundled model's; the library's and the paper's: 1024" in text, (name, text)
+    assert "default: draft_contrast, the bundled model's" in _option_help(_subparser("generate"), "--score-terms")
+    assert "(default: 4, or every chunk" in _option_help(_subparser("generate"), "--top-k")
+    monkeypatch.chdir(tmp_path)
+    bare = Path("ckpt")  # relative: a long path would be wrapped inside the help text
+    bare.mkdir()
+    (bare / "config.json").write_text((ROOT / "dllm/assets/tiny-dream/config.json").read_text())
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--model", str(bare), "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    assert f"here {bare}" in out and "C, context tokens per chunk (default: 1024)" in out and "256" not in out
+    with pytest.raises(SystemExit):  # --model=DIR, and --help before --model
+        main(["eval", "--help", f"--model={bare}"])
+    assert "C, context tokens per chunk (default: 1024)" in " ".join(capsys.readouterr().out.split())
+    (bare / "prefilling_config.json").write_text(json.dumps({"chunk_size": 512, "top_k": 2}))
+    text = " ".join(_subparser("generate", str(bare)).format_help().split())
+    assert f"(default: 512, {bare}'s; the library's and the paper's: 1024)" in text
+    assert f"(default: 2, {bare}'s; the library's and the paper's: 4, or every chunk" in text
+
+
+def test_help_marks_the_research_options():
+    help_text = _subparser("generate").format_help()
+    research = help_text[help_text.index("research options of prefilling") : help_text.index("examples:")]
+    product = help_text[: help_text.index("research options of prefilling")]
+    for flag in ("--token-budget", "--position-mode", "--cache-mode", "--score-mode", "--score-terms"):
+        assert flag + " " in research and f"  {flag} " not in product, flag
+    for flag in ("--chunk-size", "--top-k", "--prefill-batch"):
+        assert f"  {flag} " in product and f"  {flag} " not in research, flag
+    assert "research option: the distribution that ranks positions" in " ".join(help_text.split())
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.fixture()
+def asked(files):
+    (files / "ask.txt").write_text(ASK + "\n")
+    (files / "questions.txt").write_text("\n".join([QUESTIONS[0], "", QUESTIONS[1] + "\r", "   ", QUESTIONS[2]]) + "\n")
+    return files
+
+
+def _count_chunk_encodings(monkeypatch) -> list:
+    """Every chunked prefill goes through encode_chunks_rows (fresh prompts and encode_document alike)."""
+    calls = []
+    real = dllm.prefilling.chunks.encode_chunks_rows
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(dllm.prefilling.chunks, "encode_chunks_rows", counting)
+    monkeypatch.setattr(dllm.prefilling.pipeline, "encode_chunks_rows", counting)
+    return calls
+
+
+def test_questions_file_answers_each_from_one_load_and_one_encoding(asked, capsys, monkeypatch):
+    """Blank lines skipped, CRLF lines accepted; answers labelled and equal to one fresh run per question."""
+    fresh = []
+    for q in QUESTIONS:
+        rc, out, _ = run_cli(capsys, *shlex.split("generate --prompt-file ask.txt --context-file doc.txt"),
+                             "--question", q, "--gen-length", "8")  # fmt: skip
+        assert rc == 0 and out.splitlines()[0] == f"Q1: {q}"
+        fresh.append(out.splitlines()[1].removeprefix("A1: "))
+    assert "12345" in fresh[0]
+    loads, encodings = [], _count_chunk_encodings(monkeypatch)
+    real_load = dllm.load_model
+    monkeypatch.setattr(dllm, "load_model", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    cmd = "generate --prompt-file ask.txt --context-file doc.txt --questions-file questions.txt --gen-length 8"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    assert rc == 0, err
+    want = [line for i, (q, a) in enumerate(zip(QUESTIONS, fresh), 1) for line in (f"Q{i}: {q}", f"A{i}: {a}")]
+    assert out.splitlines() == want
+    assert loads == [1] and encodings == [1]
+    assert "encoded the context once for every question: 2996 tokens in 12 chunks" in err
+    # --question comes first, then the file's lines
+    rc, out, _ = run_cli(capsys, *shlex.split(cmd), "--question", "Where is the pass key?")
+    assert (
+        rc == 0
+        and out.splitlines()[0] == "Q1: Where is the pass key?"
+        and out.splitlines()[2] == want[0].replace("Q1", "Q2")
+    )
+
+
+def test_questions_from_stdin(asked, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("\n".join(QUESTIONS[:2]).encode())))
+    cmd = "generate --prompt-file ask.txt --context-file doc.txt --questions-file - --gen-length 8 --stats none"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    assert rc == 0 and err == ""
+    assert [x.split(": ")[0] for x in out.splitlines()] == ["Q1", "A1", "Q2", "A2"] and "12345" in out.splitlines()[1]
+
+
+def test_labelled_answers_stay_on_one_line():
+    assert _one_line_answer("a\nb\r\nc\\n") == "a\\nb\\r\\nc\\\\n"
+    assert _one_line_answer("12345") == "12345"
+
+
+QUESTION_ERRORS = {
+    "prompt without a question slot": (
+        "generate --prompt-file prompt.txt --context-file doc.txt --question x",
+        "must hold exactly one {question} slot for the questions, found 0",
+    ),
+    "prompt with two question slots": (
+        "generate --prompt-file two.txt --context-file doc.txt --question x",
+        "found 2",
+    ),
+    "questions file without questions": (
+        "generate --prompt-file ask.txt --context-file doc.txt --questions-file blank.txt",
+        "--questions-file blank.txt: no questions",
+    ),
+    "missing questions file": ("generate --prompt-file ask.txt --questions-file nope.txt", "no such file"),
+    "question holding a slot": (
+        "generate --prompt-file ask.txt --context-file doc.txt --question '{context}'",
+        "question 1 holds a {context} or {question} slot",
+    ),
+    "no prompt and no question": ("generate --context-file doc.txt", "needs --prompt-file, --question or"),
+    "unknown stats mode": ("generate --prompt-file prompt.txt --stats yaml", "invalid choice: 'yaml'"),
+}
+
+
+@pytest.mark.parametrize("argv,message", list(QUESTION_ERRORS.values()), ids=list(QUESTION_ERRORS))
+def test_question_errors_are_one_line_before_the_model_loads(asked, capsys, monkeypatch, argv, message):
+    (asked / "two.txt").write_text("{context} {question} {question}")
+    (asked / "blank.txt").write_text("\n  \n\r\n")
+    monkeypatch.setattr(dllm, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    rc, out, err = run_cli(capsys, *shlex.split(argv))
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_default_prompt_with_questions_is_context_then_question(files, capsys):
+    """Without --prompt-file the prompt is {context}{question}: the same answer as that prompt file."""
+    (files / "cq.txt").write_text("{context}{question}")
+    q = "What is the pass key? The pass key is "
+    a = run_cli(capsys, "generate", "--context-file", "doc.txt", "--question", q, "--gen-length", "6")
+    b = run_cli(capsys, "generate", "--prompt-file", "cq.txt", "--context-file", "doc.txt", "--question", q,
+                "--gen-length", "6")  # fmt: skip
+    assert a[0] == b[0] == 0 and a[1] == b[1] and a[1].startswith("Q1: What is the pass key? The pass key is\nA1:")
+
+
+# ---------------------------------------------------------------- stats and progress
+
+
+def test_stats_summary_is_one_line_with_the_kept_chunks_character_spans(files, capsys):
+    rc, out, err = run_cli(
+        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8")
+    )
+    assert rc == 0 and "12345" in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stats: kept 4 of 12 chunks of 256 tokens: "), err
+    assert "\r" not in err and "step/s" not in err  # no progress bar when stderr is not a terminal
+    spans = [(int(j), int(s), int(e)) for j, s, e in re.findall(r"(\d+) \[chars (\d+):(\d+)\]", lines[0])]
+    # the bundled tokenizer is character-level: chunk j covers characters [256 j, 256 (j + 1)) of 2996
+    assert len(spans) == 4 and all((s, e) == (256 * j, min(256 * (j + 1), 2996)) for j, s, e in spans)
+    for phase in ("prefill", "scoring", "decode", "total"):
+        assert re.search(rf"\b{phase} \d+\.\d\d s\b", lines[0]), phase
+    assert re.search(r"; 8 steps, \d+ forwards, [\d.]+ tokens/s$", lines[0])
+    rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt "
+                                              "--gen-length 8 --stats json"))  # fmt: skip
+    stats = json.loads(err)
+    assert stats["selected_chunk_chars"] == [[s, e] for _, s, e in spans]
+    rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file noslot.txt --gen-length 2"))
+    assert rc == 0 and re.fullmatch(
+        r"stats: decode \d+\.\d\d s, total \d+\.\d\d s; 2 steps, 2 forwards, [\d.]+ tokens/s\n", err
+    )
+
+
+def test_character_spans_with_a_bpe_tokenizer():
+    """Dream's byte-level BPE: each chunk's span is the text its tokens decode to, and the spans tile the text."""
+    if not os.path.isdir(DREAM_TOKENIZER):
+        pytest.skip("the vendored Dream tokenizer is missing")
+    from dllm.loader import load_tokenizer
+
+    tok = load_tokenizer(DREAM_TOKENIZER, family="dream")
+    fake = types.SimpleNamespace(tokenizer=tok, device=torch.device("cpu"))
+    text = FILLER * 20 + "The pass key is 12345. Remember it. " + FILLER * 10
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    spans = _chunk_char_spans(fake, text, 16)
+    assert len(spans) == -(-len(ids) // 16) and spans[0][0] == 0 and spans[-1][1] == len(text)
+    for j, (s, e) in enumerate(spans):
+        assert tok.decode(ids[16 * j : 16 * (j + 1)]) == text[s:e]
+        assert j == 0 or s == spans[j - 1][1]
+
+
+def test_progress_bars_on_a_terminal_only(files, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    rc, _, err = run_cli(
+        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt --gen-length 4")
+    )
+    assert rc == 0 and "denoising" in err and "chunked prefill" in err
+
+
+# ---------------------------------------------------------------- eval CSV
+
+
+def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files, capsys):
+    from dllm.provenance import git_commit
+
+    cmd = "eval passkey --lengths 300 --depths 0.5 --samples 1 --gen-length 8"
+    written = []
+    for _ in range(2):
+        rc, out, _ = run_cli(capsys, *shlex.split(cmd))
+        assert rc == 0
+        written.append(re.search(r"wrote (\S+)", out).group(1))
+    assert written[0] != written[1] and all(re.fullmatch(r"runs/eval_passkey_prefilling_\d{8}-\d{6}(-\d+)?\.csv", w)
+                                            for w in written)  # fmt: skip
+    assert all((files / w).is_file() for w in written)
+    import triton
+
+    row = next(csv.DictReader((files / written[1]).open()))
+    assert (row["device"], row["device_kind"].split(" ")[0], row["torch"], row["triton"]) == (
+        "cpu", "CPU", torch.__version__, triton.__version__,
+    )  # fmt: skip
+    assert row["commit"] == git_commit() and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row["date_utc"])
+    assert (row["chunk_size"], row["top_k"], row["token_budget"], row["score_terms"]) == ("256", "4", "all",
+                                                                                          "draft_contrast")  # fmt: skip
+    assert (row["model"], row["dtype"], row["gen_length"], row["method"]) == ("bundled tiny-dream", "float32", "8",
+                                                                              "prefilling")  # fmt: skip
+    rc, _, _ = run_cli(capsys, *shlex.split(cmd + " --method dense --out dense.csv"))
+    row = next(csv.DictReader((files / "dense.csv").open()))
+    assert rc == 0 and row["chunk_size"] == row["top_k"] == "" and row["method"] == "dense"
+
+
+def test_git_commit_never_fails(tmp_path, monkeypatch):
+    from dllm.provenance import git_commit
+
+    monkeypatch.delenv("GIT_COMMIT", raising=False)
+    assert git_commit(tmp_path) == "unknown"  # an installed package: no checkout beside it
+    monkeypatch.setenv("GIT_COMMIT", "abc123")
+    assert git_commit(tmp_path) == "abc123"
+    (tmp_path / ".git").write_text("gitdir: /nonexistent\n")  # a broken checkout: git fails, no exception
+    assert git_commit(tmp_path) == "abc123"
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert git_commit().split("-")[0] == head.stdout.strip()
+
+
+# ---------------------------------------------------------------- info
+
+
+def test_info_says_how_many_characters_a_token_covers(capsys):
+    from dllm.checkpoint_info import TEXT_SAMPLE, chars_per_token
+
+    text = Path(TEXT_SAMPLE).read_text(encoding="utf-8")
+    rc, out, _ = run_cli(capsys, "info")
+    # the bundled tokenizer is character-level: one token per character
+    line = next(x for x in out.splitlines() if x.startswith("characters / token:"))
+    assert rc == 0 and f"1.00 on dllm/assets/english_sample.txt, English prose ({len(text):,} characters, " in line
+    rc, out, _ = run_cli(capsys, "info", "--json")
+    tok = json.loads(out)["tokenizer"]
+    assert (tok["chars_per_token"], tok["characters"], tok["tokens"]) == (1.0, len(text), len(text))
+    if os.path.isdir(DREAM_TOKENIZER):  # Qwen2's BPE (Dream's): several characters a token on English prose
+        from dllm.loader import load_tokenizer
+
+        dream = load_tokenizer(DREAM_TOKENIZER, family="dream")
+        got = chars_per_token(dream)
+        n = len(dream.encode(text, add_special_tokens=False))
+        assert (
+            got["tokens"] == n and got["chars_per_token"] == round(len(text) / n, 3) and 4 < got["chars_per_token"] < 6
+        )
+
+
+def test_stats_summary_from_a_document_gives_token_spans(files, capsys):
+    """A document cache holds token ids, not the text: its kept chunks are given as token spans [start:end)."""
+    assert run_cli(capsys, *shlex.split("encode --context-file doc.txt --out doc.cache"))[0] == 0
+    cmd = "generate --document doc.cache --prompt-file prompt.txt --gen-length 8 --stats"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd + " summary"))
+    assert rc == 0 and "12345" in out
+    spans = [(int(j), int(s), int(e)) for j, s, e in re.findall(r"(\d+) \[tokens (\d+):(\d+)\]", err)]
+    assert len(spans) == 4 and all((s, e) == (256 * j, min(256 * (j + 1), 2996)) for j, s, e in spans)
+    rc, _, err = run_cli(capsys, *shlex.split(cmd + " json"))
+    assert json.loads(err)["selected_chunk_tokens"] == [[s, e] for _, s, e in spans]
