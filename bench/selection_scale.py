@@ -64,11 +64,11 @@ def _ask(model, parts, cfg, document=None, query=None):
     return res, time.perf_counter() - t0
 
 
-def straddle(model, length: int, offsets: list) -> list:
+def straddle(model, length: int, offsets: list, needles: list | None = None) -> list:
     """Part 1: the needle starting ``k`` characters before a fixed-cut boundary, today vs snapped."""
     rows = []
     c = BASE.chunk_size
-    for i, (needle_kind, k) in enumerate((n, k) for n in NEEDLES for k in offsets):
+    for i, (needle_kind, k) in enumerate((n, k) for n in (needles or NEEDLES) for k in offsets):
         case = make_case("passkey", length, 0.5, SEED + 100 + i, tokenizer=None)
         ctx, ns, ne = case.context, case.needle_start, case.needle_end
         if needle_kind == "single":  # one copy of the number: a cut number has no second copy to fall back on
@@ -217,7 +217,8 @@ def summarize(rows: list, n_cand: int) -> str:
             "| needle | k | today: answer | today: whole / kept | snapped: answer | snapped: whole / kept |",
             "|---|---:|---|:---:|---|:---:|",
         ]
-        for kind in NEEDLES:
+        kinds = [kind for kind in NEEDLES if any(r["needle"] == kind for r in st)]
+        for kind in kinds:
             for k in offs:
                 a = next(r for r in st if r["offset"] == k and r["config"] == "today" and r["needle"] == kind)
                 b = next(r for r in st if r["offset"] == k and r["config"] == "snap" and r["needle"] == kind)
@@ -230,7 +231,7 @@ def summarize(rows: list, n_cand: int) -> str:
             rr = [r for r in st if r["config"] == name]
             lines.append("")
             by = ", ".join(f"{kind} {sum(r['correct'] for r in rr if r['needle'] == kind)}/"
-                           f"{sum(r['needle'] == kind for r in rr)}" for kind in NEEDLES)
+                           f"{sum(r['needle'] == kind for r in rr)}" for kind in kinds)
             lines.append(
                 f"{name}: {sum(r['correct'] for r in rr)}/{len(rr)} exact ({by}); chunks per document "
                 f"{sum(r['chunks'] for r in rr) / len(rr):.1f}, tokens encoded (context + anchors) "
@@ -305,6 +306,7 @@ def main(argv=None) -> int:
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--straddle-length", type=int, default=16384)
     p.add_argument("--offsets", type=int, nargs="+", default=[2, 6, 12, 16, 20, 24, 32, 40, 48])
+    p.add_argument("--needles", nargs="+", choices=sorted(NEEDLES), default=sorted(NEEDLES))
     p.add_argument("--skip-long", action="store_true")
     p.add_argument("--skip-straddle", action="store_true")
     p.add_argument("--threads", type=int, default=1)
@@ -314,11 +316,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model = load_model(device="cpu")
     rows, n = [], 0
-    if not args.skip_straddle:
-        rows += straddle(model, args.straddle_length, args.offsets)
     if not args.skip_long:
         long_rows, n = long_documents(model, args.long_length, args.depths)
         rows += long_rows
+    if not args.skip_straddle:
+        rows += straddle(model, args.straddle_length, args.offsets, args.needles)
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "selection_scale.csv"), rows, "cpu")
     write_report(

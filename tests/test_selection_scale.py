@@ -282,3 +282,35 @@ def test_new_knobs_are_off_by_default_and_checked():
         with pytest.raises(ValueError, match=match):
             PrefillingConfig(**bad)
     assert PrefillingConfig(redundancy_threshold=1).redundancy_threshold == 1.0
+
+
+def test_cli_flags_encode_snapped_and_answer_with_the_new_knobs(tmp_path, monkeypatch, capsys):
+    """encode --boundary-snap, then generate --document (the document's tolerance is taken from its header,
+    another one is an error) with --redundancy-threshold and --candidates; bad values are one error line."""
+    from dllm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text(
+        "The grass is green. " * 40 + "The pass key is 42917. Remember it. " + "The sky is blue. " * 40
+    )
+    (tmp_path / "q.txt").write_text("{context}\n\nWhat is the pass key? The pass key is ")
+    assert main(["encode", "--context-file", "doc.txt", "--out", "d.cache", "--chunk-size", "128", "--boundary-snap", "24"]) == 0
+    capsys.readouterr()
+    assert dllm.DocumentCache.read_header(tmp_path / "d.cache")["boundary_snap"] == 24
+    common = ["--prompt-file", "q.txt", "--gen-length", "6", "--top-k", "2"]
+    new = ["--redundancy-threshold", "0.8", "--candidates", "4"]
+    assert main(["generate", "--document", "d.cache", *common, *new]) == 0
+    out, err = capsys.readouterr()
+    stats = [json.loads(line) for line in err.strip().splitlines() if line.startswith("{")][0]
+    assert len(stats["candidate_chunks"]) == 4 and set(stats["selected_chunks"]) <= set(stats["candidate_chunks"])
+    fresh = ["generate", "--method", "prefilling", "--context-file", "doc.txt", "--chunk-size", "128"]
+    assert main([*fresh, *common, *new, "--boundary-snap", "24"]) == 0
+    assert capsys.readouterr().out == out  # the same answer fresh
+    for args, message in (
+        (["generate", "--document", "d.cache", *common, "--boundary-snap", "0"], "was encoded with 24"),
+        ([*fresh, *common, "--redundancy-threshold", "0"], "--redundancy-threshold must be"),
+        ([*fresh, *common, "--boundary-snap", "128"], "--boundary-snap must be in"),
+    ):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1

@@ -147,7 +147,7 @@ class PrefillingConfig:
         r = self.redundancy_threshold
         if r is not None:
             if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 < r <= 1:
-                raise ValueError(f"redundancy_threshold must be a real number in (0, 1] or None, got {r!r}")
+                raise ValueError(f"redundancy_threshold must be a real number in (0, 1] (None = off), got {r!r}")
             object.__setattr__(self, "redundancy_threshold", float(r))
         if self.candidates is not None and self.candidates < 1:
             raise ValueError(f"candidates must be >= 1 or None, got {self.candidates}")
