@@ -314,3 +314,25 @@ def test_cli_flags_encode_snapped_and_answer_with_the_new_knobs(tmp_path, monkey
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_benches_write_their_reports(tmp_path):
+    """bench.selection_scale and bench.long_context on small documents: CSV with provenance, Markdown, figure."""
+    import csv
+
+    from bench import long_context, selection_scale
+
+    out = tmp_path / "s"
+    argv = ["--out", str(out), "--long-length", "2048", "--depths", "0.5", "--straddle-length", "1024"]
+    assert selection_scale.main([*argv, "--offsets", "6", "--needles", "single"]) == 0
+    rows = list(csv.DictReader(open(out / "selection_scale.csv")))
+    assert {r["part"] for r in rows} == {"first_stage", "encode", "long", "straddle"} and all(r["commit"] for r in rows)
+    long_rows = [r for r in rows if r["part"] == "long"]
+    assert {r["config"] for r in long_rows} == {"today", "redundancy", "first_stage", "all"} and len(long_rows) == 16
+    md = (out / "selection_scale.md").read_text()
+    assert "Candidate count used: " in md and "| single | 6 |" in md
+    out = tmp_path / "l"
+    assert long_context.main(["--out", str(out), "--lengths", "512", "1024", "--depths", "0.5", "--config", "today"]) == 0
+    rows = list(csv.DictReader(open(out / "long_context.csv")))
+    assert [int(r["length"]) for r in rows] == [512, 1024] and all(r["commit"] for r in rows)
+    assert (out / "long_context.png").stat().st_size > 0 and "| 1024 |" in (out / "long_context.md").read_text()
