@@ -16,7 +16,10 @@ File format: one safetensors file. Tensors ``k.<layer>`` / ``v.<layer>`` (``[N, 
 model dtype), ``lens`` (``[N]`` int32), ``starts`` (``[N]`` int64) and ``ids`` (``[N, C+1]`` int64,
 the encoded tokens, needed by joint cache mode and causal scoring); the safetensors metadata holds
 one JSON header under ``dllm_document_cache`` (:data:`HEADER_FIELDS`), with a SHA-256 of every
-tensor's bytes (``tensor_sha256``) that :meth:`DocumentCache.load` checks by default.
+tensor's bytes (``tensor_sha256``) that :meth:`DocumentCache.load` checks by default, and (format 3)
+``boundary_snap``, the tolerance the chunk boundaries were snapped to sentence ends with
+(``PrefillingConfig.boundary_snap``; 0 = fixed chunks). Format-2 files (no ``boundary_snap``) load as
+fixed chunks; older formats are a ``ValueError`` that says to encode the document again.
 
 Identity: a cache answers correctly only for the weights that encoded it, so its header carries a
 SHA-256 over every weight tensor of the model (:func:`weights_digest`); a fine-tune or LoRA merge
