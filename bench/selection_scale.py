@@ -271,7 +271,7 @@ def summarize(rows: list, n_cand: int) -> str:
         names = list(dict.fromkeys(r["config"] for r in lg))
         base = {(r["depth"], r["question"]): r["seconds"] for r in lg if r["config"] == "today"}
         lines += [
-            "### Long documents: 5 depths x 4 questions",
+            f"### Long documents: {len({r['depth'] for r in lg})} depths x {len({r['question'] for r in lg})} questions",
             "",
             "| configuration | exact | needle chunk kept | mean s / question | ratio to today (same question, same run) |",
             "|---|---:|---:|---:|---:|",
