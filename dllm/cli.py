@@ -33,7 +33,14 @@ _PREFILLING_OPTIONS = {
     "score_mode": "--score-mode",
     "score_terms": "--score-terms",
     "prefill_batch": "--prefill-batch",
+    "boundary_snap": "--boundary-snap",
+    "redundancy_threshold": "--redundancy-threshold",
+    "candidates": "--candidates",
 }
+_BOUNDARY_SNAP_HELP = (
+    "tokens a chunk boundary may move back to follow a sentence or paragraph end (0 = fixed chunks of C tokens; "
+    "a document is encoded with it and answered with it)"
+)
 _PREFILL_BATCH_HELP = (
     "chunks encoded per forward (default: as many as fit in a quarter of the device's free memory; lower it "
     "if encoding runs out of memory)"
@@ -143,6 +150,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 
@@ -379,6 +396,21 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
         "context has fewer)",
     )
     g.add_argument("--prefill-batch", type=_positive_int, default=None, help=_PREFILL_BATCH_HELP)
+    g.add_argument("--boundary-snap", type=_non_negative_int, default=None, help=_BOUNDARY_SNAP_HELP + " (default: 0)")
+    g.add_argument(
+        "--redundancy-threshold",
+        type=_non_negative_float,
+        default=None,
+        help="Jaccard similarity of token 8-grams in (0, 1] at which a chunk counts as a near-copy of a kept one "
+        "and is passed over while others remain (default: off, the paper's top-K)",
+    )
+    g.add_argument(
+        "--candidates",
+        type=_positive_int,
+        default=None,
+        help="chunks a cheap first stage (max attention logit over the cached keys) passes to the predictive "
+        "score (default: off, every chunk scored)",
+    )
     g.add_argument(
         "--no-cuda-graph",
         action="store_true",
@@ -435,7 +467,7 @@ def _as_flags(exc: Exception) -> str:
     """A config error in the words of the command line: field names become their flags, None 'all'."""
     msg = str(exc)
     for field, flag in {**_PREFILLING_OPTIONS, "threshold": "--threshold", "temperature": "--temperature"}.items():
-        msg = re.sub(rf"\b{field}\b", flag, msg)
+        msg = re.sub(rf"(?<![\w-]){field}\b", flag, msg)  # not inside a flag already written
     return re.sub(r"\bor None\b", "or 'all'", msg)
 
 
@@ -834,6 +866,10 @@ def _document_config(args, header: dict) -> PrefillingConfig:
             f"{header['chunk_size']}"
         )
     args.chunk_size = header["chunk_size"]
+    snap = header.get("boundary_snap", 0)
+    if args.boundary_snap is not None and args.boundary_snap != snap:
+        raise UserError(f"--boundary-snap {args.boundary_snap}: the document {args.document} was encoded with {snap}")
+    args.boundary_snap = snap
     cfg = _prefilling_config(args, args.model or default_model_dir())
     return _fit_top_k(cfg, header["num_tokens"], explicit=args.top_k not in (None, _ALL))
 
@@ -1013,9 +1049,12 @@ def cmd_encode(args) -> int:
     if not args.out.strip():
         raise UserError("--out is empty; give a file name")
     _check_out(args.out)
-    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
+    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
-    cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    try:
+        cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise UserError(f"encode options: {_as_flags(exc)}") from exc
     _chunk_fits(cfg.chunk_size, args)
 
     model, _ = _load(args)
@@ -1270,6 +1309,7 @@ def build_parser(model_dir: str | None = None) -> argparse.ArgumentParser:
         help=f"C, context tokens per chunk ({_default_help(model_dir, 'chunk_size')})",
     )
     c.add_argument("--prefill-batch", type=_positive_int, default=None, help=_PREFILL_BATCH_HELP)
+    c.add_argument("--boundary-snap", type=_non_negative_int, default=None, help=_BOUNDARY_SNAP_HELP + " (default: 0)")
     _add_common_args(c)
     c.set_defaults(func=cmd_encode)
 

@@ -180,6 +180,15 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
     "query_window": (_or_none(_int(1)), None, "trailing query tokens used in scoring", _PREFILLING),
     "prefill_batch": (_or_none(_int(1)), None, "chunks per prefill forward", _PREFILLING),
     "anchor_token_id": (_or_none(_int(0)), None, "the chunk anchor token", _PREFILLING),
+    "boundary_snap": (_or_none(_int(0)), None, "tokens a chunk boundary may move back to a sentence end", _PREFILLING),
+    "redundancy_threshold": (
+        _or_none(_float(0, 1, low_open=True)),
+        None,
+        "Jaccard of token 8-grams at which a chunk is a near-copy",
+        _PREFILLING,
+    ),
+    "candidates": (_or_none(_int(1)), None, "chunks the first stage passes to the predictive score", _PREFILLING),
+    "candidate_layer": (_or_none(_int(-(2**31))), None, "the first stage's layer (None: all)", _PREFILLING),
     # the harness's own
     "context_field": (_text, "context", "the doc field holding the long context", _PREFILLING),
     "add_bos": (_bool, True, "put BOS before the prompt (off under a chat template)", _ANY_METHOD),

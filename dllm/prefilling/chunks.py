@@ -10,6 +10,7 @@ same cache serves every position mode and every question on the same document
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,17 @@ class ChunkCache:
             off + lo,
         )
 
+    def select(self, indices: list) -> ChunkCache:
+        """Chunks ``indices`` (any order) as a new cache (K/V copied: ``index_select``), its own pool."""
+        idx = torch.tensor(indices, dtype=torch.long, device=self.lens.device)
+        return ChunkCache(
+            [k.index_select(0, idx) for k in self.k],
+            [v.index_select(0, idx) for v in self.v],
+            self.lens.index_select(0, idx),
+            [self.starts[j] for j in indices],
+            self.ids.index_select(0, idx),
+        )
+
     @property
     def num_chunks(self) -> int:
         return int(self.lens.numel())
@@ -93,6 +105,86 @@ def cut_chunks(n_tokens: int, chunk_size: int) -> list:
     return [(s, min(chunk_size, n_tokens - s)) for s in range(0, n_tokens, chunk_size)]
 
 
+def sentence_end_table(model) -> torch.Tensor:
+    """``[V]`` bool: which token ids end a sentence or paragraph (their text, decoded alone, ends in
+    ``.``, ``!`` or ``?`` after stripping spaces and closing quotes/brackets, or holds a newline).
+
+    Computed once per model from its tokenizer and cached on the model (one decode per vocabulary
+    entry: about a second for a 150K vocabulary). Special tokens are never ends.
+
+    Raises:
+        ValueError: the model has no tokenizer (``boundary_snap`` needs one to find sentence ends).
+    """
+    cached = getattr(model, "_dllm_sentence_ends", None)
+    if cached is not None:
+        return cached
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise ValueError("boundary_snap > 0 needs the model's tokenizer to find sentence ends; this model has none")
+    vocab = model.config.vocab_size
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    texts = tok.batch_decode([[i] for i in range(min(vocab, len(tok)))], clean_up_tokenization_spaces=False)
+    ends = torch.zeros(vocab, dtype=torch.bool)
+    for i, text in enumerate(texts):
+        if i in special:
+            continue
+        core = text.rstrip(" \t\"')]}\u201d\u2019")
+        ends[i] = "\n" in text or core.endswith((".", "!", "?"))
+    try:
+        model._dllm_sentence_ends = ends
+    except AttributeError:  # pragma: no cover - a model class that forbids new attributes
+        pass
+    return ends
+
+
+def snapped_chunks(ends: torch.Tensor, chunk_size: int, tolerance: int) -> list:
+    """``(start, size)`` of chunks of at most ``chunk_size`` tokens whose boundaries are snapped to
+    sentence ends.
+
+    Greedy from the start: a chunk that would end at ``b = start + chunk_size`` (before the end of the
+    context) ends instead at the largest boundary ``e`` in ``b - tolerance .. b`` that follows a
+    sentence-end token (token ``e - 1`` ends a sentence), if there is one, else at ``b``. ``tolerance=0`` gives :func:`cut_chunks` exactly.
+
+    Args:
+        ends: ``[L]`` bool, token ``i`` ends a sentence (:func:`sentence_end_table` indexed by the context).
+        chunk_size: C >= 1.
+        tolerance: 0 <= tol < C, tokens a boundary may move back.
+
+    Raises:
+        ValueError: an empty context, ``chunk_size < 1`` or a tolerance outside ``[0, C)``.
+    """
+    n = int(ends.numel())
+    if tolerance == 0:
+        return cut_chunks(n, chunk_size)
+    if not 0 <= tolerance < chunk_size:
+        raise ValueError(f"tolerance must be in [0, chunk_size={chunk_size}), got {tolerance}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if n < 1:
+        raise ValueError("the context is empty: nothing to prefill (use method='prefix_cache' or 'dense')")
+    after = (torch.nonzero(ends.cpu(), as_tuple=False).flatten() + 1).tolist()  # boundaries allowed after an end
+    spans, s = [], 0
+    while s < n:
+        b = s + chunk_size
+        if b >= n:
+            spans.append((s, n - s))
+            break
+        i = bisect.bisect_right(after, b) - 1  # last allowed boundary <= b
+        e = after[i] if i >= 0 and after[i] >= b - tolerance and after[i] > s else b
+        spans.append((s, e - s))
+        s = e
+    return spans
+
+
+def chunk_spans(model, context: torch.Tensor, chunk_size: int, boundary_snap: int = 0) -> list:
+    """``(start, size)`` of the chunks ``context [L]`` is cut into: :func:`cut_chunks` when
+    ``boundary_snap`` is 0, else :func:`snapped_chunks` with the model's sentence ends."""
+    if boundary_snap == 0:
+        return cut_chunks(context.numel(), chunk_size)
+    table = sentence_end_table(model)
+    return snapped_chunks(table[context.cpu()], chunk_size, boundary_snap)
+
+
 def encode_segment(model, ids: torch.Tensor, positions: torch.Tensor):
     """Encode one static segment alone; returns per-layer K/V ``[L, Hkv, D]``."""
     out = model(ids[None], positions, logits_start=ids.numel(), return_kv=True)
@@ -108,6 +200,7 @@ def encode_chunks(
     pad_id: int,
     batch: int | None = None,
     progress: bool = False,
+    boundary_snap: int = 0,
 ) -> tuple[ChunkCache, int]:
     """Chunked prefill of ``context [L_ctx]``.
 
@@ -120,6 +213,7 @@ def encode_chunks(
         batch: chunks per forward (None = as many as :func:`~dllm.prefilling.memory.default_prefill_batch`
             fits in a share of the device's free memory: all at once for documents that fit).
         progress: tqdm bar over chunk batches.
+        boundary_snap: tolerance of :func:`snapped_chunks` (0 = fixed chunks of C tokens).
 
     Returns:
         (:class:`ChunkCache`, number of model forwards).
@@ -128,7 +222,14 @@ def encode_chunks(
         ValueError: empty context, chunk_size < 1.
     """
     caches, nfe, _per_row = encode_chunks_rows(
-        model, [context], chunk_size, bos_id=bos_id, pad_id=pad_id, batch=batch, progress=progress
+        model,
+        [context],
+        chunk_size,
+        bos_id=bos_id,
+        pad_id=pad_id,
+        batch=batch,
+        progress=progress,
+        boundary_snap=boundary_snap,
     )
     return caches[0], nfe
 
@@ -142,6 +243,7 @@ def encode_chunks_rows(
     pad_id: int,
     batch: int | None = None,
     progress: bool = False,
+    boundary_snap: int = 0,
 ) -> tuple[list, int, list]:
     """Chunked prefill of several contexts at once: their chunks stacked along N in shared forwards.
 
@@ -154,8 +256,8 @@ def encode_chunks_rows(
     Args:
         model: the dLLM.
         contexts: B ``[L_ctx_b]`` int64 token id tensors on the model's device.
-        chunk_size, bos_id, pad_id, batch, progress: as :func:`encode_chunks` (``batch`` counts
-            chunks of all rows).
+        chunk_size, bos_id, pad_id, batch, progress, boundary_snap: as :func:`encode_chunks` (``batch``
+            counts chunks of all rows).
 
     Returns:
         (B chunk caches, the number of model forwards, B forward counts: the forwards each row's
@@ -172,7 +274,7 @@ def encode_chunks_rows(
             f"chunk_size={chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than the "
             f"model's {limit} trained positions (max_position_embeddings, with its rope_scaling factor)"
         )
-    spans = [cut_chunks(c.numel(), chunk_size) for c in contexts]
+    spans = [chunk_spans(model, c, chunk_size, boundary_snap) for c in contexts]
     groups: dict[int, list[int]] = {}
     for row, c in enumerate(contexts):
         groups.setdefault(min(chunk_size, c.numel()) + 1, []).append(row)

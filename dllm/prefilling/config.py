@@ -58,6 +58,21 @@ class PrefillingConfig:
         anchor_token_id: the token put before every chunk (and looked for at the start of a
             prompt given as ``input_ids``). None = :func:`resolve_anchor_token_id`'s choice: the
             tokenizer's BOS, else the checkpoint's ``bos_token_id``.
+        boundary_snap: 0 (the paper: fixed chunks of C tokens) or a tolerance in tokens, ``0 <= tol <
+            chunk_size``: each chunk boundary moves back to just after the last sentence or paragraph end
+            (a token whose text ends in ``.``, ``!``, ``?`` or holds a newline) within ``tol`` tokens of
+            it, so a sentence shorter than ``tol`` is never cut by a boundary (our extension;
+            :func:`dllm.prefilling.chunks.snapped_chunks`). Chunks stay at most C tokens.
+        redundancy_threshold: None (the paper: plain top-K) or a Jaccard similarity in (0, 1]: a chunk
+            whose set of token 8-grams overlaps an already kept chunk's by at least this much is passed
+            over while other chunks remain, so near-copies (repeated boilerplate) do not fill K
+            (our extension; :func:`dllm.prefilling.selection.select_chunks`).
+        candidates: None (the paper: every chunk is scored) or n >= 1: a cheap first stage (the largest
+            attention logit of the context-free scoring tokens' queries on each chunk's cached keys,
+            averaged over the layers or in layer ``candidate_layer``, :func:`dllm.prefilling.selection.first_stage_scores`) keeps the
+            n best chunks and only they get the predictive score (our extension). Fewer than K
+            candidates are raised to K.
+        candidate_layer: the one layer of the first stage (negative counts from the last), None = all layers.
     """
 
     chunk_size: int = 1024
@@ -73,12 +88,17 @@ class PrefillingConfig:
     query_window: int | None = None
     prefill_batch: int | None = None
     anchor_token_id: int | None = None
+    boundary_snap: int = 0
+    redundancy_threshold: float | None = None
+    candidates: int | None = None
+    candidate_layer: int | None = None
 
     def __post_init__(self):
         # Integer knobs must be real ints: 2.5 or True would pass a range check and fail (or run as 1) later.
         for name, optional in (
             ("chunk_size", False), ("top_k", True), ("token_budget", True), ("draft_tokens", False),
             ("pool_kernel", False), ("query_window", True), ("prefill_batch", True), ("anchor_token_id", True),
+            ("boundary_snap", False), ("candidates", True), ("candidate_layer", True),
         ):  # fmt: skip
             value = getattr(self, name)
             if value is None and optional:
@@ -120,6 +140,17 @@ class PrefillingConfig:
             raise ValueError(f"prefill_batch must be >= 1 or None, got {self.prefill_batch}")
         if self.anchor_token_id is not None and self.anchor_token_id < 0:
             raise ValueError(f"anchor_token_id must be an int >= 0 or None, got {self.anchor_token_id!r}")
+        if not 0 <= self.boundary_snap < self.chunk_size:
+            raise ValueError(
+                f"boundary_snap must be in [0, chunk_size={self.chunk_size}) tokens, got {self.boundary_snap}"
+            )
+        r = self.redundancy_threshold
+        if r is not None:
+            if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 < r <= 1:
+                raise ValueError(f"redundancy_threshold must be a real number in (0, 1] (None = off), got {r!r}")
+            object.__setattr__(self, "redundancy_threshold", float(r))
+        if self.candidates is not None and self.candidates < 1:
+            raise ValueError(f"candidates must be >= 1 or None, got {self.candidates}")
 
     @classmethod
     def from_pretrained(cls, model_dir: str | None, **overrides) -> PrefillingConfig:

@@ -16,7 +16,10 @@ File format: one safetensors file. Tensors ``k.<layer>`` / ``v.<layer>`` (``[N, 
 model dtype), ``lens`` (``[N]`` int32), ``starts`` (``[N]`` int64) and ``ids`` (``[N, C+1]`` int64,
 the encoded tokens, needed by joint cache mode and causal scoring); the safetensors metadata holds
 one JSON header under ``dllm_document_cache`` (:data:`HEADER_FIELDS`), with a SHA-256 of every
-tensor's bytes (``tensor_sha256``) that :meth:`DocumentCache.load` checks by default.
+tensor's bytes (``tensor_sha256``) that :meth:`DocumentCache.load` checks by default, and (format 3)
+``boundary_snap``, the tolerance the chunk boundaries were snapped to sentence ends with
+(``PrefillingConfig.boundary_snap``; 0 = fixed chunks). Format-2 files (no ``boundary_snap``) load as
+fixed chunks; older formats are a ``ValueError`` that says to encode the document again.
 
 Identity: a cache answers correctly only for the weights that encoded it, so its header carries a
 SHA-256 over every weight tensor of the model (:func:`weights_digest`); a fine-tune or LoRA merge
@@ -38,11 +41,20 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dllm.devices import same_device
-from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks, pad_token_id
+from dllm.prefilling.chunks import (
+    ChunkCache,
+    cut_chunks,
+    encode_chunks,
+    pad_token_id,
+    sentence_end_table,
+    snapped_chunks,
+)
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 
 # 2: model_weights hashes every weight tensor (1 hashed two rows of four), tensor_sha256 added.
-FORMAT = 2
+# 3: boundary_snap added (chunk boundaries snapped to sentence ends); a format-2 file loads as boundary_snap=0.
+FORMAT = 3
+READABLE_FORMATS = (2, 3)
 HEADER_KEY = "dllm_document_cache"
 # Checked against the model on load, in this order (the first mismatch is named in the error).
 MODEL_FIELDS = ("family", "model_config", "dtype", "model_weights")
@@ -55,7 +67,9 @@ HEADER_FIELDS = (
     "num_tokens",
     "version",
     "tensor_sha256",
+    "boundary_snap",
 )
+FIELDS_SINCE = {"boundary_snap": 3}  # header fields a file of an older format lacks (their default: 0)
 _HASH_BLOCK = 1 << 26  # bytes hashed per piece: bounds the host copy of a GPU tensor to 64 MiB
 
 
@@ -153,6 +167,7 @@ class DocumentCache:
         anchor_token_id: the BOS anchor put before every chunk.
         fingerprint: :func:`model_fingerprint` of the model that encoded it.
         version: the package version that encoded it.
+        boundary_snap: ``PrefillingConfig.boundary_snap`` the chunks were cut with (0 = fixed chunks).
     """
 
     chunks: ChunkCache
@@ -160,6 +175,7 @@ class DocumentCache:
     anchor_token_id: int
     fingerprint: dict
     version: str
+    boundary_snap: int = 0
 
     @property
     def num_chunks(self) -> int:
@@ -192,6 +208,7 @@ class DocumentCache:
             "num_tokens": len(self),
             "version": self.version,
             "tensor_sha256": dict(sorted((tensor_hashes or {}).items())),
+            "boundary_snap": self.boundary_snap,
         }
 
     def check_model(self, model) -> None:
@@ -202,11 +219,17 @@ class DocumentCache:
             raise ValueError(f"the document cache is on {self.device} but the model is on {model.device}")
 
     def check_config(self, cfg: PrefillingConfig, anchor_token_id: int) -> None:
-        """Raise ``ValueError`` when ``cfg.chunk_size`` or the anchor differ from the document's."""
+        """Raise ``ValueError`` when ``cfg.chunk_size``, ``cfg.boundary_snap`` or the anchor differ from the
+        document's."""
         if cfg.chunk_size != self.chunk_size:
             raise ValueError(
                 f"chunk_size mismatch: the document was encoded with chunk_size={self.chunk_size}, "
                 f"the prefilling config asks for {cfg.chunk_size}"
+            )
+        if cfg.boundary_snap != self.boundary_snap:
+            raise ValueError(
+                f"boundary_snap mismatch: the document's chunks were cut with boundary_snap={self.boundary_snap}, "
+                f"the prefilling config asks for {cfg.boundary_snap}"
             )
         if anchor_token_id != self.anchor_token_id:
             raise ValueError(
@@ -272,11 +295,14 @@ class DocumentCache:
             raise ValueError(f"{path} is damaged: its {HEADER_KEY!r} header is not JSON ({exc})") from None
         if not isinstance(head, dict):
             raise ValueError(f"{path} is damaged: its {HEADER_KEY!r} header is not a JSON object")
-        if head.get("format") != FORMAT:
+        if head.get("format") not in READABLE_FORMATS:
             raise ValueError(
-                f"format mismatch: {path} has format {head.get('format')!r}, this version reads {FORMAT}; encode the "
-                "document again with this version"
+                f"format mismatch: {path} has format {head.get('format')!r}, this version reads "
+                f"{' and '.join(map(str, READABLE_FORMATS))}; encode the document again with this version"
             )
+        for name, since in FIELDS_SINCE.items():
+            if head["format"] < since and name not in head:
+                head[name] = 0  # the only value an older format could have had
         _check_header(head, path)
         return head
 
@@ -319,7 +345,9 @@ class DocumentCache:
             v = [read(f"v.{i}").to(dev) for i in range(n_layers)]
         chunks = ChunkCache(k, v, lens.to(dev), starts, ids.to(dev))
         fingerprint = {k: head[k] for k in MODEL_FIELDS}
-        return cls(chunks, head["chunk_size"], head["anchor_token_id"], fingerprint, head["version"])
+        return cls(
+            chunks, head["chunk_size"], head["anchor_token_id"], fingerprint, head["version"], head["boundary_snap"]
+        )
 
 
 def _verified_reader(f, head: dict, path):
@@ -338,7 +366,8 @@ def _verified_reader(f, head: dict, path):
     return read
 
 
-_INT_FIELDS = ("chunk_size", "anchor_token_id", "num_chunks", "num_tokens")
+_INT_FIELDS = ("chunk_size", "anchor_token_id", "num_chunks", "num_tokens", "boundary_snap")
+_ZERO_OK = ("anchor_token_id", "boundary_snap")
 
 
 def _check_header(head: dict, path) -> None:
@@ -348,7 +377,7 @@ def _check_header(head: dict, path) -> None:
         raise ValueError(f"{path} is damaged: its header lacks {', '.join(missing)}")
     for name in _INT_FIELDS:
         value = head[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "anchor_token_id" else 1):
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name in _ZERO_OK else 1):
             raise ValueError(f"{path} is damaged: header field {name}={value!r} is not a valid integer")
     if not isinstance(head["version"], str) or not head["version"]:
         raise ValueError(f"{path} is damaged: header field version={head['version']!r} is not a version string")
@@ -357,8 +386,15 @@ def _check_header(head: dict, path) -> None:
         isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in hashes.values()
     ):
         raise ValueError(f"{path} is damaged: header field tensor_sha256 is not a mapping of name -> SHA-256")
+    if head["boundary_snap"] >= head["chunk_size"]:
+        raise ValueError(f"{path} is damaged: boundary_snap={head['boundary_snap']} is not below its chunk_size")
     n = len(cut_chunks(head["num_tokens"], head["chunk_size"]))
-    if head["num_chunks"] != n:
+    if head["boundary_snap"] and not n <= head["num_chunks"] <= head["num_tokens"]:
+        raise ValueError(
+            f"{path} is damaged: {head['num_tokens']} tokens in chunks of at most {head['chunk_size']} cannot be "
+            f"{head['num_chunks']} chunks"
+        )
+    if not head["boundary_snap"] and head["num_chunks"] != n:
         raise ValueError(
             f"{path} is damaged: {head['num_tokens']} tokens in chunks of {head['chunk_size']} are {n} chunks, "
             f"its header says {head['num_chunks']}"
@@ -412,13 +448,23 @@ def _safetensors_dtype(code: str) -> str:
 
 
 def _check_chunk_tokens(head: dict, lens, starts, ids, model, path) -> None:
-    """Chunk lengths and offsets are those of cutting ``num_tokens`` into ``chunk_size`` chunks; every chunk
-    starts with the anchor; the ids lie in the vocabulary and the context holds no mask token."""
-    spans = cut_chunks(head["num_tokens"], head["chunk_size"])
+    """Chunk lengths and offsets are those of cutting ``num_tokens`` into ``chunk_size`` chunks (snapped to the
+    sentence ends of the cached tokens with ``boundary_snap``); every chunk starts with the anchor; the ids lie
+    in the vocabulary and the context holds no mask token."""
+    if head["boundary_snap"]:
+        sizes = [int(n) - 1 for n in lens.tolist()]
+        consistent = all(1 <= c <= head["chunk_size"] for c in sizes) and sum(sizes) == head["num_tokens"]
+        if consistent and 0 <= int(ids.min()) and int(ids.max()) < model.config.vocab_size:
+            context = torch.cat([ids[j, 1 : 1 + c] for j, c in enumerate(sizes)])
+            spans = snapped_chunks(sentence_end_table(model)[context], head["chunk_size"], head["boundary_snap"])
+        else:
+            spans = []  # reported as damaged below
+    else:
+        spans = cut_chunks(head["num_tokens"], head["chunk_size"])
     if lens.tolist() != [size + 1 for _, size in spans] or starts != [s for s, _ in spans]:
         raise ValueError(
             f"{path} is damaged: its chunk lengths or offsets do not cut {head['num_tokens']} tokens into chunks of "
-            f"{head['chunk_size']}"
+            f"{head['chunk_size']}" + (f" snapped to sentence ends within {head['boundary_snap']}" if head["boundary_snap"] else "")
         )
     anchor, vocab, mask = head["anchor_token_id"], model.config.vocab_size, model.mask_token_id
     if anchor >= vocab or anchor == mask:
@@ -463,8 +509,8 @@ def encode_document(
         model: the dLLM.
         context_ids: ``[L_ctx]`` int64 token ids on the model's device (no BOS: anchors are added).
         chunk_size: C (default ``prefilling.chunk_size``).
-        prefilling: the configuration later answers will use (its ``chunk_size``, ``prefill_batch``
-            and ``anchor_token_id``); default: the checkpoint's
+        prefilling: the configuration later answers will use (its ``chunk_size``, ``boundary_snap``,
+            ``prefill_batch`` and ``anchor_token_id``); default: the checkpoint's
             (:meth:`PrefillingConfig.from_pretrained`), with ``chunk_size`` if given.
         progress: tqdm bar over chunk batches.
 
@@ -498,5 +544,8 @@ def encode_document(
         pad_id=pad_token_id(model, anchor),
         batch=cfg.prefill_batch,
         progress=progress,
+        boundary_snap=cfg.boundary_snap,
     )
-    return DocumentCache(chunks, cfg.chunk_size, anchor, model_fingerprint(model), _package_version())
+    return DocumentCache(
+        chunks, cfg.chunk_size, anchor, model_fingerprint(model), _package_version(), cfg.boundary_snap
+    )

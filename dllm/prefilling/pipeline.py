@@ -35,12 +35,13 @@ import triton_kernels
 from dllm.devices import same_device
 from dllm.kv_cache import Segment, StaticKVCache
 from dllm.policies import PrefillingPolicy
-from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks_rows, encode_segment, pad_token_id
+from dllm.prefilling.chunks import ChunkCache, chunk_spans, encode_chunks_rows, encode_segment, pad_token_id
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
+from dllm.prefilling.selection import first_stage_scores, select_chunks
 
 
 @dataclass
@@ -130,7 +131,11 @@ class RowSetup:
             for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
                 if term is not None:
                     extra[name] = [round(float(term[j]), 4) for j in sel.kept]
+            # chunks the first stage left out were not scored: None
             extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
+            if s.candidates is not None:  # the chunks the first stage left out were not scored: None
+                extra["all_chunk_scores"] = [None if x == float("-inf") else x for x in extra["all_chunk_scores"]]
+                extra["candidate_chunks"] = s.candidates
         extra["cached_tokens"] = cached_tokens
         if pre.from_document:
             extra["document"] = True
@@ -298,6 +303,7 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
             pad_id=pad_token_id(model, bos),
             batch=cfg.prefill_batch,
             progress=progress,
+            boundary_snap=cfg.boundary_snap,
         )
         for b, cache, count in zip(fresh, caches, counts):
             chunks[b], nfe_row[b] = cache, count
@@ -351,10 +357,18 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
         cfg.draft_tokens,
         cfg.draft_threshold,
     )
-    score_rows = []
+    score_rows, cands = [], {}
     for b, (labels, confirmed) in zip(scored, drafts):
         window = parts[b].query if cfg.query_window is None else parts[b].query[-cfg.query_window :]
-        score_rows.append(ScoringRow(chunks[b], window, labels, confirmed))
+        rows_chunks = chunks[b]
+        n_cand = None if cfg.candidates is None else max(cfg.candidates, ks[b])
+        if n_cand is not None and n_cand < chunks[b].num_chunks:
+            # first stage: only the n_cand chunks it ranks best get the predictive score
+            first = first_stage_scores(model, chunks[b], window, cfg.draft_tokens, cfg.candidate_layer)
+            nfe += 1
+            cands[b] = sorted(torch.topk(first, n_cand).indices.tolist())
+            rows_chunks = chunks[b].select(cands[b])
+        score_rows.append(ScoringRow(rows_chunks, window, labels, confirmed))
     scores, n_scoring = score_chunks_rows(
         model,
         score_rows,
@@ -366,8 +380,13 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
     nfe += n_scoring
     for b, sc, (labels, confirmed) in zip(scored, scores, drafts):
         n = chunks[b].num_chunks
-        kept = sorted(torch.topk(sc.total, ks[b]).indices.tolist()) if ks[b] < n else list(range(n))
-        out[b] = Selection(kept, sc, labels[confirmed].tolist(), n_scoring + 1)
+        if b in cands:
+            sc = sc.scatter(cands[b], n)
+        if ks[b] < n:
+            kept = select_chunks(sc.total, ks[b], chunks[b].context_ids, cfg.redundancy_threshold)
+        else:
+            kept = list(range(n))
+        out[b] = Selection(kept, sc, labels[confirmed].tolist(), n_scoring + 1 + (b in cands))
     return out, nfe
 
 
@@ -398,7 +417,9 @@ def _top_b_segments(k_layers, v_layers, lens, token_scores, budget, cfg, keep_fi
 def _independent_row(model, parts, pre: Prefill, sel: Selection, cfg) -> RowCache:
     """The prefill's own chunk caches, keys rotated from local to decode positions."""
     chunks = pre.chunks
-    starts, q_start = chunk_offsets(cfg.position_mode, parts.prefix.numel(), sel.kept, chunks.sizes(), cfg.chunk_size)
+    starts, q_start = chunk_offsets(
+        cfg.position_mode, parts.prefix.numel(), sel.kept, chunks.sizes(), cfg.chunk_size, chunk_starts=chunks.starts
+    )
     idx = torch.tensor(sel.kept, device=chunks.lens.device)
     delta = torch.tensor(starts, device=idx.device)[:, None]  # the BOS anchor was cached at local position 0
     k_layers = [model.rope.rotate_keys(k.index_select(0, idx), delta) for k in chunks.k]  # the RoPE variant's
@@ -418,7 +439,9 @@ def _joint_row(model, parts, pre: Prefill, sel: Selection, cfg, gen_length) -> R
     chunks, kept = pre.chunks, sel.kept
     sizes = chunks.sizes()
     p = parts.prefix.numel()
-    starts, q_start = chunk_offsets(cfg.position_mode, p, kept, sizes, cfg.chunk_size, anchors=False)
+    starts, q_start = chunk_offsets(
+        cfg.position_mode, p, kept, sizes, cfg.chunk_size, anchors=False, chunk_starts=chunks.starts
+    )
     dev = parts.query.device
     masks = torch.full((gen_length,), model.mask_token_id, dtype=torch.long, device=dev)
     ids = torch.cat([parts.prefix, *[chunks.context_ids(j).to(dev) for j in kept], parts.query, masks])
@@ -560,7 +583,7 @@ def build_prefilling_policy(
                 check_top_k(cfg, doc.num_chunks, len(doc))
             else:
                 ctx = parts[-1].context.numel()
-                check_top_k(cfg, len(cut_chunks(ctx, cfg.chunk_size)), ctx)
+                check_top_k(cfg, len(chunk_spans(model, parts[-1].context, cfg.chunk_size, cfg.boundary_snap)), ctx)
         except (TypeError, ValueError) as exc:
             if not batched:
                 raise

@@ -9,7 +9,7 @@ is exact). With ``P`` prefix tokens (at 0..P-1), kept chunks ``j_1 < ... < j_K``
 - ``continuous``: chunk k right after chunk k-1 (BOS included), starting at P; the
   query right after the last kept chunk. The reference code's default.
 - ``absolute``: every context token at its position in the original prompt
-  ``P + j*C + i``; the BOS anchor one position before its chunk's first token;
+  ``P + s_j + i`` (``s_j`` = the chunk's offset, ``j*C`` for fixed chunks); the BOS anchor one position before its chunk's first token;
   the query at ``P + L_ctx``.
 
 In ``joint`` cache mode the chunks are re-encoded without BOS anchors, so the same
@@ -19,7 +19,16 @@ rules apply with a chunk length of ``c_j`` instead of ``c_j + 1``.
 from __future__ import annotations
 
 
-def chunk_offsets(mode: str, prefix_len: int, kept: list, sizes: list, chunk_size: int, *, anchors: bool = True):
+def chunk_offsets(
+    mode: str,
+    prefix_len: int,
+    kept: list,
+    sizes: list,
+    chunk_size: int,
+    *,
+    anchors: bool = True,
+    chunk_starts: list | None = None,
+):
     """Start position of each kept chunk's first cached token, and where the query starts.
 
     Args:
@@ -29,6 +38,8 @@ def chunk_offsets(mode: str, prefix_len: int, kept: list, sizes: list, chunk_siz
         sizes: context tokens of every chunk (all N).
         chunk_size: C.
         anchors: chunks carry a BOS anchor (independent mode) or not (joint mode).
+        chunk_starts: offset of every chunk's first token in the context (all N; default ``j * C``, the
+            fixed cut). ``absolute`` mode places chunks by it (chunks snapped to sentence ends differ).
 
     Returns:
         (starts: list of K ints, query_start: int).
@@ -46,5 +57,7 @@ def chunk_offsets(mode: str, prefix_len: int, kept: list, sizes: list, chunk_siz
             p += sizes[j] + a
         return starts, p
     if mode == "absolute":
-        return [prefix_len + j * chunk_size - a for j in kept], prefix_len + sum(sizes)
+        if chunk_starts is None:
+            return [prefix_len + j * chunk_size - a for j in kept], prefix_len + sum(sizes)
+        return [prefix_len + chunk_starts[j] - a for j in kept], prefix_len + sum(sizes)
     raise ValueError(f"unknown position mode {mode!r}")

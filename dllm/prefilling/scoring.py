@@ -49,6 +49,8 @@ class ChunkScores:
             while an irrelevant chunk leaves the model answering the draft).
         total: ``[N]`` fp32, the sum of the configured terms (higher = more relevant).
         token_scores: per layer ``[N, Hkv, T]`` fp32 attention mass per chunk token, or None.
+        candidates: the chunks that were scored when a first stage chose them (ascending; the other
+            chunks' terms and total are ``-inf``, their token scores 0), else None (every chunk scored).
     """
 
     self_info: torch.Tensor | None
@@ -56,12 +58,38 @@ class ChunkScores:
     answer_confidence: torch.Tensor | None
     total: torch.Tensor
     token_scores: list | None = None
+    candidates: list | None = None
+
+    def scatter(self, candidates: list, n: int) -> ChunkScores:
+        """These scores of ``len(candidates)`` chunks placed at ``candidates`` among ``n`` chunks (the
+        others ``-inf``; token scores 0)."""
+        idx = torch.tensor(candidates, dtype=torch.long, device=self.total.device)
+
+        def wide(x, fill):
+            if x is None:
+                return None
+            out = torch.full((n, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+            return out.index_copy_(0, idx, x)
+
+        inf = float("-inf")
+        tok = None if self.token_scores is None else [wide(t, 0.0) for t in self.token_scores]
+        return ChunkScores(
+            wide(self.self_info, inf),
+            wide(self.pseudo_label, inf),
+            wide(self.answer_confidence, inf),
+            wide(self.total, inf),
+            tok,
+            list(candidates),
+        )
 
     @property
     def draft_contrast(self) -> torch.Tensor | None:
         if self.answer_confidence is None or self.pseudo_label is None:
             return None
-        return self.answer_confidence - self.pseudo_label
+        diff = self.answer_confidence - self.pseudo_label
+        if self.candidates is not None:  # chunks the first stage left out: -inf - -inf
+            diff = diff.masked_fill(torch.isnan(diff), float("-inf"))
+        return diff
 
 
 def draft_pseudo_labels(model, prefix: torch.Tensor, query: torch.Tensor, m: int, threshold: float):

@@ -1,0 +1,203 @@
+"""Long-context study: passkey documents from 4K to 128K tokens (and beyond), 5 needle depths, from a cache.
+
+    python -m bench.long_context [--out DIR | --record] [--lengths 4096 ... 131072]
+                                 [--depths 0.1 0.3 0.5 0.7 0.9] [--haystack filler|essays|pydoc|generated]
+                                 [--model DIR] [--config today|scale] [--threads 1]
+
+For every length and depth a passkey case is generated in the ``--haystack`` (the task's own filler
+by default, or a natural-prose haystack of :mod:`dllm.tasks.prose`), its context is encoded once as a
+:class:`dllm.DocumentCache` (timed: encode seconds) and the canonical question is answered from the
+cache (timed: seconds per question). Reported per cell: whether a kept chunk holds the needle, whether
+the answer is exact, encode seconds, seconds per question, and the peak resident memory of the process.
+
+``--config today`` is the bundled model's tuned configuration (:data:`bench.demo.TINY_PREFILLING`,
+32 chunks per forward); ``--config scale`` adds the issue-23 knobs (:data:`SCALE`: boundaries snapped to
+sentence ends, redundancy-aware top-K, the first stage with 32 candidates; bench/results/selection_scale.md
+measures each). ``--model`` takes any checkpoint directory (with its tokenizer: lengths are then in its
+tokens), so the study can be rerun on natural prose with a model that reads it.
+
+Writes ``long_context.csv``, ``long_context.md`` and ``long_context.png`` (answer accuracy and seconds
+per question against context length, labelled axes) to ``runs/bench/``, ``--out DIR``, or with
+``--record`` to ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import resource
+import time
+
+import torch
+
+from bench.demo import TINY_PREFILLING
+from bench.figures import save_figure
+from bench.outputs import add_output_args, output_dir, write_report
+from bench.provenance import write_csv
+from dllm.evaluation import case_inputs
+from dllm.generate import generate
+from dllm.loader import load_model
+from dllm.prefilling import PromptParts, encode_document
+from dllm.tasks import make_case, score
+from dllm.tasks.prose import HAYSTACKS
+
+GEN, STEPS = 8, 8
+SEED = 10**9 + 23
+TODAY = dataclasses.replace(TINY_PREFILLING, prefill_batch=32)
+SCALE = dataclasses.replace(TODAY, boundary_snap=48, redundancy_threshold=0.8, candidates=32)
+CONFIGS = {"today": TODAY, "scale": SCALE}
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def _needle_chunks(doc, case, parts, model) -> set:
+    """Chunks of the document overlapping the needle's token span (character offsets at character level;
+    with a tokenizer, the span is located by encoding the context before and through the needle)."""
+    if model.tokenizer is None or getattr(model.config, "vocab_size", 0) <= 256:
+        lo, hi = case.needle_start, case.needle_end
+    else:
+        from dllm.tokenization import encode_text
+
+        lo = encode_text(model, case.context[: case.needle_start]).numel()
+        hi = encode_text(model, case.context[: case.needle_end]).numel()
+    return {j for j, (s, c) in enumerate(zip(doc.chunks.starts, doc.chunks.sizes())) if s < hi and lo < s + c}
+
+
+def run_cell(model, cfg, length: int, depth: float, haystack: str) -> dict:
+    tok = None if model.config.vocab_size <= 256 else model.tokenizer
+    case = make_case("passkey", length, depth, SEED, tokenizer=tok, haystack=haystack)
+    parts = case_inputs(model, case, "prefilling")["prompt"]
+    t0 = time.perf_counter()
+    doc = encode_document(model, parts.context, prefilling=cfg)
+    enc = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res = generate(
+        model,
+        method="prefilling",
+        prompt=PromptParts(parts.prefix, None, parts.query),
+        document=doc,
+        prefilling=cfg.fit_top_k(len(doc)),
+        gen_length=GEN,
+        steps=STEPS,
+    )
+    ask = time.perf_counter() - t0
+    kept = res.stats.extra["selected_chunks"]
+    return {
+        "length": length,
+        "tokens": len(doc),
+        "depth": depth,
+        "haystack": haystack,
+        "chunks": doc.num_chunks,
+        "encode_s": round(enc, 3),
+        "question_s": round(ask, 4),
+        "answer": res.text[0],
+        "gold": case.answer,
+        "correct": int(score("passkey", res.text[0], case)),
+        "needle_kept": int(bool(_needle_chunks(doc, case, parts, model) & set(kept))),
+        "selected_chunks": " ".join(map(str, kept)),
+        "peak_rss_gib": round(_peak_rss_gib(), 3),
+    }
+
+
+def summarize(rows: list) -> str:
+    lengths = sorted({r["length"] for r in rows})
+    lines = [
+        "| context tokens | chunks | needle chunk kept | exact answers | encode s | s / question | peak RSS GiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in lengths:
+        at = [r for r in rows if r["length"] == n]
+        mean = lambda k: sum(r[k] for r in at) / len(at)  # noqa: E731
+        lines.append(
+            f"| {n} | {at[0]['chunks']} | {sum(r['needle_kept'] for r in at)}/{len(at)} | "
+            f"{sum(r['correct'] for r in at)}/{len(at)} | {mean('encode_s'):.2f} | {mean('question_s'):.2f} | "
+            f"{max(r['peak_rss_gib'] for r in at):.2f} |"
+        )
+    lines += ["", "| context tokens | " + " | ".join(f"depth {d}" for d in sorted({r['depth'] for r in rows})) + " |"]
+    lines.append("|---:|" + "---|" * len({r["depth"] for r in rows}))
+    for n in lengths:
+        at = sorted((r for r in rows if r["length"] == n), key=lambda r: r["depth"])
+        cells = [f"{r['answer']!r} {'ok' if r['correct'] else 'wrong'} ({r['selected_chunks']})" for r in at]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({r["length"] for r in rows})
+    acc = [100 * sum(r["correct"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths]
+    kept = [100 * sum(r["needle_kept"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths]
+    sec = [sum(r["question_s"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(lengths, acc, "o-", label="exact answer")
+    a.plot(lengths, kept, "s--", label="needle chunk kept")
+    a.set_xscale("log", base=2)
+    a.set_xlabel("context length (tokens)")
+    a.set_ylabel("share of the 5 depths (%)")
+    a.set_ylim(-5, 105)
+    a.legend()
+    b.plot(lengths, sec, "o-")
+    b.set_xscale("log", base=2)
+    b.set_xlabel("context length (tokens)")
+    b.set_ylabel("seconds per question from the cache")
+    save_figure(fig, path, title)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_args(p, "bench")
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
+    p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    p.add_argument("--haystack", choices=HAYSTACKS, default="filler")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled tiny model)")
+    p.add_argument("--config", choices=sorted(CONFIGS), default="scale")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    if not all(0.0 <= d <= 1.0 for d in args.depths):
+        p.error(f"--depths must lie in 0..1, got {args.depths}")
+    if any(n < 1 for n in args.lengths):
+        p.error(f"--lengths must be positive, got {args.lengths}")
+    out = str(output_dir(args, "bench"))
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model = load_model(args.model, device="cpu")
+    cfg = CONFIGS[args.config]
+    run_cell(model, cfg, min(args.lengths), 0.5, args.haystack)  # warm-up, untimed
+    rows = []
+    for n in args.lengths:
+        for d in args.depths:
+            rows.append(run_cell(model, cfg, n, d, args.haystack))
+            r = rows[-1]
+            print(f"  {n} tokens depth {d}: {r['answer']!r} {'ok' if r['correct'] else 'wrong'}, "
+                  f"encode {r['encode_s']:.1f} s, question {r['question_s']:.2f} s", flush=True)
+    os.makedirs(out, exist_ok=True)
+    write_csv(os.path.join(out, "long_context.csv"), rows, "cpu")
+    title = f"Passkey from a document cache, {args.haystack} haystack, config {args.config}"
+    plot(rows, os.path.join(out, "long_context.png"), title)
+    write_report(
+        os.path.join(out, "long_context.md"),
+        "Long-context study: passkey from a document cache, 4K to 128K tokens (bundled tiny model unless --model)",
+        "bench.long_context",
+        argv,
+        "cpu",
+        time.perf_counter() - t0,
+        [
+            f"Model: {args.model or 'bundled tiny-dream'}; haystack: {args.haystack}; configuration `{args.config}`: "
+            f"{cfg}; {GEN} response tokens, {STEPS} steps; one question (the canonical one) per cell; "
+            f"{args.threads} torch thread(s) on a shared, loaded 2-core machine: seconds are indicative.",
+            summarize(rows),
+            "![accuracy and seconds per question against context length](long_context.png)",
+        ],
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

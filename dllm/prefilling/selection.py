@@ -1,0 +1,146 @@
+"""Chunk selection beyond the paper's plain top-K: a cheap first stage and redundancy-aware top-K.
+
+Both are our extensions of Prefilling-dLLM (arXiv 2606.10537), off by default
+(``PrefillingConfig(candidates=None, redundancy_threshold=None)`` is the paper's selection):
+
+- :func:`first_stage_scores` ranks every chunk by the largest attention logit that the scoring
+  tokens' queries (computed without any context, in one small forward) reach on the chunk's cached
+  keys in one layer. It costs one matrix product per KV head over the document's keys of that layer
+  (no MLP, no other layer, no softmax), against a full forward of the scoring tokens per chunk for
+  the predictive score; only the ``candidates`` best chunks are then scored predictively. A max is
+  used rather than a mean key per chunk because a fact is a few tokens of a chunk: a mean dilutes
+  them by 1/C (measured: bench/results/selection_scale.md).
+- :func:`select_chunks` keeps the top-K by score, but passes over a chunk whose token n-grams
+  overlap an already kept chunk's by a Jaccard similarity of at least ``threshold`` while other
+  chunks remain (greedy, in score order; the maximal-marginal-relevance idea of Carbonell and
+  Goldstein, SIGIR 1998, with a hard threshold): repeated boilerplate then takes one slot of K, not all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# n of the token n-grams compared by select_chunks (8 tokens: a short phrase for a BPE vocabulary, a
+# word or two at character level; repeated filler shares them, distinct sentences rarely do)
+NGRAM = 8
+# scoring tokens whose queries the first stage uses: the last ones of query + draft slots (the draft
+# slots ask for the answer; the query's end says what is asked)
+FIRST_STAGE_QUERIES = 8
+_BLOCK = 512  # chunks per matrix product of the first stage (bounds its fp32 logits to BLOCK*T*8*G*4 bytes)
+
+
+def ngram_set(ids: torch.Tensor, n: int = NGRAM) -> frozenset:
+    """The set of token ``n``-grams of ``ids [L]`` (the whole sequence as one gram when ``L < n``)."""
+    x = ids.tolist()
+    if len(x) < n:
+        return frozenset([tuple(x)])
+    return frozenset(tuple(x[i : i + n]) for i in range(len(x) - n + 1))
+
+
+def jaccard(a: frozenset, b: frozenset) -> float:
+    """``|a & b| / |a | b|`` (1.0 for two empty sets)."""
+    union = len(a | b)
+    return 1.0 if union == 0 else len(a & b) / union
+
+
+def select_chunks(scores: torch.Tensor, k: int, chunk_ids=None, threshold: float | None = None) -> list:
+    """The K kept chunks, ascending.
+
+    Args:
+        scores: ``[N]`` fp32 chunk scores (higher = more relevant; ``-inf`` = not a candidate).
+        k: K, 1 <= K <= N.
+        chunk_ids: ``fn(j) -> [c_j]`` int64 context tokens of chunk j (needed with a threshold).
+        threshold: None: the paper's top-K (``torch.topk``). Else a Jaccard similarity in (0, 1]: in
+            descending score order (ties: lower index first) a chunk is kept unless its :data:`NGRAM`-gram
+            set overlaps a kept chunk's by >= ``threshold``; when fewer than K remain, the passed-over
+            chunks fill K in score order.
+
+    Returns:
+        K chunk indices, ascending.
+
+    Raises:
+        ValueError: K outside ``[1, N]``, or a threshold without ``chunk_ids``.
+    """
+    n = int(scores.numel())
+    if not 1 <= k <= n:
+        raise ValueError(f"K={k} must be in [1, N={n}]")
+    if threshold is None:
+        return sorted(torch.topk(scores, k).indices.tolist())
+    if chunk_ids is None:
+        raise ValueError("redundancy-aware selection needs the chunks' token ids")
+    order = torch.argsort(scores, descending=True, stable=True).tolist()
+    kept, grams, passed = [], [], []
+    for j in order:
+        if len(kept) == k:
+            break
+        if scores[j] == float("-inf"):
+            break  # non-candidates are reached only to fill K
+        g = ngram_set(chunk_ids(j))
+        if any(jaccard(g, h) >= threshold for h in grams):
+            passed.append(j)
+            continue
+        kept.append(j)
+        grams.append(g)
+    if len(kept) < k:
+        taken = set(kept) | set(passed)
+        fill = passed + [j for j in order if j not in taken]
+        kept += fill[: k - len(kept)]
+    return sorted(kept)
+
+
+@torch.no_grad()
+def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, layer: int | None = None) -> torch.Tensor:
+    """Cheap per-chunk relevance: the largest attention logit the scoring tokens reach in the chunk.
+
+    ``layer=None`` averages the score over every layer (the default: which layer separates best
+    depends on the model; for the bundled model layer 1 does, layer 3 does not).
+
+    The live block ``query + draft_tokens`` mask slots is run alone (no context) at the positions right
+    after a full chunk (``T .. T+M-1``, T = C+1: where the predictive score puts it); in layer ``layer``
+    the queries (RoPE applied) of its last :data:`FIRST_STAGE_QUERIES` tokens meet every chunk's cached
+    keys (context tokens only: the BOS anchor, which every chunk has, is left out). Score of chunk j:
+    the mean over those queries, all query heads (and layers) of ``max_t q . k_t / sqrt(D)``.
+
+    Args:
+        model: the dLLM.
+        chunks: :class:`~dllm.prefilling.chunks.ChunkCache` (per layer K ``[N, T, Hkv, D]``).
+        query: ``[Mq]`` int64 the query-window tokens.
+        draft_tokens: m, mask slots after the query.
+        layer: the layer whose queries and keys are compared (negative counts from the last), None = all.
+
+    Returns:
+        ``[N]`` fp32 on the chunks' device.
+
+    Raises:
+        ValueError: ``layer`` outside the model's layers.
+    """
+    n_layers = model.config.num_layers
+    if layer is not None and not -n_layers <= layer < n_layers:
+        raise ValueError(f"candidate_layer={layer} is outside the model's {n_layers} layers")
+    layers = range(n_layers) if layer is None else [layer % n_layers]
+    n, t, hkv, d = chunks.k[0].shape
+    dev = query.device
+    live = torch.cat([query, torch.full((draft_tokens,), model.mask_token_id, dtype=torch.long, device=dev)])
+    got = {}
+
+    def hook(i, q, _k, _v):
+        if i in layers:
+            got[i] = q[0, -FIRST_STAGE_QUERIES:]  # [M, Hq, D]
+
+    model(live[None], torch.arange(t, t + live.numel(), device=dev), logits_start=live.numel(), attn_hook=hook)
+    valid = torch.arange(t, device=chunks.lens.device)[None, :] < chunks.lens[:, None]
+    valid[:, 0] = False
+    out = torch.zeros(n, dtype=torch.float32, device=chunks.lens.device)
+    for i in layers:
+        q = got[i].float()
+        m, hq, _ = q.shape
+        g = hq // hkv
+        q = q.view(m, hkv, g, d).permute(1, 3, 0, 2).reshape(hkv, d, m * g) / d**0.5  # [Hkv, D, M*G]
+        for lo in range(0, n, _BLOCK):
+            hi = min(n, lo + _BLOCK)
+            kb = chunks.k[i][lo:hi].float()  # [b, T, Hkv, D]
+            for h in range(hkv):
+                logits = kb[:, :, h, :] @ q[h]  # [b, T, M*G]
+                logits = logits.masked_fill(~valid[lo:hi, :, None], float("-inf"))
+                out[lo:hi] += logits.amax(1).sum(1)
+    return out / (len(layers) * hkv * m * g)

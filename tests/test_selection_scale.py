@@ -1,0 +1,338 @@
+"""Issue 23 items 1-3: chunk boundaries snapped to sentence ends, redundancy-aware top-K, a first stage.
+
+Each knob's off value must reproduce today's tokens; on, each is checked against hand-computed values
+or a naive reference.
+"""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import dllm
+from dllm.prefilling import PrefillingConfig, PromptParts
+from dllm.prefilling.chunks import cut_chunks, snapped_chunks
+from dllm.prefilling.positions import chunk_offsets
+from dllm.prefilling.selection import first_stage_scores, jaccard, ngram_set, select_chunks
+from tests.tiny_checkpoints import write_dream_checkpoint
+
+BOS = 128  # DREAM_TINY bos_token_id
+END = 7  # token id that ends a sentence in the tests' sentence-end table
+
+
+@pytest.fixture(scope="module")
+def dream(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dream23")
+    write_dream_checkpoint(str(d), seed=23)
+    model = dllm.load_model(str(d), device="cpu", dtype=torch.float32)
+    table = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    table[END] = True
+    model._dllm_sentence_ends = table  # the random checkpoint has no tokenizer: its sentence ends, set here
+    return model
+
+
+def _parts(n_ctx=61, seed=0, ends_every=None):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda n: torch.randint(8, 120, (n,), generator=g)  # noqa: E731  (ids 8.. hold no sentence end)
+    ctx = r(n_ctx)
+    if ends_every:
+        ctx[ends_every - 1 :: ends_every] = END
+    return PromptParts(torch.cat([torch.tensor([BOS]), r(5)]), ctx, r(6))
+
+
+KW = dict(method="prefilling", gen_length=6, steps=6)
+
+
+# --- item 1: boundaries snapped to sentence ends -------------------------------------------------
+
+
+def test_snapped_chunks_by_hand():
+    ends = torch.zeros(30, dtype=torch.bool)
+    ends[[3, 8, 17, 24]] = True  # sentences end after tokens 3, 8, 17, 24: boundaries allowed at 4, 9, 18, 25
+    # C=10, tol=4: a boundary b may move back to b-4..b: 10 -> 9; 19 -> 18; 28 -> 25; the rest fits
+    assert snapped_chunks(ends, 10, 4) == [(0, 9), (9, 9), (18, 7), (25, 5)]
+    # tol=1: 10 -> 9; 19 -> 18; 28 stays (25 is 3 back); the rest fits
+    assert snapped_chunks(ends, 10, 1) == [(0, 9), (9, 9), (18, 10), (28, 2)]
+    assert snapped_chunks(ends, 10, 0) == cut_chunks(30, 10)
+    assert snapped_chunks(torch.zeros(30, dtype=torch.bool), 10, 9) == cut_chunks(30, 10)
+    with pytest.raises(ValueError, match="tolerance"):
+        snapped_chunks(ends, 10, 10)
+    with pytest.raises(ValueError, match="empty"):
+        snapped_chunks(torch.zeros(0, dtype=torch.bool), 10, 3)
+
+
+def test_bundled_tokenizer_sentence_ends():
+    tiny = dllm.load_model(device="cpu")
+    from dllm.prefilling.chunks import sentence_end_table
+
+    table = sentence_end_table(tiny)
+    ends = {tiny.tokenizer.convert_ids_to_tokens(i) for i in table.nonzero().flatten().tolist()}
+    assert ends == {".", "!", "?", "\n"}
+
+
+def test_snap_without_sentence_ends_reproduces_fixed_chunks(dream):
+    """boundary_snap on a context with no sentence end: today's chunks and tokens exactly."""
+    parts = _parts()
+    base = PrefillingConfig(chunk_size=8, top_k=2)
+    fresh = dllm.generate(dream, prompt=parts, prefilling=base, **KW)
+    snap = dllm.generate(dream, prompt=parts, prefilling=dataclasses.replace(base, boundary_snap=5), **KW)
+    assert torch.equal(fresh.tokens, snap.tokens)
+    assert fresh.stats.extra["all_chunk_scores"] == snap.stats.extra["all_chunk_scores"]
+
+
+@pytest.mark.parametrize("mode", ["continuous", "absolute", "reuse"])
+def test_snapped_chunks_hold_whole_sentences_and_positions_follow_their_offsets(dream, mode, tmp_path):
+    """With a sentence end every 6 tokens and C=8, tol=3, every chunk ends on a sentence end (6 tokens each);
+    a document encoded with the same knob gives the fresh run's tokens, saved and loaded too."""
+    parts = _parts(n_ctx=40, ends_every=6)
+    cfg = PrefillingConfig(chunk_size=8, top_k=2, boundary_snap=3, position_mode=mode)
+    doc = dllm.encode_document(dream, parts.context, prefilling=cfg)
+    assert doc.chunks.sizes() == [6, 6, 6, 6, 6, 6, 4] and doc.chunks.starts == [0, 6, 12, 18, 24, 30, 36]
+    fresh = dllm.generate(dream, prompt=parts, prefilling=cfg, **KW)
+    doc.save(tmp_path / "d.cache")
+    loaded = dllm.DocumentCache.load(tmp_path / "d.cache", dream)
+    assert loaded.boundary_snap == 3 and loaded.chunks.starts == doc.chunks.starts
+    q = PromptParts(parts.prefix, None, parts.query)
+    for d in (doc, loaded):
+        assert torch.equal(dllm.generate(dream, prompt=q, document=d, prefilling=cfg, **KW).tokens, fresh.tokens)
+    kept = fresh.stats.extra["selected_chunks"]
+    starts, q_start = chunk_offsets(mode, 6, kept, doc.chunks.sizes(), 8, chunk_starts=doc.chunks.starts)
+    if mode == "absolute":  # the anchor one position before the chunk's first context token
+        assert starts == [6 + doc.chunks.starts[j] - 1 for j in kept] and q_start == 6 + 40
+    with pytest.raises(ValueError, match="boundary_snap mismatch"):
+        dllm.generate(dream, prompt=q, document=doc, prefilling=dataclasses.replace(cfg, boundary_snap=0), **KW)
+
+
+def _rewrite_header(src, dst, edit):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from dllm.prefilling.document import HEADER_KEY
+
+    with safe_open(str(src), framework="pt") as f:
+        head = json.loads(f.metadata()[HEADER_KEY])
+    edit(head)
+    save_file(load_file(str(src)), str(dst), metadata={HEADER_KEY: json.dumps(head)})
+
+
+def test_format_2_files_load_and_older_ones_are_a_clear_error(dream, tmp_path):
+    parts = _parts(n_ctx=37)
+    doc = dllm.encode_document(dream, parts.context, chunk_size=8)
+    doc.save(tmp_path / "new.cache")
+    _rewrite_header(tmp_path / "new.cache", tmp_path / "v2.cache", lambda h: (h.pop("boundary_snap"), h.update(format=2)))
+    old = dllm.DocumentCache.load(tmp_path / "v2.cache", dream)
+    assert old.boundary_snap == 0 and old.chunks.starts == doc.chunks.starts
+    _rewrite_header(tmp_path / "new.cache", tmp_path / "v1.cache", lambda h: h.update(format=1))
+    with pytest.raises(ValueError, match="format mismatch: .* has format 1, this version reads 2 and 3"):
+        dllm.DocumentCache.load(tmp_path / "v1.cache", dream)
+
+
+def test_a_snapped_cache_whose_boundaries_do_not_follow_its_sentences_is_damaged(dream, tmp_path):
+    parts = _parts(n_ctx=40, ends_every=6)
+    cfg = PrefillingConfig(chunk_size=8, boundary_snap=3)
+    dllm.encode_document(dream, parts.context, prefilling=cfg).save(tmp_path / "d.cache")
+    # the same tensors claiming another tolerance: the layout no longer matches the sentence ends
+    _rewrite_header(tmp_path / "d.cache", tmp_path / "bad.cache", lambda h: h.update(boundary_snap=1))
+    with pytest.raises(ValueError, match="damaged: its chunk lengths or offsets"):
+        dllm.DocumentCache.load(tmp_path / "bad.cache", dream)
+    _rewrite_header(tmp_path / "d.cache", tmp_path / "bad2.cache", lambda h: h.update(boundary_snap=8))
+    with pytest.raises(ValueError, match="boundary_snap=8 is not below"):
+        dllm.DocumentCache.load(tmp_path / "bad2.cache", dream)
+
+
+# --- item 2: redundancy-aware selection ----------------------------------------------------------
+
+
+def test_select_chunks_by_hand():
+    ids = {0: torch.arange(20), 1: torch.arange(20), 2: torch.arange(1, 21), 3: torch.arange(100, 120)}
+    scores = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    assert select_chunks(scores, 2) == [0, 1]  # the paper: top-K
+    # 8-grams: chunk 1 = chunk 0 (J=1), chunk 2 shares 12 of 14 (J=12/14=0.857), chunk 3 none
+    assert jaccard(ngram_set(ids[0]), ngram_set(ids[2])) == pytest.approx(12 / 14)
+    assert select_chunks(scores, 2, ids.__getitem__, 0.8) == [0, 3]
+    assert select_chunks(scores, 2, ids.__getitem__, 0.9) == [0, 2]
+    # every other chunk a near-copy: the passed-over ones fill K in score order
+    dup = {j: torch.arange(20) for j in range(4)}
+    assert select_chunks(scores, 3, dup.__getitem__, 0.5) == [0, 1, 2]
+    # -inf (not a candidate) is never kept while a candidate remains
+    assert select_chunks(torch.tensor([1.0, float("-inf"), 0.5]), 2, ids.__getitem__, 0.8) == [0, 2]
+    with pytest.raises(ValueError, match="K=5"):
+        select_chunks(scores, 5)
+
+
+def test_near_copies_no_longer_crowd_out_the_unique_chunk(dream):
+    """A context of one 8-token block repeated, with one distinct chunk: with a threshold it is always kept;
+    off (None) reproduces the paper's tokens."""
+    g = torch.Generator().manual_seed(3)
+    block = torch.randint(8, 120, (8,), generator=g)
+    ctx = block.repeat(10)
+    ctx[40:48] = torch.randint(8, 120, (8,), generator=g)  # chunk 5 differs
+    parts = PromptParts(torch.tensor([BOS]), ctx, torch.randint(8, 120, (5,), generator=g))
+    base = PrefillingConfig(chunk_size=8, top_k=2)
+    off = dllm.generate(dream, prompt=parts, prefilling=base, **KW)
+    paper = sorted(torch.topk(torch.tensor(off.stats.extra["all_chunk_scores"]), 2).indices.tolist())
+    assert off.stats.extra["selected_chunks"] == paper
+    on = dllm.generate(dream, prompt=parts, prefilling=dataclasses.replace(base, redundancy_threshold=0.8), **KW)
+    kept = on.stats.extra["selected_chunks"]
+    scores = on.stats.extra["all_chunk_scores"]
+    best_copy = max((j for j in range(10) if j != 5), key=lambda j: (scores[j], -j))
+    assert kept == sorted({5, best_copy})
+    # no near-copies in a random context: the threshold changes nothing
+    rnd = _parts()
+    a = dllm.generate(dream, prompt=rnd, prefilling=base, **KW)
+    b = dllm.generate(dream, prompt=rnd, prefilling=dataclasses.replace(base, redundancy_threshold=0.5), **KW)
+    assert torch.equal(a.tokens, b.tokens) and a.stats.extra["selected_chunks"] == b.stats.extra["selected_chunks"]
+
+
+# --- item 3: the first stage ---------------------------------------------------------------------
+
+
+def _naive_first_stage(model, chunks, query, m, layers):
+    """Loops over chunks, query heads, queries and tokens (the definition in first_stage_scores)."""
+    t = chunks.k[0].shape[1]
+    live = torch.cat([query, torch.full((m,), model.mask_token_id)])
+    qs = {}
+    model(
+        live[None],
+        torch.arange(t, t + live.numel()),
+        logits_start=live.numel(),
+        attn_hook=lambda i, q, k, v: qs.__setitem__(i, q[0]),
+    )
+    hq, hkv, d = model.config.num_heads, model.config.num_kv_heads, model.config.head_dim
+    out = []
+    for j in range(chunks.num_chunks):
+        vals = []
+        for layer in layers:
+            q = qs[layer][-8:]
+            for h in range(hq):
+                for i in range(q.shape[0]):
+                    best = max(
+                        float(q[i, h] @ chunks.k[layer][j, tok, h // (hq // hkv)]) / d**0.5
+                        for tok in range(1, int(chunks.lens[j]))
+                    )
+                    vals.append(best)
+        out.append(sum(vals) / len(vals))
+    return torch.tensor(out)
+
+
+def test_first_stage_matches_the_naive_definition(dream):
+    parts = _parts(n_ctx=43)
+    doc = dllm.encode_document(dream, parts.context, chunk_size=8)
+    for layer, layers in ((None, [0, 1]), (-1, [1]), (0, [0])):
+        got = first_stage_scores(dream, doc.chunks, parts.query, 3, layer)
+        want = _naive_first_stage(dream, doc.chunks, parts.query, 3, layers)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="candidate_layer=2"):
+        first_stage_scores(dream, doc.chunks, parts.query, 3, 2)
+
+
+def test_candidates_score_only_the_first_stage_picks(dream):
+    parts = _parts(n_ctx=80)  # 10 chunks
+    base = PrefillingConfig(chunk_size=8, top_k=2, draft_tokens=3)
+    full = dllm.generate(dream, prompt=parts, prefilling=base, **KW)
+    # n >= N: no first stage, today's tokens and scores
+    same = dllm.generate(dream, prompt=parts, prefilling=dataclasses.replace(base, candidates=10), **KW)
+    assert torch.equal(same.tokens, full.tokens) and same.stats.nfe == full.stats.nfe
+    assert same.stats.extra["all_chunk_scores"] == full.stats.extra["all_chunk_scores"]
+    doc = dllm.encode_document(dream, parts.context, prefilling=base)
+    first = first_stage_scores(dream, doc.chunks, parts.query, 3)
+    for n, want_n in ((4, 4), (1, 2)):  # fewer candidates than K are raised to K
+        res = dllm.generate(dream, prompt=parts, prefilling=dataclasses.replace(base, candidates=n), **KW)
+        ex = res.stats.extra
+        cands = sorted(torch.topk(first, want_n).indices.tolist())
+        assert ex["candidate_chunks"] == cands
+        assert [j for j, s in enumerate(ex["all_chunk_scores"]) if s is not None] == cands
+        for j in cands:  # a candidate's score is the one of scoring every chunk
+            assert ex["all_chunk_scores"][j] == pytest.approx(full.stats.extra["all_chunk_scores"][j], abs=2e-4)
+        best = sorted(cands, key=lambda j: -ex["all_chunk_scores"][j])[:2]
+        assert ex["selected_chunks"] == sorted(best)
+        assert res.stats.nfe == full.stats.nfe + 1  # the first stage's one small forward
+
+
+def test_candidates_with_a_token_budget_and_joint_mode_decode(dream):
+    parts = _parts(n_ctx=80)
+    for mode in ("independent", "joint"):
+        cfg = PrefillingConfig(chunk_size=8, top_k=2, candidates=3, token_budget=4, cache_mode=mode, pool_kernel=3)
+        res = dllm.generate(dream, prompt=parts, prefilling=cfg, **KW)
+        assert (res.tokens != dream.mask_token_id).all()
+        assert set(res.stats.extra["selected_chunks"]) <= set(res.stats.extra["candidate_chunks"])
+
+
+# --- the knobs --------------------------------------------------------------------------------------
+
+
+def test_new_knobs_are_off_by_default_and_checked():
+    cfg = PrefillingConfig()
+    assert (cfg.boundary_snap, cfg.redundancy_threshold, cfg.candidates, cfg.candidate_layer) == (0, None, None, None)
+    from dllm.loader import default_model_dir
+
+    bundled = PrefillingConfig.from_pretrained(default_model_dir())
+    assert bundled.top_k == 4  # the file was read
+    assert not {"boundary_snap", "redundancy_threshold", "candidates", "candidate_layer"} & set(bundled.changed_fields())
+    for bad, match in (
+        (dict(boundary_snap=1024), "boundary_snap"),
+        (dict(boundary_snap=-1), "boundary_snap"),
+        (dict(redundancy_threshold=0.0), "redundancy_threshold"),
+        (dict(redundancy_threshold=1.5), "redundancy_threshold"),
+        (dict(redundancy_threshold=True), "redundancy_threshold"),
+        (dict(candidates=0), "candidates"),
+        (dict(candidate_layer=1.5), "candidate_layer"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            PrefillingConfig(**bad)
+    assert PrefillingConfig(redundancy_threshold=1).redundancy_threshold == 1.0
+
+
+def test_cli_flags_encode_snapped_and_answer_with_the_new_knobs(tmp_path, monkeypatch, capsys):
+    """encode --boundary-snap, then generate --document (the document's tolerance is taken from its header,
+    another one is an error) with --redundancy-threshold and --candidates; bad values are one error line."""
+    from dllm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text(
+        "The grass is green. " * 40 + "The pass key is 42917. Remember it. " + "The sky is blue. " * 40
+    )
+    (tmp_path / "q.txt").write_text("{context}\n\nWhat is the pass key? The pass key is ")
+    assert main(["encode", "--context-file", "doc.txt", "--out", "d.cache", "--chunk-size", "128", "--boundary-snap", "24"]) == 0
+    capsys.readouterr()
+    assert dllm.DocumentCache.read_header(tmp_path / "d.cache")["boundary_snap"] == 24
+    common = ["--prompt-file", "q.txt", "--gen-length", "6", "--top-k", "2"]
+    new = ["--redundancy-threshold", "0.8", "--candidates", "4"]
+    assert main(["generate", "--document", "d.cache", *common, *new]) == 0
+    out, err = capsys.readouterr()
+    stats = [json.loads(line) for line in err.strip().splitlines() if line.startswith("{")][0]
+    assert len(stats["candidate_chunks"]) == 4 and set(stats["selected_chunks"]) <= set(stats["candidate_chunks"])
+    fresh = ["generate", "--method", "prefilling", "--context-file", "doc.txt", "--chunk-size", "128"]
+    assert main([*fresh, *common, *new, "--boundary-snap", "24"]) == 0
+    assert capsys.readouterr().out == out  # the same answer fresh
+    for args, message in (
+        (["generate", "--document", "d.cache", *common, "--boundary-snap", "0"], "was encoded with 24"),
+        ([*fresh, *common, "--redundancy-threshold", "0"], "--redundancy-threshold must be"),
+        ([*fresh, *common, "--boundary-snap", "128"], "--boundary-snap must be in"),
+    ):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_benches_write_their_reports(tmp_path):
+    """bench.selection_scale and bench.long_context on small documents: CSV with provenance, Markdown, figure."""
+    import csv
+
+    from bench import long_context, selection_scale
+
+    out = tmp_path / "s"
+    argv = ["--out", str(out), "--long-length", "2048", "--depths", "0.5", "--straddle-length", "1024"]
+    assert selection_scale.main([*argv, "--offsets", "6", "--needles", "single"]) == 0
+    rows = list(csv.DictReader(open(out / "selection_scale.csv")))
+    assert {r["part"] for r in rows} == {"first_stage", "encode", "long", "straddle"} and all(r["commit"] for r in rows)
+    long_rows = [r for r in rows if r["part"] == "long"]
+    assert {r["config"] for r in long_rows} == {"today", "redundancy", "first_stage", "all"} and len(long_rows) == 16
+    md = (out / "selection_scale.md").read_text()
+    assert "Candidate count used: " in md and "| single | 6 |" in md
+    out = tmp_path / "l"
+    assert long_context.main(["--out", str(out), "--lengths", "512", "1024", "--depths", "0.5", "--config", "today"]) == 0
+    rows = list(csv.DictReader(open(out / "long_context.csv")))
+    assert [int(r["length"]) for r in rows] == [512, 1024] and all(r["commit"] for r in rows)
+    assert (out / "long_context.png").stat().st_size > 0 and "| 1024 |" in (out / "long_context.md").read_text()
