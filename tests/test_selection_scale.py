@@ -171,13 +171,22 @@ def test_near_copies_no_longer_crowd_out_the_unique_chunk(dream):
     parts = PromptParts(torch.tensor([BOS]), ctx, torch.randint(8, 120, (5,), generator=g))
     base = PrefillingConfig(chunk_size=8, top_k=2)
     off = dllm.generate(dream, prompt=parts, prefilling=base, **KW)
-    paper = sorted(torch.topk(torch.tensor(off.stats.extra["all_chunk_scores"]), 2).indices.tolist())
-    assert off.stats.extra["selected_chunks"] == paper
+    # the copies' scores tie (the stats round them to 4 decimals; the tie-break among exact ties is not part
+    # of the method): the paper's top-2 is chunk 5 beside the best-scoring copy, or two copies above it
+    scores = off.stats.extra["all_chunk_scores"]
+    paper = off.stats.extra["selected_chunks"]
+    best_copy_score = max(scores[j] for j in range(10) if j != 5)
+    if scores[5] >= best_copy_score:
+        assert 5 in paper and all(scores[j] == best_copy_score for j in paper if j != 5), scores
+    else:
+        assert 5 not in paper, scores
     on = dllm.generate(dream, prompt=parts, prefilling=dataclasses.replace(base, redundancy_threshold=0.8), **KW)
     kept = on.stats.extra["selected_chunks"]
-    scores = on.stats.extra["all_chunk_scores"]
-    best_copy = max((j for j in range(10) if j != 5), key=lambda j: (scores[j], -j))
-    assert kept == sorted({5, best_copy})
+    assert on.stats.extra["all_chunk_scores"] == scores
+    # with the threshold: the best copy and the distinct chunk 5, whatever their order
+    assert len(kept) == 2 and 5 in kept, kept
+    other = next(j for j in kept if j != 5)
+    assert scores[other] == best_copy_score, (kept, scores)
     # no near-copies in a random context: the threshold changes nothing
     rnd = _parts()
     a = dllm.generate(dream, prompt=rnd, prefilling=base, **KW)
