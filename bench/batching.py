@@ -13,9 +13,10 @@ runs beside the batch's, and their ratio; rounds alternate which goes first.
 What to expect on this CPU: prefill and scoring are compute-bound (matrix multiplies at full width,
 chunk attention), so stacking rows gains little there. A denoising step is one forward over a
 48-token live block against about 1.2K cached keys per row: its projections, MLP and LM head batch
-(one call for all rows instead of one per row), but its split-S attention (on CPU torch's fused
-attention, one call per row: :mod:`triton_kernels.split_s_cpu`) computes each row's attention over
-that row's keys, which batching cannot share (the share is measured and reported), so the decode
+(one call for all rows instead of one per row), and so does the call of its split-S attention (on CPU
+torch's fused attention, one call for all rows of the same shape: :mod:`triton_kernels.split_s_cpu`),
+but that attention computes each row's attention over that row's keys: the arithmetic is the same
+batched or not and is compute-bound on a CPU (the share is measured and reported), so the decode
 phase gains less than the number of rows. ``--token-budget`` keeps fewer keys per chunk and shows the trend.
 On a GPU the Triton kernel serves all rows in one launch and a step of the 7B-class models is
 bound by launches and weight reads, not by this attention: the gain there is predicted to be
@@ -209,7 +210,7 @@ def summarize(rows: list[dict]) -> str:
         lines += [
             "",
             "Share of the denoising phase spent in split-S attention (on CPU torch's fused attention, one call "
-            "per row: each row's attention over its own cached keys): "
+            "for the rows of each shape: each row's attention over its own cached keys): "
             f"{share['single_decode_share']:.0%} for the longest prompt alone, "
             f"{share['batch_decode_share']:.0%} for the batch. That work does not shrink with batching; on a GPU "
             "the Triton kernel serves every row in one launch (the gain there is predicted, not measured).",

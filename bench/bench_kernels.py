@@ -192,7 +192,7 @@ def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
             ours=True,
         )
     else:
-        # what CPU tensors dispatch to: torch's fused CPU attention, one call per row
+        # what CPU tensors dispatch to: torch's fused CPU attention, one call per row shape
         ours = Method(
             "split_s_cpu",
             lambda: tk.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live, backend="torch"),

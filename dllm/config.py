@@ -109,14 +109,19 @@ class ModelConfig:
             if not math.isfinite(value) or value < 0 or (positive and value == 0):
                 bound = "> 0" if positive else ">= 0"
                 raise ConfigError(f"config field rope_scaling.{key} must be a finite number {bound}, got {value!r}")
-        from dllm.rope import scaled_inv_frequencies
+        from dllm.rope import RotaryEmbedding
 
-        try:  # the frequencies themselves are computed again by the model; this only validates
-            scaled_inv_frequencies(
-                self.head_dim, self.rope_theta, self.rope_scaling, max_position_embeddings=self.max_position_embeddings
-            )
+        try:  # validates the RoPE fields; the one table of frequencies, kept for the model (see ``rope``)
+            rope = RotaryEmbedding.from_config(self)
         except ValueError as e:
             raise ConfigError(str(e)) from e
+        object.__setattr__(self, "_rope", rope)  # not a field: no part of eq/hash/repr
+
+    @property
+    def rope(self):
+        """The :class:`dllm.rope.RotaryEmbedding` of this configuration, computed once when the config was
+        built (validation and every model built from it share it: no second frequency computation)."""
+        return self._rope
 
     @property
     def trained_positions(self) -> int | None:

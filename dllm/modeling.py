@@ -132,8 +132,9 @@ class DiffusionLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # RoPE frequencies (plain or a static scaling variant), fixed at build time; not a buffer, so
-        # building under a meta device (dllm.load_model) leaves them real.
+        # RoPE frequencies (plain or a static scaling variant): the config's own table, computed once when
+        # the config was validated; not a buffer, so building under a meta device (dllm.load_model) leaves
+        # them real.
         self.rope = RotaryEmbedding.from_config(cfg)
         self.tokenizer = None
         self.model_dir = None

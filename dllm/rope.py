@@ -216,7 +216,12 @@ class RotaryEmbedding:
     @classmethod
     def from_config(cls, cfg) -> RotaryEmbedding:
         """From a :class:`dllm.config.ModelConfig` (``head_dim``, ``rope_theta``, ``rope_scaling``,
-        ``max_position_embeddings``). Raises ValueError as :func:`scaled_inv_frequencies`."""
+        ``max_position_embeddings``). A config that already holds its table (``cfg.rope``, built once when
+        a :class:`~dllm.config.ModelConfig` is validated) returns that one instead of computing it again.
+        Raises ValueError as :func:`scaled_inv_frequencies`."""
+        cached = getattr(cfg, "_rope", None)
+        if isinstance(cached, cls):
+            return cached
         with torch.device("cpu"):  # the model itself may be built under a meta-device context
             inv, factor = scaled_inv_frequencies(
                 cfg.head_dim,

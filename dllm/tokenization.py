@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -12,8 +14,38 @@ _PORTABLE_CLASS = "PreTrainedTokenizerFast"
 _5X_ONLY_CLASSES = ("TokenizersBackend",)
 
 
+# Recent encodings per tokenizer: a long context is tokenized once however many callers ask for it
+# (a LongBench case's length count, its prompt parts and its CSV row; each --question of the CLI).
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MEMO_TOKENS = 1 << 22  # token ids remembered per tokenizer (int64 on CPU: 32 MiB); least recently used go first
+
+
+def _token_ids(tok, text: str) -> torch.Tensor:
+    """``tok(text, add_special_tokens=False)["input_ids"]`` as an int64 CPU tensor (do not modify it), from
+    the memo when this tokenizer (with the same vocabulary size, so added tokens invalidate it) encoded
+    the same text lately."""
+    try:
+        memo = _MEMO.setdefault(tok, OrderedDict())
+    except TypeError:  # a tokenizer that takes no weak reference: no memo
+        return torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    key = (len(tok), text)
+    ids = memo.get(key)
+    if ids is not None:
+        memo.move_to_end(key)
+        return ids
+    ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    memo[key] = ids
+    total = sum(t.numel() for t in memo.values())
+    while total > MEMO_TOKENS and len(memo) > 1:
+        total -= memo.popitem(last=False)[1].numel()
+    return ids
+
+
 def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
     """Token ids ``[L]`` int64 on the model's device, no special tokens (optionally BOS first).
+
+    The tokenizer's ids of recent texts (up to :data:`MEMO_TOKENS` ids per tokenizer) are remembered, so
+    the same text (a long context) is tokenized once; each call returns a new tensor.
 
     Raises:
         ValueError: the model has no tokenizer.
@@ -21,10 +53,10 @@ def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
     tok = model.tokenizer
     if tok is None:
         raise ValueError(f"model {model.model_dir!r} has no tokenizer; pass token ids instead of text")
-    ids = tok(text, add_special_tokens=False)["input_ids"]
+    ids = _token_ids(tok, text)
     if bos and tok.bos_token_id is not None:
-        ids = [tok.bos_token_id] + ids
-    return torch.tensor(ids, dtype=torch.long, device=model.device)
+        ids = torch.cat([torch.tensor([tok.bos_token_id], dtype=torch.long), ids])
+    return ids.to(model.device, copy=True)
 
 
 def decode_text(model, tokens: torch.Tensor) -> list | None:

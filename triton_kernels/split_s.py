@@ -336,7 +336,7 @@ def _split_s_impl(
         p, t = k_pool.shape[0], k_pool.shape[1]
         V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
     if backend == "torch":
-        if q.device.type == "cpu":  # torch fused attention, one call per row (same bits alone or batched)
+        if q.device.type == "cpu":  # torch fused attention, one call per row shape (same bits alone or batched)
             return split_s_attention_cpu(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
         return _ref.split_s_attention(
             q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale=sm_scale, live_lens=live_lens
@@ -384,7 +384,7 @@ def split_s_attention(
         sm_scale: softmax scale, default ``1/sqrt(D)``.
         backend: ``"triton"``, ``"torch"`` or None (auto; see :mod:`triton_kernels._dispatch`).
             ``"torch"`` on CPU tensors runs :func:`triton_kernels.split_s_cpu.split_s_attention_cpu`
-            (torch's fused CPU attention, one call per row); elsewhere the naive reference.
+            (torch's fused CPU attention, one call for the rows of each shape); elsewhere the naive reference.
 
     Only the last dim of q/k/v must be contiguous; other strides are free
     (e.g. K/V views of a fused QKV projection), and offsets are 64-bit. ``Hq = G * Hkv`` with any G.

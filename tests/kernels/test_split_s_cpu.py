@@ -16,7 +16,7 @@ import torch
 import triton_kernels.split_s as split_s_mod
 from triton_kernels import reference as R
 from triton_kernels import split_s_attention, split_s_cpu
-from triton_kernels.split_s_cpu import has_fused_attention, split_s_attention_cpu
+from triton_kernels.split_s_cpu import batch_invariant, has_fused_attention, split_s_attention_cpu
 
 from ._helpers import assert_rule, max_err, split_s_dense
 
@@ -179,8 +179,9 @@ def test_poison_outside_the_keys_never_reaches_results(dtype):
 
 
 def test_a_row_alone_gives_the_same_bits_as_in_a_batch():
-    """Why the path calls the fused kernel once per row: a request's result does not depend on the other
-    rows of its batch (longer rows, padded live blocks), so batched decoding equals single runs."""
+    """A request's result does not depend on the other rows of its batch (longer rows, padded live
+    blocks; here every row has its own shape, so one fused call each), so batched decoding equals
+    single runs."""
     args, ll = _case(4, 13, 2, 4, 64, T, SLOTS, LENS, torch.float32, live_lens=LIVE_LENS, seed=2)
     out, lse = split_s_attention_cpu(*args, None, ll)
     q, kp, vp, slots, lens, kl, vl = args
@@ -256,3 +257,97 @@ def test_fallback_to_the_reference_without_the_fused_op(monkeypatch, dtype):
         split_s_attention(*args, sm_scale=0.2, live_lens=ll, backend="torch"),
     ):
         assert torch.equal(out, ref_o) and torch.equal(lse, ref_lse)
+
+
+def _count_fused(monkeypatch):
+    calls = []
+    inner = split_s_cpu._FUSED
+
+    def counted(q, *a, **k):
+        calls.append(q.shape[0])  # rows in this call
+        return inner(q, *a, **k)
+
+    monkeypatch.setattr(split_s_cpu, "_FUSED", counted)
+    return calls
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_of_one_shape_share_one_call_and_keep_their_single_run_bits(monkeypatch, threads):
+    """Five rows whose kept segments have the same lengths (different slots, like top-K full chunks of
+    different requests): one fused call for all of them, each row bit-equal to the row run alone and
+    within fp32 tolerance of the reference; at 1 and 2 torch threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        b, m, hkv, g, d, t = 5, 12, 2, 4, 32, 40  # 48 packed query rows, 2 KV heads: batch_invariant
+        assert batch_invariant(m * g, hkv)
+        slots = [[s, s + 5] for s in range(5)]  # slots 0..9, two per row
+        lens = [[T, 17]] * b
+        args, _ = _case(b, m, hkv, g, d, t, slots, lens, torch.float32, p=10, seed=21)
+        calls = _count_fused(monkeypatch)
+        out, lse = _check(args, None, 0.2, torch.float32)
+        assert calls == [b]
+        q, kp, vp, sl, ln, kl, vl = args
+        for r in range(b):
+            one = split_s_attention_cpu(q[r : r + 1], kp, vp, sl[r : r + 1], ln[r : r + 1], kl[r : r + 1], vl[r : r + 1], 0.2)
+            assert torch.equal(one[0], out[r : r + 1]) and torch.equal(one[1], lse[r : r + 1])
+        assert calls == [b] + [1] * b
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_one_call_per_row_shape_in_a_ragged_batch(monkeypatch):
+    """Rows 0 and 2 share a shape (40 + 9 segment keys, 12 live rows), rows 1 and 3 another (9 live rows),
+    row 4 its own (one segment), row 5 has no key: three calls of 2, 2 and 1 rows; every row matches the
+    reference and its single run bit for bit."""
+    slots = [[0, 1], [2, 3], [4, 5], [0, 5], [6, -1], [-1, -1]]
+    lens = [[T, 9], [T, 9], [T, 9], [T, 9], [30, 0], [0, 0]]
+    live_lens = [12, 9, 12, 9, 12, 0]
+    args, ll = _case(6, 12, 2, 4, 64, T, slots, lens, torch.float32, live_lens=live_lens, p=7, seed=4)
+    calls = _count_fused(monkeypatch)
+    out, lse = _check(args, ll, None, torch.float32)
+    assert sorted(calls) == [1, 2, 2]
+    q, kp, vp, sl, ln, kl, vl = args
+    for r, n in enumerate(live_lens):
+        one = split_s_attention_cpu(
+            q[r : r + 1, :n], kp, vp, sl[r : r + 1], ln[r : r + 1], kl[r : r + 1, :n], vl[r : r + 1, :n]
+        )
+        assert torch.equal(one[0], out[r : r + 1, :n]) and torch.equal(one[1], lse[r : r + 1, :n])
+
+
+def test_batch_invariant_rule():
+    """Hand-worked cases of the rule: at least 32 packed query rows and at least two work items
+    (KV heads x query blocks of 32 / 64 / 256 rows) for a row alone."""
+    assert not batch_invariant(31, 4)  # small query block: per-thread scratch misaligned
+    assert not batch_invariant(1, 8)
+    assert not batch_invariant(32, 1)  # one item: runs outside the parallel region
+    assert batch_invariant(32, 2)  # two heads
+    assert batch_invariant(33, 1)  # two query blocks of 32
+    assert batch_invariant(64, 1)  # two query blocks of 32
+    assert batch_invariant(191, 1)  # 6 blocks of 32
+    assert batch_invariant(192, 1)  # 3 blocks of 64
+
+
+def test_rows_outside_the_rule_run_one_call_each(monkeypatch):
+    """Three rows of one shape but only 3 x 4 = 12 packed query rows (below the rule): one call per row."""
+    args, _ = _case(3, 3, 2, 4, 64, T, [[0], [1], [2]], [[T], [T], [T]], torch.float32, p=4, seed=8)
+    calls = _count_fused(monkeypatch)
+    _check(args, None, 0.125, torch.float32)
+    assert calls == [1, 1, 1]
+
+
+def test_a_non_finite_row_leaves_its_group_on_the_fused_path(monkeypatch):
+    """One row of a three-row group has a NaN query: that row follows the reference's rule (its query
+    row is NaN), the other two still share one fused call and equal their clean results bit for bit."""
+    args, _ = _case(3, 12, 2, 4, 64, T, [[0], [1], [2]], [[T], [T], [T]], torch.float32, p=4, seed=13)
+    clean_o, clean_lse = split_s_attention_cpu(*args, 0.125)
+    q = args[0].clone()
+    q[1, 5, 3, 0] = float("nan")
+    calls = _count_fused(monkeypatch)
+    out, lse = split_s_attention_cpu(q, *args[1:], 0.125)
+    assert calls == [2]
+    ref_o, ref_lse = R.split_s_attention(q, *args[1:], sm_scale=0.125)
+    assert torch.isnan(lse[1, 5, 3]) and torch.isnan(ref_lse[1, 5, 3])
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse))
+    for r in (0, 2):
+        assert torch.equal(out[r], clean_o[r]) and torch.equal(lse[r], clean_lse[r])
