@@ -874,6 +874,12 @@ def _document_config(args, header: dict) -> PrefillingConfig:
     return _fit_top_k(cfg, header["num_tokens"], explicit=args.top_k not in (None, _ALL))
 
 
+def _torchrun() -> bool:
+    """Launched by torchrun (``WORLD_SIZE`` set): ``encode`` and ``generate`` run on every rank
+    (:mod:`dllm.distributed.cli`: a sharded document, distributed chunk scoring, rank 0 decodes)."""
+    return "WORLD_SIZE" in os.environ
+
+
 def _check_templates(args, templates: list[str], context: str | None) -> None:
     """The ``{context}`` slot rules of every prompt, before the model loads."""
     for template in templates:
@@ -963,6 +969,10 @@ def _answer_fresh(model, args, template, context, cfg, kw):
 
 
 def cmd_generate(args) -> int:
+    if _torchrun():
+        from dllm.distributed import cli as distributed_cli
+
+        return distributed_cli.cmd_generate(args)
     import dllm
     from dllm.loader import default_model_dir
 
@@ -1039,7 +1049,12 @@ def _check_out(out: str, create_folder: bool = False) -> None:
 
 
 def cmd_encode(args) -> int:
-    """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache`."""
+    """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache` (under torchrun:
+    one shard per rank and an index, :mod:`dllm.distributed.cli`)."""
+    if _torchrun():
+        from dllm.distributed import cli as distributed_cli
+
+        return distributed_cli.cmd_encode(args)
     import dllm
     from dllm.loader import default_model_dir
 
