@@ -785,21 +785,21 @@ def _print_answer(res, label: int | None, question: str | None) -> None:
     print(f"A{label}: {_one_line_answer(answer)}".rstrip(" "), flush=True)
 
 
-def _chunk_char_spans(model, context: str, chunk_size: int) -> list | None:
-    """``[(start, end)]`` character offsets into ``context`` of each chunk of ``chunk_size`` tokens (end
-    exclusive), from the tokenizer's offset mapping; None when the tokenizer gives none or its ids differ
-    from :func:`dllm.tokenization.encode_text`'s."""
-    from dllm.prefilling import cut_chunks
-    from dllm.tokenization import encode_text
+def _chunk_char_spans(model, context: str, cfg: PrefillingConfig) -> list | None:
+    """``[(start, end)]`` character offsets into ``context`` of each chunk ``cfg`` cuts it into (fixed or
+    snapped boundaries; end exclusive), from the tokenizer's offset mapping of the one tokenization of the
+    context (:func:`dllm.tokenization.token_offsets`); None when the tokenizer gives no offsets."""
+    from dllm.prefilling.chunks import chunk_spans
+    from dllm.tokenization import encode_text, token_offsets
 
-    tok = model.tokenizer
-    if tok is None or not getattr(tok, "is_fast", False):
+    offsets = token_offsets(model, context)
+    if offsets is None or offsets.shape[0] == 0:
         return None
-    enc = tok(context, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
-    if not offsets or enc["input_ids"] != encode_text(model, context).tolist():
-        return None
-    return [(offsets[s][0], offsets[s + n - 1][1]) for s, n in cut_chunks(len(offsets), chunk_size)]
+    ids = encode_text(model, context)
+    return [
+        (int(offsets[s, 0]), int(offsets[s + n - 1, 1]))
+        for s, n in chunk_spans(model, ids, cfg.chunk_size, cfg.boundary_snap)
+    ]
 
 
 def _stats_dict(res, spans: tuple | None) -> dict:
@@ -1012,9 +1012,12 @@ def cmd_generate(args) -> int:
     spans = None  # ("chars" | "tokens", [(start, end)] per chunk), for the stats
     if cfg is not None and args.stats != "none":
         if context is not None:
-            chars = _chunk_char_spans(model, context, cfg.chunk_size)
+            chars = _chunk_char_spans(model, context, cfg)
             spans = ("chars", chars) if chars is not None else None
-        if spans is None and context_tokens is not None:
+        if spans is None and document is not None:  # the document's own chunks (fixed or snapped)
+            chunks = document.chunks  # lens count the BOS anchor
+            spans = ("tokens", [(s, s + int(n) - 1) for s, n in zip(chunks.starts, chunks.lens.tolist())])
+        elif spans is None and context_tokens is not None:
             from dllm.prefilling import cut_chunks
 
             spans = ("tokens", [(s, s + n) for s, n in cut_chunks(context_tokens, cfg.chunk_size)])

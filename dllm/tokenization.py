@@ -20,25 +20,50 @@ _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 MEMO_TOKENS = 1 << 22  # token ids remembered per tokenizer (int64 on CPU: 32 MiB); least recently used go first
 
 
-def _token_ids(tok, text: str) -> torch.Tensor:
-    """``tok(text, add_special_tokens=False)["input_ids"]`` as an int64 CPU tensor (do not modify it), from
-    the memo when this tokenizer (with the same vocabulary size, so added tokens invalidate it) encoded
-    the same text lately."""
+def _tokenize(tok, text: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``tok(text, add_special_tokens=False)``: ids ``[L]`` int64 and, from a fast tokenizer, the character
+    offsets ``[L, 2]`` int32 of each token (end exclusive) from the same call; None from a slow one."""
+    if getattr(tok, "is_fast", False):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = torch.tensor(enc["offset_mapping"], dtype=torch.int32).reshape(-1, 2)
+    else:
+        enc, offsets = tok(text, add_special_tokens=False), None
+    return torch.tensor(enc["input_ids"], dtype=torch.long), offsets
+
+
+def _encoding(tok, text: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_tokenize` (do not modify the tensors), from the memo when this tokenizer (with the same
+    vocabulary size, so added tokens invalidate it) encoded the same text lately."""
     try:
         memo = _MEMO.setdefault(tok, OrderedDict())
     except TypeError:  # a tokenizer that takes no weak reference: no memo
-        return torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        return _tokenize(tok, text)
     key = (len(tok), text)
-    ids = memo.get(key)
-    if ids is not None:
+    hit = memo.get(key)
+    if hit is not None:
         memo.move_to_end(key)
-        return ids
-    ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    memo[key] = ids
-    total = sum(t.numel() for t in memo.values())
+        return hit
+    hit = memo[key] = _tokenize(tok, text)
+    total = sum(ids.numel() for ids, _ in memo.values())
     while total > MEMO_TOKENS and len(memo) > 1:
-        total -= memo.popitem(last=False)[1].numel()
-    return ids
+        total -= memo.popitem(last=False)[1][0].numel()
+    return hit
+
+
+def _token_ids(tok, text: str) -> torch.Tensor:
+    """``tok(text, add_special_tokens=False)["input_ids"]`` as an int64 CPU tensor (do not modify it)."""
+    return _encoding(tok, text)[0]
+
+
+def token_offsets(model, text: str) -> torch.Tensor | None:
+    """Character offsets ``[L, 2]`` int32 (start, end exclusive) into ``text`` of each token that
+    :func:`encode_text` gives for it (no BOS), from the same tokenizer call (remembered like the ids);
+    None when the model has no tokenizer or a slow (Python) one, which reports no offsets."""
+    tok = model.tokenizer
+    if tok is None:
+        return None
+    offsets = _encoding(tok, text)[1]
+    return None if offsets is None else offsets.clone()
 
 
 def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 import dllm
 import dllm.prefilling.chunks
 import dllm.prefilling.pipeline
+from dllm.prefilling import PrefillingConfig
 from dllm.cli import _chunk_char_spans, _one_line_answer, build_parser, main
 from tests.test_cli import FILLER, PROMPT, run_cli, write_example_files
 from tests.tiny_checkpoints import DREAM_TOKENIZER
@@ -236,7 +237,7 @@ def test_character_spans_with_a_bpe_tokenizer():
     fake = types.SimpleNamespace(tokenizer=tok, device=torch.device("cpu"))
     text = FILLER * 20 + "The pass key is 12345. Remember it. " + FILLER * 10
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    spans = _chunk_char_spans(fake, text, 16)
+    spans = _chunk_char_spans(fake, text, PrefillingConfig(chunk_size=16))
     assert len(spans) == -(-len(ids) // 16) and spans[0][0] == 0 and spans[-1][1] == len(text)
     for j, (s, e) in enumerate(spans):
         assert tok.decode(ids[16 * j : 16 * (j + 1)]) == text[s:e]
@@ -331,3 +332,18 @@ def test_stats_summary_from_a_document_gives_token_spans(files, capsys):
     assert len(spans) == 4 and all((s, e) == (256 * j, min(256 * (j + 1), 2996)) for j, s, e in spans)
     rc, _, err = run_cli(capsys, *shlex.split(cmd + " json"))
     assert json.loads(err)["selected_chunk_tokens"] == [[s, e] for _, s, e in spans]
+
+
+def test_character_spans_follow_snapped_boundaries():
+    """With boundary_snap the spans are the snapped chunks' text (each ends at a sentence end here), not
+    fixed C-token cuts; on the bundled character-level tokenizer a span is the chunk's characters."""
+    from dllm.prefilling.chunks import chunk_spans
+
+    model = dllm.load_model()
+    text = "Short one. " * 40
+    cfg = PrefillingConfig(chunk_size=64, boundary_snap=16)
+    spans = _chunk_char_spans(model, text, cfg)
+    cuts = chunk_spans(model, dllm.encode_text(model, text), 64, 16)
+    assert [e - s for s, e in spans] == [n for _, n in cuts]  # one character per token
+    assert all(text[e - 1] in ". " for s, e in spans[:-1]) and spans[-1][1] == len(text)
+    assert spans != [(s, s + 64) for s in range(0, len(text), 64)]

@@ -306,7 +306,7 @@ def test_cli_flags_encode_snapped_and_answer_with_the_new_knobs(tmp_path, monkey
     assert main(["encode", "--context-file", "doc.txt", "--out", "d.cache", "--chunk-size", "128", "--boundary-snap", "24"]) == 0
     capsys.readouterr()
     assert dllm.DocumentCache.read_header(tmp_path / "d.cache")["boundary_snap"] == 24
-    common = ["--prompt-file", "q.txt", "--gen-length", "6", "--top-k", "2"]
+    common = ["--prompt-file", "q.txt", "--gen-length", "6", "--top-k", "2", "--stats", "json"]
     new = ["--redundancy-threshold", "0.8", "--candidates", "4"]
     assert main(["generate", "--document", "d.cache", *common, *new]) == 0
     out, err = capsys.readouterr()
