@@ -110,13 +110,13 @@ def summarize(rows: list) -> str:
     ]
     for n in lengths:
         at = [r for r in rows if r["length"] == n]
-        mean = lambda k: sum(r[k] for r in at) / len(at)  # noqa: E731
+        mean = lambda k, at=at: sum(r[k] for r in at) / len(at)  # noqa: E731
         lines.append(
             f"| {n} | {at[0]['chunks']} | {sum(r['needle_kept'] for r in at)}/{len(at)} | "
             f"{sum(r['correct'] for r in at)}/{len(at)} | {mean('encode_s'):.2f} | {mean('question_s'):.2f} | "
             f"{max(r['peak_rss_gib'] for r in at):.2f} |"
         )
-    lines += ["", "| context tokens | " + " | ".join(f"depth {d}" for d in sorted({r['depth'] for r in rows})) + " |"]
+    lines += ["", "| context tokens | " + " | ".join(f"depth {d}" for d in sorted({r["depth"] for r in rows})) + " |"]
     lines.append("|---:|" + "---|" * len({r["depth"] for r in rows}))
     for n in lengths:
         at = sorted((r for r in rows if r["length"] == n), key=lambda r: r["depth"])
@@ -132,9 +132,16 @@ def plot(rows: list, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     lengths = sorted({r["length"] for r in rows})
-    acc = [100 * sum(r["correct"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths]
-    kept = [100 * sum(r["needle_kept"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths]
-    sec = [sum(r["question_s"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths]
+    acc = [
+        100 * sum(r["correct"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths
+    ]
+    kept = [
+        100 * sum(r["needle_kept"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows)
+        for n in lengths
+    ]
+    sec = [
+        sum(r["question_s"] for r in rows if r["length"] == n) / sum(r["length"] == n for r in rows) for n in lengths
+    ]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.plot(lengths, acc, "o-", label="exact answer")
     a.plot(lengths, kept, "s--", label="needle chunk kept")
@@ -175,8 +182,11 @@ def main(argv=None) -> int:
         for d in args.depths:
             rows.append(run_cell(model, cfg, n, d, args.haystack))
             r = rows[-1]
-            print(f"  {n} tokens depth {d}: {r['answer']!r} {'ok' if r['correct'] else 'wrong'}, "
-                  f"encode {r['encode_s']:.1f} s, question {r['question_s']:.2f} s", flush=True)
+            print(
+                f"  {n} tokens depth {d}: {r['answer']!r} {'ok' if r['correct'] else 'wrong'}, "
+                f"encode {r['encode_s']:.1f} s, question {r['question_s']:.2f} s",
+                flush=True,
+            )
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "long_context.csv"), rows, "cpu")
     title = f"Passkey from a document cache, {args.haystack} haystack, config {args.config}"

@@ -59,7 +59,9 @@ def needle_chunks(starts: list, sizes: list, lo: int, hi: int) -> set:
 
 def _ask(model, parts, cfg, document=None, query=None):
     t0 = time.perf_counter()
-    p = PromptParts(parts.prefix, None if document is not None else parts.context, parts.query if query is None else query)
+    p = PromptParts(
+        parts.prefix, None if document is not None else parts.context, parts.query if query is None else query
+    )
     res = generate(model, method="prefilling", prompt=p, document=document, prefilling=cfg, gen_length=GEN, steps=STEPS)
     return res, time.perf_counter() - t0
 
@@ -101,11 +103,16 @@ def straddle(model, length: int, offsets: list, needles: list | None = None) -> 
                     "answer": res.text[0],
                     "correct": int(score("passkey", res.text[0], case)),
                     "needle_whole_in_a_chunk": int(bool(holders)),
-                    "needle_kept": int(bool(needle_chunks([s for s, _ in spans], [n for _, n in spans], ns, ne) & set(kept))),
+                    "needle_kept": int(
+                        bool(needle_chunks([s for s, _ in spans], [n for _, n in spans], ns, ne) & set(kept))
+                    ),
                     "selected_chunks": " ".join(map(str, kept)),
                 }
             )
-        print(f"  straddle {needle_kind} k={k}: " + ", ".join(f"{r['config']} {r['answer']!r}" for r in rows[-2:]), flush=True)
+        print(
+            f"  straddle {needle_kind} k={k}: " + ", ".join(f"{r['config']} {r['answer']!r}" for r in rows[-2:]),
+            flush=True,
+        )
     return rows
 
 
@@ -146,7 +153,9 @@ def long_documents(model, length: int, depths: list) -> tuple[list, int]:
         for qi, r in enumerate(first_stage_ranks(model, doc, parts, queries, needle)):
             worst = max(worst, r["all"])
             rows.append({"part": "first_stage", "depth": depth, "question": qi, "chunks": doc.num_chunks, **r})
-        rows.append({"part": "encode", "depth": depth, "config": "fixed", "chunks": doc.num_chunks, "seconds": round(enc, 3)})
+        rows.append(
+            {"part": "encode", "depth": depth, "config": "fixed", "chunks": doc.num_chunks, "seconds": round(enc, 3)}
+        )
     n = 1
     while n < max(2 * BASE.top_k, 2 * (worst + 1)):
         n *= 2
@@ -167,7 +176,13 @@ def long_documents(model, length: int, depths: list) -> tuple[list, int]:
         snap_doc = encode_document(model, parts.context, prefilling=SNAP)
         enc = time.perf_counter() - t0
         rows.append(
-            {"part": "encode", "depth": depth, "config": "snap", "chunks": snap_doc.num_chunks, "seconds": round(enc, 3)}
+            {
+                "part": "encode",
+                "depth": depth,
+                "config": "snap",
+                "chunks": snap_doc.num_chunks,
+                "seconds": round(enc, 3),
+            }
         )
         names = list(configs)
         for qi, q in enumerate(queries):
@@ -230,8 +245,10 @@ def summarize(rows: list, n_cand: int) -> str:
         for name in ("today", "snap"):
             rr = [r for r in st if r["config"] == name]
             lines.append("")
-            by = ", ".join(f"{kind} {sum(r['correct'] for r in rr if r['needle'] == kind)}/"
-                           f"{sum(r['needle'] == kind for r in rr)}" for kind in kinds)
+            by = ", ".join(
+                f"{kind} {sum(r['correct'] for r in rr if r['needle'] == kind)}/{sum(r['needle'] == kind for r in rr)}"
+                for kind in kinds
+            )
             lines.append(
                 f"{name}: {sum(r['correct'] for r in rr)}/{len(rr)} exact ({by}); chunks per document "
                 f"{sum(r['chunks'] for r in rr) / len(rr):.1f}, tokens encoded (context + anchors) "
@@ -255,7 +272,11 @@ def summarize(rows: list, n_cand: int) -> str:
             sec = f"{sum(r['seconds'] for r in fs) / len(fs):.3f}" if k == "all" else "-"
             rec = " | ".join(f"{100 * sum(x < n for x in rk) / len(rk):.0f}%" for n in (4, 8, 16, 32))
             lines.append(f"| {k} | {max(rk)} | {rec} | {sec} |")
-        lines += ["", f"Candidate count used: {n_cand} (max(2K, 2 x (worst rank of 'all' + 1)), to a power of two).", ""]
+        lines += [
+            "",
+            f"Candidate count used: {n_cand} (max(2K, 2 x (worst rank of 'all' + 1)), to a power of two).",
+            "",
+        ]
     enc = [r for r in rows if r["part"] == "encode"]
     if enc:
         for name in ("fixed", "snap"):
@@ -271,16 +292,19 @@ def summarize(rows: list, n_cand: int) -> str:
         names = list(dict.fromkeys(r["config"] for r in lg))
         base = {(r["depth"], r["question"]): r["seconds"] for r in lg if r["config"] == "today"}
         lines += [
-            f"### Long documents: {len({r['depth'] for r in lg})} depths x {len({r['question'] for r in lg})} questions",
+            f"### Long documents: {len({r['depth'] for r in lg})} depths x "
+            f"{len({r['question'] for r in lg})} questions",
             "",
-            "| configuration | exact | needle chunk kept | mean s / question | ratio to today (same question, same run) |",
+            "| configuration | exact | needle chunk kept | mean s / question "
+            "| ratio to today (same question, same run) |",
             "|---|---:|---:|---:|---:|",
         ]
         for name in names:
             rr = [r for r in lg if r["config"] == name]
             ratio = sum(r["seconds"] / base[(r["depth"], r["question"])] for r in rr) / len(rr)
             lines.append(
-                f"| {name} | {sum(r['correct'] for r in rr)}/{len(rr)} | {sum(r['needle_kept'] for r in rr)}/{len(rr)} | "
+                f"| {name} | {sum(r['correct'] for r in rr)}/{len(rr)} | "
+                f"{sum(r['needle_kept'] for r in rr)}/{len(rr)} | "
                 f"{sum(r['seconds'] for r in rr) / len(rr):.2f} | {ratio:.2f} |"
             )
         lines += [
@@ -292,7 +316,8 @@ def summarize(rows: list, n_cand: int) -> str:
             for qi in sorted({r["question"] for r in lg}):
                 at = {r["config"]: r for r in lg if r["depth"] == depth and r["question"] == qi}
                 cells = [
-                    f"{at[n]['answer']!r} {'ok' if at[n]['correct'] else 'wrong'} ({at[n]['selected_chunks']})" for n in names
+                    f"{at[n]['answer']!r} {'ok' if at[n]['correct'] else 'wrong'} ({at[n]['selected_chunks']})"
+                    for n in names
                 ]
                 lines.append(f"| {depth} | {qi} | " + " | ".join(cells) + f" | {at['today']['needle_chunks']} |")
         lines.append("")
@@ -325,13 +350,15 @@ def main(argv=None) -> int:
     write_csv(os.path.join(out, "selection_scale.csv"), rows, "cpu")
     write_report(
         os.path.join(out, "selection_scale.md"),
-        "Selection at scale: boundaries snapped to sentences, redundancy-aware top-K, a first stage (bundled tiny model)",
+        "Selection at scale: boundaries snapped to sentences, redundancy-aware top-K, a first stage "
+        "(bundled tiny model)",
         "bench.selection_scale",
         argv,
         "cpu",
         time.perf_counter() - t0,
         [
-            f"Today's configuration: {BASE}; {GEN} response tokens, {STEPS} steps. New knobs: boundary_snap={SNAP_TOL}, "
+            f"Today's configuration: {BASE}; {GEN} response tokens, {STEPS} steps. "
+            f"New knobs: boundary_snap={SNAP_TOL}, "
             f"redundancy_threshold={REDUNDANCY}, candidates derived below. Timings on a loaded 2-core machine with "
             f"{args.threads} torch thread(s): indicative; the ratios are side by side.",
             summarize(rows, n),

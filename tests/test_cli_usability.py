@@ -19,8 +19,8 @@ import torch
 import dllm
 import dllm.prefilling.chunks
 import dllm.prefilling.pipeline
-from dllm.prefilling import PrefillingConfig
 from dllm.cli import _chunk_char_spans, _one_line_answer, build_parser, main
+from dllm.prefilling import PrefillingConfig
 from tests.test_cli import FILLER, PROMPT, run_cli, write_example_files
 from tests.tiny_checkpoints import DREAM_TOKENIZER
 

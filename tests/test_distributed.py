@@ -58,7 +58,11 @@ def _worker(rank, world, init_file, out_dir):
     torch.set_num_threads(1)
     dist = torch.distributed
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S)
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
     )
     out = {}
     model = _load()
@@ -79,7 +83,10 @@ def _worker(rank, world, init_file, out_dir):
         dd.run_on_all(lambda: 1)
         out["dies"] = {"no_error": True}
     except dd.RankError as exc:
-        out["dies"] = {"rank_error": (exc.rank, exc.kind, exc.message, exc.user_error), "seconds": time.monotonic() - t0}
+        out["dies"] = {
+            "rank_error": (exc.rank, exc.kind, exc.message, exc.user_error),
+            "seconds": time.monotonic() - t0,
+        }
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     os._exit(0)  # the group is broken: no destroy_process_group
 
@@ -143,7 +150,8 @@ def _fails(model, rank, out_dir, group):
 
 
 def _spawn(world, out_dir, timeout=TIMEOUT_S):
-    """Run :func:`_worker` on ``world`` gloo ranks (processes started by the test); each rank's results and exit code (every rank killed on timeout)."""
+    """Run :func:`_worker` on ``world`` gloo ranks (processes started by the test); each rank's results and
+    exit code (every rank killed on timeout)."""
     init_file = os.path.join(out_dir, "init")
     # fork where there is one: a spawned rank imports torch afresh (~5 CPU-seconds each, minutes on a loaded
     # 2-core machine); a forked one starts with the test's torch and model (one intra-op thread, no CUDA)

@@ -120,7 +120,9 @@ def test_format_2_files_load_and_older_ones_are_a_clear_error(dream, tmp_path):
     parts = _parts(n_ctx=37)
     doc = dllm.encode_document(dream, parts.context, chunk_size=8)
     doc.save(tmp_path / "new.cache")
-    _rewrite_header(tmp_path / "new.cache", tmp_path / "v2.cache", lambda h: (h.pop("boundary_snap"), h.update(format=2)))
+    _rewrite_header(
+        tmp_path / "new.cache", tmp_path / "v2.cache", lambda h: (h.pop("boundary_snap"), h.update(format=2))
+    )
     old = dllm.DocumentCache.load(tmp_path / "v2.cache", dream)
     assert old.boundary_snap == 0 and old.chunks.starts == doc.chunks.starts
     _rewrite_header(tmp_path / "new.cache", tmp_path / "v1.cache", lambda h: h.update(format=1))
@@ -278,7 +280,9 @@ def test_new_knobs_are_off_by_default_and_checked():
 
     bundled = PrefillingConfig.from_pretrained(default_model_dir())
     assert bundled.top_k == 4  # the file was read
-    assert not {"boundary_snap", "redundancy_threshold", "candidates", "candidate_layer"} & set(bundled.changed_fields())
+    assert not {"boundary_snap", "redundancy_threshold", "candidates", "candidate_layer"} & set(
+        bundled.changed_fields()
+    )
     for bad, match in (
         (dict(boundary_snap=1024), "boundary_snap"),
         (dict(boundary_snap=-1), "boundary_snap"),
@@ -303,7 +307,12 @@ def test_cli_flags_encode_snapped_and_answer_with_the_new_knobs(tmp_path, monkey
         "The grass is green. " * 40 + "The pass key is 42917. Remember it. " + "The sky is blue. " * 40
     )
     (tmp_path / "q.txt").write_text("{context}\n\nWhat is the pass key? The pass key is ")
-    assert main(["encode", "--context-file", "doc.txt", "--out", "d.cache", "--chunk-size", "128", "--boundary-snap", "24"]) == 0
+    assert (
+        main(
+            ["encode", "--context-file", "doc.txt", "--out", "d.cache", "--chunk-size", "128", "--boundary-snap", "24"]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert dllm.DocumentCache.read_header(tmp_path / "d.cache")["boundary_snap"] == 24
     common = ["--prompt-file", "q.txt", "--gen-length", "6", "--top-k", "2", "--stats", "json"]
@@ -341,7 +350,9 @@ def test_benches_write_their_reports(tmp_path):
     md = (out / "selection_scale.md").read_text()
     assert "Candidate count used: " in md and "| single | 6 |" in md
     out = tmp_path / "l"
-    assert long_context.main(["--out", str(out), "--lengths", "512", "1024", "--depths", "0.5", "--config", "today"]) == 0
+    assert (
+        long_context.main(["--out", str(out), "--lengths", "512", "1024", "--depths", "0.5", "--config", "today"]) == 0
+    )
     rows = list(csv.DictReader(open(out / "long_context.csv")))
     assert [int(r["length"]) for r in rows] == [512, 1024] and all(r["commit"] for r in rows)
     assert (out / "long_context.png").stat().st_size > 0 and "| 1024 |" in (out / "long_context.md").read_text()

@@ -163,7 +163,9 @@ class Phase:
     mix: tuple[tuple[float, Layout], ...]
     tasks: dict | None
     why: str
-    trial: bool = False  # not in the default run: only when --steps goes past the phase before it, or alone with --phase N
+    trial: bool = (
+        False  # not in the default run: only when --steps goes past the phase before it, or alone with --phase N
+    )
 
 
 CHUNKED, ESSAYS = Layout("chunked"), Layout("essays")
@@ -261,7 +263,8 @@ PHASES: tuple[Phase, ...] = (
           "stops at 12000"),
     Phase(14000, 14000 + PROSE_STEPS, (4e-4, 50), (256, 512, 768, 1024, 1280, 1536),
           mix=prose_tune(), tasks=None, trial=True,
-          why="the prose fine-tune of the bundled model (issue 22), run with --phase 9 --init <phase-7 checkpoint>: from the "
+          why="the prose fine-tune of the bundled model (issue 22), run with --phase 9 --init <phase-7 "
+          "checkpoint>: from the "
           "phase-7 weights (not phase 8's) with a fresh optimizer, it brings pass keys, number strings and "
           "word facts into natural prose (training essays, training pydoc topics, generated text; the "
           "evaluation essays and every fifth pydoc topic are held out) in all three layouts, with 25% "

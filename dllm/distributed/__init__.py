@@ -186,7 +186,9 @@ def init_from_env(device: str | None = None, *, timeout_s: float | None = None) 
         world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
         local = int(os.environ.get("LOCAL_RANK", rank))
     except (KeyError, ValueError) as exc:
-        raise ValueError(f"WORLD_SIZE, RANK (and LOCAL_RANK) must be set to integers, as torchrun does ({exc})") from None
+        raise ValueError(
+            f"WORLD_SIZE, RANK (and LOCAL_RANK) must be set to integers, as torchrun does ({exc})"
+        ) from None
     if timeout_s is None:
         timeout_s = float(os.environ.get("PREFILLING_DLLM_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
     want_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
@@ -516,7 +518,8 @@ def _hashes_digest(hashes: dict) -> str:
 
 
 def _concat_rows(parts: list, index: dict, lo: int, hi: int) -> DocumentCache:
-    """Rows ``[a, b)`` of each loaded shard ``(doc, a, b)``, in order: the :class:`DocumentCache` of chunks ``lo..hi-1``."""
+    """Rows ``[a, b)`` of each loaded shard ``(doc, a, b)``, in order: the :class:`DocumentCache` of chunks
+    ``lo..hi-1``."""
     first = parts[0][0]
     if len(parts) == 1 and parts[0][1] == 0 and parts[0][2] == first.num_chunks:
         return first
@@ -557,7 +560,9 @@ def read_index(path) -> dict:
     if not isinstance(index, dict) or index.get("kind") != INDEX_KIND:
         raise ValueError(f"{path} is not a sharded document index (no kind={INDEX_KIND!r})")
     if index.get("format") != INDEX_FORMAT:
-        raise ValueError(f"format mismatch: {path} has format {index.get('format')!r}, this version reads {INDEX_FORMAT}")
+        raise ValueError(
+            f"format mismatch: {path} has format {index.get('format')!r}, this version reads {INDEX_FORMAT}"
+        )
     missing = [k for k in INDEX_FIELDS if k not in index]
     if missing:
         raise ValueError(f"{path} is damaged: it lacks {', '.join(missing)}")
@@ -578,7 +583,9 @@ def read_index(path) -> dict:
             raise ValueError(f"{path} is damaged: its shards do not cut the chunks 0..N-1 in order")
         nxt += s["num_chunks"]
         if s["num_tokens"] != sum(size for _, size in spans[s["first_chunk"] : nxt]):
-            raise ValueError(f"{path} is damaged: shard {s['file']} holds {s['num_tokens']} tokens, its chunks hold other")
+            raise ValueError(
+                f"{path} is damaged: shard {s['file']} holds {s['num_tokens']} tokens, its chunks hold other"
+            )
     if nxt != index["num_chunks"]:
         raise ValueError(f"{path} is damaged: its shards hold {nxt} chunks, the index says {index['num_chunks']}")
     return index
@@ -590,7 +597,8 @@ def _check_model_fields(index: dict, model, path) -> None:
         if index.get(name) != have[name]:
             why = " (the model weights differ from those that encoded it)" if name == "model_weights" else ""
             raise ValueError(
-                f"{name} mismatch: {path} was encoded with {name}={index.get(name)!r}, the model has {have[name]!r}{why}"
+                f"{name} mismatch: {path} was encoded with {name}={index.get(name)!r}, "
+                f"the model has {have[name]!r}{why}"
             )
 
 
@@ -600,8 +608,11 @@ def _check_model_fields(index: dict, model, path) -> None:
 def _check_single_stage(cfg: PrefillingConfig) -> None:
     """The issue-23 options (snapped boundaries, redundancy-aware selection, a first stage) are not sharded
     yet: a ``ValueError`` rather than a run that silently ignores them."""
-    on = [f"{name}={getattr(cfg, name)!r}" for name, off in
-          (("boundary_snap", 0), ("redundancy_threshold", None), ("candidates", None)) if getattr(cfg, name) != off]
+    on = [
+        f"{name}={getattr(cfg, name)!r}"
+        for name, off in (("boundary_snap", 0), ("redundancy_threshold", None), ("candidates", None))
+        if getattr(cfg, name) != off
+    ]
     if on:
         raise ValueError(f"dllm.distributed does not support {', '.join(on)} yet: run it in one process")
 
@@ -660,7 +671,9 @@ def encode_document(
 
     def encode_share():
         if digests[rank] != digests[0]:  # raised by the odd ranks, so the error names them
-            raise ValueError("this rank was given other context token ids than rank 0: every rank passes the whole document")
+            raise ValueError(
+                "this rank was given other context token ids than rank 0: every rank passes the whole document"
+            )
         n_tokens = context_ids.numel()
         spans = cut_chunks(n_tokens, cfg.chunk_size)
         bounds = shard_bounds(len(spans), world)
@@ -715,7 +728,9 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     def draft():
         if rank != root:
             return None
-        labels, confirmed = draft_pseudo_labels(model, prompt.prefix, prompt.query, cfg.draft_tokens, cfg.draft_threshold)
+        labels, confirmed = draft_pseudo_labels(
+            model, prompt.prefix, prompt.query, cfg.draft_tokens, cfg.draft_threshold
+        )
         window = prompt.query if cfg.query_window is None else prompt.query[-cfg.query_window :]
         return window.tolist(), labels.tolist(), confirmed.tolist()
 
@@ -794,12 +809,15 @@ def generate(
     doc = document
 
     def setup():
-        cfg = prefilling or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=doc.chunk_size)
+        cfg = prefilling or PrefillingConfig.from_pretrained(
+            getattr(model, "model_dir", None), chunk_size=doc.chunk_size
+        )
         if not isinstance(cfg, PrefillingConfig):
             raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
         if cfg.position_mode == "absolute":
             raise ValueError(
-                "position_mode='absolute' is not supported across ranks (the decoding rank holds only the kept chunks): "
+                "position_mode='absolute' is not supported across ranks "
+                "(the decoding rank holds only the kept chunks): "
                 "use continuous or reuse, or gather the document (ShardedDocument.gather) and decode in one process"
             )
         bos, _src = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
@@ -832,7 +850,9 @@ def generate(
     return run_on_all(decode, doc.group)
 
 
-def _restate_selection(res, sel: Selection, doc: ShardedDocument, kept: ChunkCache, scoring_nfe: list, root: int) -> None:
+def _restate_selection(
+    res, sel: Selection, doc: ShardedDocument, kept: ChunkCache, scoring_nfe: list, root: int
+) -> None:
     """Stats of the whole document in ``res.stats`` (the root decoded over the kept chunks only)."""
     extra = res.stats.extra
     extra["num_chunks"] = doc.num_chunks
@@ -852,6 +872,10 @@ def _restate_selection(res, sel: Selection, doc: ShardedDocument, kept: ChunkCac
     elt = kept.k[0].element_size()
     sent = sum(1 for j in sel.kept if doc.owner(j) != doc.rank)
     per_chunk = 2 * len(kept.k) * kept.k[0][0].numel() * elt + kept.ids[0].numel() * 8 if kept.num_chunks else 0
-    extra["distributed"] = {"world_size": len(scoring_nfe), "kv_bytes_to_root": sent * per_chunk, "scoring_nfe": scoring_nfe}
+    extra["distributed"] = {
+        "world_size": len(scoring_nfe),
+        "kv_bytes_to_root": sent * per_chunk,
+        "scoring_nfe": scoring_nfe,
+    }
     if res.stats.rows:
         res.stats.rows[0].update({k: extra[k] for k in ("num_chunks", "selected_chunks") if k in extra})

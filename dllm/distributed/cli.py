@@ -156,7 +156,7 @@ def _generate(args) -> int:
     gen = args.gen_length or 32
     for n, template in enumerate(templates, 1):
 
-        def prompt_parts():
+        def prompt_parts(template=template):
             parts = split_document_prompt(model, template, apply_chat_template=args.chat)
             live = parts.prefix.numel() + parts.query.numel()
             cli._window_check(model, live, gen, "prefilling", True, cli._kept_positions(cfg, header["num_tokens"]))

@@ -143,7 +143,8 @@ def snapped_chunks(ends: torch.Tensor, chunk_size: int, tolerance: int) -> list:
 
     Greedy from the start: a chunk that would end at ``b = start + chunk_size`` (before the end of the
     context) ends instead at the largest boundary ``e`` in ``b - tolerance .. b`` that follows a
-    sentence-end token (token ``e - 1`` ends a sentence), if there is one, else at ``b``. ``tolerance=0`` gives :func:`cut_chunks` exactly.
+    sentence-end token (token ``e - 1`` ends a sentence), if there is one, else at ``b``. ``tolerance=0``
+    gives :func:`cut_chunks` exactly.
 
     Args:
         ends: ``[L]`` bool, token ``i`` ends a sentence (:func:`sentence_end_table` indexed by the context).

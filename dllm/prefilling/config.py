@@ -69,9 +69,9 @@ class PrefillingConfig:
             (our extension; :func:`dllm.prefilling.selection.select_chunks`).
         candidates: None (the paper: every chunk is scored) or n >= 1: a cheap first stage (the largest
             attention logit of the context-free scoring tokens' queries on each chunk's cached keys,
-            averaged over the layers or in layer ``candidate_layer``, :func:`dllm.prefilling.selection.first_stage_scores`) keeps the
-            n best chunks and only they get the predictive score (our extension). Fewer than K
-            candidates are raised to K.
+            averaged over the layers or in layer ``candidate_layer``,
+            :func:`dllm.prefilling.selection.first_stage_scores`) keeps the n best chunks and only
+            they get the predictive score (our extension). Fewer than K candidates are raised to K.
         candidate_layer: the one layer of the first stage (negative counts from the last), None = all layers.
     """
 

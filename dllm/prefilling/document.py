@@ -464,7 +464,8 @@ def _check_chunk_tokens(head: dict, lens, starts, ids, model, path) -> None:
     if lens.tolist() != [size + 1 for _, size in spans] or starts != [s for s, _ in spans]:
         raise ValueError(
             f"{path} is damaged: its chunk lengths or offsets do not cut {head['num_tokens']} tokens into chunks of "
-            f"{head['chunk_size']}" + (f" snapped to sentence ends within {head['boundary_snap']}" if head["boundary_snap"] else "")
+            f"{head['chunk_size']}"
+            + (f" snapped to sentence ends within {head['boundary_snap']}" if head["boundary_snap"] else "")
         )
     anchor, vocab, mask = head["anchor_token_id"], model.config.vocab_size, model.mask_token_id
     if anchor >= vocab or anchor == mask:

@@ -9,8 +9,8 @@ is exact). With ``P`` prefix tokens (at 0..P-1), kept chunks ``j_1 < ... < j_K``
 - ``continuous``: chunk k right after chunk k-1 (BOS included), starting at P; the
   query right after the last kept chunk. The reference code's default.
 - ``absolute``: every context token at its position in the original prompt
-  ``P + s_j + i`` (``s_j`` = the chunk's offset, ``j*C`` for fixed chunks); the BOS anchor one position before its chunk's first token;
-  the query at ``P + L_ctx``.
+  ``P + s_j + i`` (``s_j`` = the chunk's offset, ``j*C`` for fixed chunks); the BOS anchor one position
+  before its chunk's first token; the query at ``P + L_ctx``.
 
 In ``joint`` cache mode the chunks are re-encoded without BOS anchors, so the same
 rules apply with a chunk length of ``c_j`` instead of ``c_j + 1``.

@@ -289,7 +289,9 @@ def test_rows_of_one_shape_share_one_call_and_keep_their_single_run_bits(monkeyp
         assert calls == [b]
         q, kp, vp, sl, ln, kl, vl = args
         for r in range(b):
-            one = split_s_attention_cpu(q[r : r + 1], kp, vp, sl[r : r + 1], ln[r : r + 1], kl[r : r + 1], vl[r : r + 1], 0.2)
+            one = split_s_attention_cpu(
+                q[r : r + 1], kp, vp, sl[r : r + 1], ln[r : r + 1], kl[r : r + 1], vl[r : r + 1], 0.2
+            )
             assert torch.equal(one[0], out[r : r + 1]) and torch.equal(one[1], lse[r : r + 1])
         assert calls == [b] + [1] * b
     finally:
