@@ -77,9 +77,9 @@ def test_demo_figure(captured):
     _check_axes(fig)
     ran = {(r["method"], r["length"]) for r in rows}
     missing = [(m, ln) for m in bench.demo.METHODS for ln in bench.demo.LENGTHS if (m, ln) not in ran]
-    assert missing == [("dense", 32768)]
+    assert missing and all(m == "dense" for m, _ in missing)  # the time budget skips dense at the longest
     for ax in fig.axes:
-        assert _not_run_markers(ax) == 1
+        assert _not_run_markers(ax) == len(missing)  # one x per skipped point
         assert [t.get_text() for t in ax.get_xticklabels()] == ["4K", "8K", "16K", "32K"]
 
 
