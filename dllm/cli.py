@@ -914,10 +914,14 @@ def _encode_context_once(model, args, context: str, cfg: PrefillingConfig):
     fitted = _fit_top_k(cfg, ids.numel(), explicit=args.top_k not in (None, _ALL))
     t0 = time.perf_counter()
     document = dllm.encode_document(model, ids, prefilling=fitted, progress=_progress())
-    if args.stats != "none":
+    seconds = time.perf_counter() - t0
+    if args.stats == "json":  # every stderr line is JSON with --stats json
+        once = {"tokens": ids.numel(), "chunks": document.num_chunks, "seconds": round(seconds, 4)}
+        print(json.dumps({"context_encoded_once": once}), file=sys.stderr)
+    elif args.stats != "none":
         print(
             f"encoded the context once for every question: {ids.numel()} tokens in {document.num_chunks} chunks, "
-            f"{time.perf_counter() - t0:.2f} s",
+            f"{seconds:.2f} s",
             file=sys.stderr,
         )
     return document, fitted, ids.numel()
@@ -1089,16 +1093,22 @@ def cmd_encode(args) -> int:
 
 def _unique_eval_path(task: str, method: str) -> str:
     """eval's default CSV: ``runs/eval_TASK_METHOD_YYYYmmdd-HHMMSS.csv`` (UTC), with ``-2``, ``-3``, ... when
-    that name exists: a run never replaces an earlier one's file."""
+    that name is taken. The name is reserved at once (an empty file created exclusively), so two runs
+    started in the same second never write the same file; :func:`cmd_eval` removes it if the run fails
+    before writing."""
     import datetime as dt
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     base = os.path.join(RUNS_DIR, f"eval_{task}_{method}_{stamp}")
+    _check_out(base + ".csv", create_folder=True)
     path, n = base + ".csv", 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{base}-{n}.csv"
-    return path
+    while True:
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return path
+        except FileExistsError:
+            n += 1
+            path = f"{base}-{n}.csv"
 
 
 def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
@@ -1130,9 +1140,6 @@ def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
 
 
 def cmd_eval(args) -> int:
-    from tqdm.auto import tqdm
-
-    from dllm.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
     from dllm.loader import default_model_dir
 
     args.method = args.method or "prefilling"  # every task case has a context
@@ -1151,8 +1158,24 @@ def cmd_eval(args) -> int:
     cfg = _prefilling_config(args, args.model or default_model_dir())
     if args.out is not None and not args.out.strip():
         raise UserError("--out is empty; give a file name (or leave --out out for the default)")
-    out = args.out or _unique_eval_path(args.task, args.method)
-    _check_out(out, create_folder=args.out is None)
+    if args.out is not None:
+        _check_out(args.out)
+        return _eval(args, cfg, longbench, args.out)
+    out = _unique_eval_path(args.task, args.method)
+    try:
+        return _eval(args, cfg, longbench, out)
+    except BaseException:
+        if os.path.isfile(out) and os.path.getsize(out) == 0:  # the reserved name, never written
+            os.remove(out)
+        raise
+
+
+def _eval(args, cfg, longbench: bool, out: str) -> int:
+    """The rest of :func:`cmd_eval` once the arguments are checked: cases, model, runs, table, CSV ``out``."""
+    from tqdm.auto import tqdm
+
+    from dllm.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
+
     if longbench:  # the file is read and checked before the model is loaded
         from dllm.longbench import load_longbench, metric_for
 

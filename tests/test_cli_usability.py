@@ -347,3 +347,33 @@ def test_character_spans_follow_snapped_boundaries():
     assert [e - s for s, e in spans] == [n for _, n in cuts]  # one character per token
     assert all(text[e - 1] in ". " for s, e in spans[:-1]) and spans[-1][1] == len(text)
     assert spans != [(s, s + 64) for s in range(0, len(text), 64)]
+
+
+def test_stats_json_keeps_every_stderr_line_json_with_many_questions(asked, capsys):
+    cmd = "generate --prompt-file ask.txt --context-file doc.txt --questions-file questions.txt --gen-length 4"
+    rc, _, err = run_cli(capsys, *shlex.split(cmd), "--stats", "json")
+    lines = [json.loads(line) for line in err.strip().splitlines()]  # raises on a plain-text line
+    assert rc == 0 and lines[0]["context_encoded_once"]["chunks"] >= 1
+    assert [d.get("question") for d in lines[1:]] == [1, 2, 3]
+
+
+def test_eval_names_are_reserved_so_runs_in_the_same_second_do_not_share_a_file(files, monkeypatch):
+    """Two runs that pick their names in one second get two files (the first reserves its name at once); a run
+    that fails before writing leaves no empty file behind."""
+    import datetime as dt
+
+    import dllm.cli as cli
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(2026, 12, 2, 3, 4, 5, tzinfo=tz)
+
+    monkeypatch.setattr(dt, "datetime", Frozen)
+    first, second = cli._unique_eval_path("passkey", "dense"), cli._unique_eval_path("passkey", "dense")
+    assert first.endswith("eval_passkey_dense_20261202-030405.csv") and second.endswith("-030405-2.csv")
+    assert os.path.getsize(first) == os.path.getsize(second) == 0
+    os.remove(first), os.remove(second)
+    monkeypatch.setattr(cli, "_eval", lambda *a: (_ for _ in ()).throw(cli.UserError("no such thing")))
+    rc = main(shlex.split("eval passkey --lengths 300 --depths 0.5 --samples 1"))
+    assert rc == 2 and not list((files / "runs").glob("eval_*.csv"))
