@@ -646,8 +646,9 @@ def encode_document(
 
     Raises:
         RankError: on every rank when any rank raised (``TypeError``/``ValueError`` of
-            :func:`dllm.encode_document`, other ids on some rank, fewer chunks than ranks); in one
-            process without a group the error itself.
+            :func:`dllm.encode_document`, other ids on some rank, fewer chunks than ranks, or a
+            ``prefilling`` with ``boundary_snap``, ``redundancy_threshold`` or ``candidates`` set: not
+            sharded yet); in one process without a group the error itself.
     """
     rank, world = _world(group)
 
