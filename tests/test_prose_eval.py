@@ -1,6 +1,6 @@
 """bench.tiny.prose_eval: the held-out grid, the needle-chunk check and the report table."""
 
-from bench.tiny.prose_eval import SEED_BASE, eval_cases, needle_kept, table
+from bench.tiny.prose_eval import SEED_BASE, case_spans, eval_cases, needle_kept, table
 from dllm.tasks import make_case
 
 
@@ -15,10 +15,34 @@ def test_grid_is_the_held_out_cases_in_order():
 
 def test_needle_kept_reads_character_chunks():
     case = make_case("passkey", 2000, 0.5, 0, haystack="pydoc")
+    spans = [(s, min(256, len(case.context) - s)) for s in range(0, len(case.context), 256)]
     first, last = case.needle_start // 256, (case.needle_end - 1) // 256
-    assert needle_kept(case, f"{last} 7", 256) and needle_kept(case, str(first), 256)
-    assert not needle_kept(case, " ".join(str(i) for i in range(8) if i not in (first, last)), 256)
-    assert not needle_kept(case, "", 256)
+    assert needle_kept(case, f"{last} 7", spans) and needle_kept(case, str(first), spans)
+    assert not needle_kept(case, " ".join(str(i) for i in range(8) if i not in (first, last)), spans)
+    assert not needle_kept(case, "", spans)
+
+
+def test_needle_kept_follows_snapped_spans():
+    # a boundary moved back to the needle's start: the chunk before no longer holds any of it
+    case = make_case("passkey", 2000, 0.5, 0, haystack="pydoc")
+    a = case.needle_start
+    spans = [(0, a), (a, case.needle_end - a), (case.needle_end, len(case.context) - case.needle_end)]
+    assert needle_kept(case, "1", spans) and not needle_kept(case, "0 2", spans)
+
+
+def test_case_spans_are_the_prefill_chunks():
+    from dllm.loader import load_model
+    from dllm.prefilling import PrefillingConfig
+
+    model = load_model()
+    case = make_case("passkey", 2000, 0.5, 0, haystack="essays", split="eval")
+    fixed = case_spans(model, case, PrefillingConfig(chunk_size=256))
+    assert fixed[0] == (0, 256) and sum(n for _, n in fixed) == len(case.context)
+    snapped = case_spans(model, case, PrefillingConfig(chunk_size=256, boundary_snap=64))
+    assert sum(n for _, n in snapped) == len(case.context) and all(n <= 256 for _, n in snapped)
+    # every snapped boundary but the last sits right after a sentence end, or at the fixed cut
+    for s, n in snapped[:-1]:
+        assert case.context[s + n - 1] in ".!?\n" or n == 256
 
 
 def test_table_counts_exact_and_kept_per_cell():

@@ -8,8 +8,10 @@ depth and seed (``phrasing="random"``: each seed draws its own needle, query and
 wording), one case is decoded by Prefilling-dLLM with the checkpoint's prefilling defaults
 (``prefilling_config.json``) and, at ``--dense-length``, by dense decoding inside the window.
 Greedy, one token per step, the answer's tokens + 4. "Needle chunk kept": a chunk the needle
-overlaps (character offsets // C: the bundled tokenizer is character-level) is among the
-selected ones. Writes ``prose_eval.csv`` (with provenance) and ``prose_eval.md``.
+overlaps (the bundled tokenizer is character-level, so the needle's character offsets are token
+offsets) is among the selected ones; the chunks' token spans are recomputed by
+:func:`dllm.prefilling.chunks.chunk_spans`, so chunks snapped to sentence ends (``boundary_snap``)
+are read right. Writes ``prose_eval.csv`` (with provenance) and ``prose_eval.md``.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from bench.provenance import machine_line, write_csv
-from bench.selection_recall import needle_chunk_ids
 from dllm.evaluation import run_case
 from dllm.loader import default_model_dir, load_model
 from dllm.prefilling import PrefillingConfig
+from dllm.prefilling.chunks import chunk_spans
 from dllm.tasks import make_case
+from dllm.tokenization import encode_text
 
 SEED_BASE = 1 << 31  # seeds no training run draws (train.py draws below 2**30)
 
@@ -39,10 +42,19 @@ def eval_cases(haystacks, tasks, lengths, depths, seeds):
     ]  # fmt: skip
 
 
-def needle_kept(case, selected: str, chunk_size: int) -> bool:
-    """True when one of the selected chunk indices (a space-separated string) overlaps the needle."""
+def needle_kept(case, selected: str, spans: list) -> bool:
+    """True when one of the selected chunk indices (a space-separated string) overlaps the needle.
+
+    ``spans``: ``(start, size)`` in context tokens of every chunk (the bundled tokenizer is
+    character-level, so they compare with the case's character offsets of the needle)."""
     kept = {int(c) for c in selected.split()}
-    return bool(needle_chunk_ids(case, chunk_size) & kept)
+    return any(spans[j][0] < case.needle_end and spans[j][0] + spans[j][1] > case.needle_start for j in kept)
+
+
+def case_spans(model, case, cfg: PrefillingConfig) -> list:
+    """The ``(start, size)`` chunk spans Prefilling-dLLM cuts ``case``'s context into under ``cfg``."""
+    ids = encode_text(model, case.context)
+    return chunk_spans(model, ids, cfg.chunk_size, cfg.boundary_snap)
 
 
 def table(rows: list[dict], by: tuple[str, ...]) -> str:
@@ -71,10 +83,15 @@ def main(argv=None) -> int:
     p.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     p.add_argument("--seeds", type=int, default=3, help="cases (random wordings) per cell")
     p.add_argument("--dense-length", type=int, default=1024, help="dense decoding at this length (0: none)")
+    p.add_argument(
+        "--boundary-snap", type=int, default=None, help="PrefillingConfig.boundary_snap (default: the checkpoint's)"
+    )
     args = p.parse_args(argv)
     model_dir = args.model or default_model_dir()
     model = load_model(model_dir)
     cfg = PrefillingConfig.from_pretrained(model_dir)
+    if args.boundary_snap is not None:
+        cfg = replace(cfg, boundary_snap=args.boundary_snap)
     grid = []  # the cheapest first, so a stopped run has whole cells
     if args.dense_length:
         dense = eval_cases(args.haystacks, args.tasks, [args.dense_length], args.depths, args.seeds)
@@ -87,7 +104,8 @@ def main(argv=None) -> int:
         g = case.answer_tokens + 4
         kw = {"prefilling": cfg} if method == "prefilling" else {}
         r = asdict(run_case(model, case, method, gen_length=g, steps=g, **kw))
-        r |= {"haystack": hay, "kept": needle_kept(case, r["selected_chunks"], cfg.chunk_size) if kw else ""}
+        kept = needle_kept(case, r["selected_chunks"], case_spans(model, case, cfg)) if kw else ""
+        r |= {"haystack": hay, "kept": kept}
         rows.append(r)
         print(
             f"{i + 1}/{len(grid)} {time.perf_counter() - t0:.0f}s {method} {hay} {case.task} {case.length} "
@@ -102,8 +120,9 @@ def main(argv=None) -> int:
     text = (
         f"# {os.path.relpath(model_dir) if not os.path.relpath(model_dir).startswith('..') else model_dir}: "
         f"natural prose, held-out split\n\nCommand: `{cmd.strip()}`  \n"
-        f"{machine_line(str(model.device))}\n\nPrefilling defaults: C={cfg.chunk_size}, K={cfg.top_k}, "
-        f'score terms {", ".join(cfg.score_terms)}; seeds from 2**31, `phrasing="random"`.\n\n'
+        f"{machine_line(str(model.device))}\n\nPrefilling: C={cfg.chunk_size}, K={cfg.top_k}, "
+        f"score terms {', '.join(cfg.score_terms)}, boundary snap {cfg.boundary_snap}; seeds from 2**31, "
+        f'`phrasing="random"`.\n\n'
         f"{by_len}\n\nPer depth (prefilling, all tasks):\n\n{by_depth}\n"
     )
     with open(os.path.join(args.out, "prose_eval.md"), "w") as f:
