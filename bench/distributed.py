@@ -77,6 +77,10 @@ SEED, DEPTH = 2027, 0.5
 # fork where there is one: a spawned rank imports torch afresh (seconds of CPU each); the parent has run no
 # torch op before it forks, so no intra-op pool is inherited
 START_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+# How the recorded figure is made: both cores free, real-time priority for the bench and its ranks
+RECORD_COMMAND = "OMP_NUM_THREADS=1 chrt --fifo 50 .venv/bin/python -m bench.distributed --record"
+TARGET_RATIO = 1.6  # issue 27: 2 processes encode >= 1.6x faster than 1 on this machine, one thread each
+QUIET_LOAD = 0.3  # a 1-minute load average above this at the start marks the run as made on a loaded machine
 # The bundled model's configuration with a fixed prefill batch, so that one process and each rank run
 # forwards of the same shape (the default batch follows the free memory, which differs between them).
 CONFIG = dataclasses.replace(TINY_PREFILLING, prefill_batch=32)
@@ -504,6 +508,9 @@ def summarize(results: list[dict], pred: list[dict]) -> str:
         f"| 1 | {s['single_s']:.2f} | 1.00x |",
         f"| {world} | {s['sharded_s']:.2f} | **{s['ratio']:.2f}x** |",
         "",
+        f"Issue 27 asks for >= {TARGET_RATIO}x with 2 processes on this 2-core CPU: "
+        f"**{'met' if s['ratio'] >= TARGET_RATIO else 'not met'}** in this run ({s['ratio']:.3f}x).",
+        "",
         f"Every round (1 process / {world} processes): {per_round}. Untimed warm-up (both paths, "
         f"{WARM_CHUNKS} chunks): {s['warmup_s']:.2f} s. While rank 0 encoded alone, the other rank(s) used at most "
         f"{s['idle_cpu_s_max']:.3f} CPU-seconds waiting in a barrier (they left the core free).",
@@ -608,7 +615,7 @@ def plot(results: list[dict], pred: list[dict], path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.bar(["1 process", f"{s['world']} processes"], [s["single_s"], s["sharded_s"]], color=["C0", "C1"])
     ax1.set_ylabel("encode seconds (this CPU, tiny model)")
-    ax1.set_title(f"measured: {s['tokens'] // 1024}K tokens, {s['ratio']:.2f}x")
+    ax1.set_title(f"measured: {s['tokens'] / 1024:.0f}K tokens, {s['ratio']:.2f}x faster")
     gpus = [p["gpus"] for p in pred]
     ax2.plot(gpus, [p["encode_s"] for p in pred], "o-", label="predicted encode")
     ax2.plot(gpus, [pred[0]["encode_s"] / g for g in gpus], "k:", label="ideal 1/W")
@@ -657,18 +664,32 @@ def main(argv=None) -> int:
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "distributed.csv"), rows, "cpu")
     plot(results, pred, os.path.join(out, "distributed.png"))
+    paragraphs = []
+    small = args.length < LENGTH
+    loaded = not load <= QUIET_LOAD or os.nice(0) > 0  # a NaN load (no getloadavg) counts as loaded
+    if small or loaded:
+        why = []
+        if small:
+            why.append(f"a small size ({args.length} tokens, not {LENGTH})")
+        if loaded:
+            why.append("a loaded or de-prioritised machine (see the conditions below)")
+        paragraphs.append(
+            f"**Not the recorded figure: {' and '.join(why)}.** The 1-vs-{args.world} ratio needs both cores free; it "
+            f"is recorded with `{RECORD_COMMAND}` on a quiet machine."
+        )
     cond = (
         f"Conditions at the start: load average {load:.2f} (1 min) on {os.cpu_count()} cores, scheduling {sched}, "
         f"OMP_NUM_THREADS=1, one torch thread per process, ranks started by {START_METHOD}."
     )
     write_report(
         os.path.join(out, "distributed.md"),
-        "Chunk-parallel encoding over torch.distributed: 1 vs 2 processes (measured), 1-8 H200s (predicted)",
+        f"Chunk-parallel encoding over torch.distributed: 1 vs {args.world} processes (measured), "
+        f"1-{args.max_gpus} H200s (predicted)",
         "bench.distributed",
         argv,
         "cpu",
         time.perf_counter() - t0,
-        [cond, f"Configuration: {CONFIG}.", summarize(results, pred)],
+        [*paragraphs, cond, f"Configuration: {CONFIG}.", summarize(results, pred)],
     )
     return 0
 

@@ -88,3 +88,24 @@ def test_tiny_two_process_run_is_equal_and_writes_its_files(tmp_path):
     assert "Accuracy beside the speed: **all equal**" in md and "8/8 chunks bit-equal" in md
     assert "## Predicted (not measured)" in md and "| 8 | 128 |" in md
     assert "Absolute seconds are this CPU's" in md
+
+
+def test_make_bench_runs_it_in_a_process_of_its_own(tmp_path, monkeypatch):
+    import bench.run_all
+
+    calls = []
+    monkeypatch.setattr(bench.run_all.torch, "set_num_threads", lambda n: None)
+    real_run = bench.run_all.subprocess.run  # the module is shared: git (provenance) still runs
+
+    def run(cmd, **kw):
+        if "bench.distributed" not in cmd:
+            return real_run(cmd, **kw)
+        calls.append((cmd, kw))
+
+    monkeypatch.setattr(bench.run_all.subprocess, "run", run)
+    assert bench.run_all.main(["--out", str(tmp_path), "--only", "distributed", "--scale", "0.1"]) == 0
+    ((cmd, kw),) = calls
+    assert cmd[1:3] == ["-m", "bench.distributed"] and cmd[cmd.index("--out") + 1] == str(tmp_path)
+    assert cmd[cmd.index("--length") + 1] == str(int(bd.LENGTH * 0.1)) and cmd[-2:] == ["--rounds", "1"]
+    assert kw["env"]["OMP_NUM_THREADS"] == "1"
+    assert "## distributed.md" in (tmp_path / "SUMMARY.md").read_text()
