@@ -6,7 +6,9 @@ the bundled tiny model: speed vs context length, the lost-in-the-middle heatmaps
 the chunk-size trade-off, each under its own time budget (cells that would overrun are
 skipped and listed); each runs one untimed warm-up case first and reports it apart. Then the
 document cache (questions from a cached 16K-token document vs fresh runs, a 128K-token
-document; --scale below 1 shrinks both documents). CSVs (with
+document; --scale below 1 shrinks both documents), batching, and the chunk-parallel encoding of a 256K-token
+document by 1 vs 2 gloo processes beside its 1-8 H200 prediction (in a process of its own, which starts
+its ranks; --scale below 1 shrinks the document). CSVs (with
 provenance columns), Markdown tables, PNGs and ``SUMMARY.md`` (the tables with the command and
 machine line) go to ``runs/bench/`` (git-ignored); ``--record`` (``make record``) rewrites the
 recorded ones in ``bench/results/`` instead.
@@ -22,11 +24,11 @@ import time
 
 import torch
 
-from bench import batching, chunk_tradeoff, document_cache, e2e_speed, lost_in_middle
+from bench import batching, chunk_tradeoff, distributed, document_cache, e2e_speed, lost_in_middle
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
 
-STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache", "batching")
+STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache", "batching", "distributed")
 
 
 def main(argv=None) -> int:
@@ -79,6 +81,15 @@ def main(argv=None) -> int:
         lengths = [str(max(1024, int(n * shrink))) for n in batching.LENGTHS]
         batching.main(["--out", out, "--lengths", *lengths] + (["--rounds", "1"] if shrink < 1 else []))
         done.append("batching.md")
+    if "distributed" in args.only:
+        # a fresh process: its ranks are forked from it, one torch thread each, not from this 2-thread one
+        shrink = min(1.0, args.scale)
+        length = max(8192, int(distributed.LENGTH * shrink))
+        cmd = [sys.executable, "-m", "bench.distributed", "--out", out, "--length", str(length)]
+        cmd += ["--rounds", "1"] if shrink < 1 else []
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done.append("distributed.md")
     lines = [
         "# Benchmark summary",
         "",
