@@ -28,9 +28,9 @@ from bench.figures import dodge, mark_not_run, save_figure, token_axis, tokens_l
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import run_case
-from dllm.loader import load_model
-from dllm.tasks import make_case
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 
 
 def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=2000):

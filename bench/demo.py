@@ -27,10 +27,10 @@ from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line, write_csv
 from bench.selection_recall import write_recall
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import EvalRow, run_case
-from dllm.loader import load_model
+from dllm.eval.evaluation import EvalRow, run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 from dllm.prefilling import PrefillingConfig
-from dllm.tasks import make_case
 
 LENGTHS = (4096, 8192, 16384, 32768)
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

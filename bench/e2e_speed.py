@@ -30,12 +30,12 @@ from bench.figures import dodge, mark_not_run, save_figure, token_axis
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import case_inputs
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
-from dllm.loader import load_model
+from dllm.model.loader import load_model
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import PromptParts
-from dllm.tasks import make_case, score
-from dllm.tokenization import encode_text
 
 METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent budget skips the costly ones
 GEN, STEPS = 8, 8

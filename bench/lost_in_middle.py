@@ -24,9 +24,9 @@ from bench.figures import save_figure, tokens_label
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import run_case
-from dllm.loader import load_model
-from dllm.tasks import make_case
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 
 METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent budget skips the costly ones
 

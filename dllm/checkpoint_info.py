@@ -2,7 +2,7 @@
 
 ``python -m dllm info --model DIR`` prints :func:`checkpoint_info`. Sizes come from the
 safetensors headers (so a 7B checkpoint is described in well under a second), the
-architecture from ``config.json`` (:mod:`dllm.config`), the prefilling defaults from
+architecture from ``config.json`` (:mod:`dllm.model.config`), the prefilling defaults from
 ``prefilling_config.json`` (:meth:`PrefillingConfig.from_pretrained`).
 """
 
@@ -13,11 +13,11 @@ from dataclasses import asdict
 
 import torch
 
-from dllm.config import load_config, read_raw_config
-from dllm.loader import default_model_dir, load_tokenizer, resolve_device_dtype
+from dllm.model.config import load_config, read_raw_config
+from dllm.model.loader import default_model_dir, load_tokenizer, resolve_device_dtype
+from dllm.model.rope import RotaryEmbedding
+from dllm.model.weights import WeightError, checkpoint_files, checkpoint_to_module_name, open_safetensors
 from dllm.prefilling.config import CONFIG_NAME, PrefillingConfig, resolve_anchor_token_id
-from dllm.rope import RotaryEmbedding
-from dllm.weights import WeightError, checkpoint_files, checkpoint_to_module_name, open_safetensors
 
 # bytes per element of the safetensors dtype names
 _ST_BYTES = {
@@ -110,7 +110,7 @@ def checkpoint_info(model_dir: str | None = None, *, device=None, dtype=None) ->
         defaults :func:`dllm.generate` uses, with their ``source``).
 
     Raises:
-        dllm.config.ConfigError, dllm.weights.WeightError: as :func:`dllm.load_model` would.
+        dllm.model.config.ConfigError, dllm.model.weights.WeightError: as :func:`dllm.load_model` would.
     """
     model_dir = default_model_dir() if model_dir is None else str(model_dir)
     cfg = load_config(model_dir)

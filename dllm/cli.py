@@ -16,10 +16,10 @@ import stat
 import sys
 import time
 
+from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
+from dllm.eval.tasks import HAYSTACKS, TASKS
 from dllm.generate import METHODS
 from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
-from dllm.tasks import HAYSTACKS, TASKS
-from dllm.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
 
 RUNS_DIR = "runs"  # default output folder, relative to the working directory (git-ignored in the repository)
 _PREFILLING_DEFAULTS = PrefillingConfig()
@@ -293,7 +293,7 @@ def _model_defaults(model_dir: str | None) -> tuple[PrefillingConfig, str]:
     """The prefilling settings ``--model model_dir`` will use (its ``prefilling_config.json`` over the
     library's, which are the paper's) and how the help names it, for the help text. A folder that cannot
     be read gives the library's settings here: its error is reported when the command runs."""
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
 
     label = "the bundled model" if model_dir is None else model_dir
     try:
@@ -496,8 +496,8 @@ def _unmasking_check(args, gen_length: int | None) -> None:
 def _model_config(args):
     """The checkpoint's ``config.json`` (a :class:`dllm.ModelConfig`), read once per command, before the
     weights load; its errors name the file."""
-    from dllm.config import load_config
-    from dllm.loader import default_model_dir
+    from dllm.model.config import load_config
+    from dllm.model.loader import default_model_dir
 
     if getattr(args, "_model_config", None) is None:
         args._model_config = load_config(args.model or default_model_dir())
@@ -767,8 +767,8 @@ def _templates(args, questions: list[str] | None) -> list[str]:
 
 def _one_line_answer(text: str) -> str:
     """An answer on one line of labelled output: backslashes doubled, CR and LF written as ``\\r`` and ``\\n``
-    (as in eval's CSV: :func:`dllm.evaluation.one_line_cell`)."""
-    from dllm.evaluation import one_line_cell
+    (as in eval's CSV: :func:`dllm.eval.evaluation.one_line_cell`)."""
+    from dllm.eval.evaluation import one_line_cell
 
     return one_line_cell(text)
 
@@ -787,9 +787,9 @@ def _print_answer(res, label: int | None, question: str | None) -> None:
 def _chunk_char_spans(model, context: str, cfg: PrefillingConfig) -> list | None:
     """``[(start, end)]`` character offsets into ``context`` of each chunk ``cfg`` cuts it into (fixed or
     snapped boundaries; end exclusive), from the tokenizer's offset mapping of the one tokenization of the
-    context (:func:`dllm.tokenization.token_offsets`); None when the tokenizer gives no offsets."""
+    context (:func:`dllm.model.tokenization.token_offsets`); None when the tokenizer gives no offsets."""
+    from dllm.model.tokenization import encode_text, token_offsets
     from dllm.prefilling.chunks import chunk_spans
-    from dllm.tokenization import encode_text, token_offsets
 
     offsets = token_offsets(model, context)
     if offsets is None or offsets.shape[0] == 0:
@@ -857,7 +857,7 @@ def _progress() -> bool:
 def _document_config(args, header: dict) -> PrefillingConfig:
     """The prefilling config of an answer from a document: the document's chunk size unless one is given
     (a different one is an error), a default K above its chunk count keeps every chunk."""
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
 
     if args.chunk_size is not None and args.chunk_size != header["chunk_size"]:
         raise UserError(
@@ -908,7 +908,7 @@ def _encode_context_once(model, args, context: str, cfg: PrefillingConfig):
     once, as a :class:`dllm.DocumentCache` in memory, and every question is answered from it (answers equal
     fresh ones token for token: :func:`dllm.encode_document`). Returns ``(document, config, context tokens)``."""
     import dllm
-    from dllm.tokenization import encode_text
+    from dllm.model.tokenization import encode_text
 
     ids = encode_text(model, context)
     fitted = _fit_top_k(cfg, ids.numel(), explicit=args.top_k not in (None, _ALL))
@@ -944,7 +944,7 @@ def _answer_from_document(model, args, template, document, cfg, context_tokens, 
 def _answer_fresh(model, args, template, context, cfg, kw):
     """One answer with the context in the prompt: prefilling (chunked prefill, selection) or a baseline."""
     import dllm
-    from dllm.tokenization import encode_text
+    from dllm.model.tokenization import encode_text
 
     gen = kw["gen"]
     if cfg is not None:
@@ -977,7 +977,7 @@ def cmd_generate(args) -> int:
 
         return distributed_cli.cmd_generate(args)
     import dllm
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
 
     header = None
     if args.document is not None:
@@ -1062,7 +1062,7 @@ def cmd_encode(args) -> int:
 
         return distributed_cli.cmd_encode(args)
     import dllm
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
 
     text = _read_text(args.context_file, "--context-file")
     if not text.strip():
@@ -1112,10 +1112,10 @@ def _unique_eval_path(task: str, method: str) -> str:
 
 
 def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
-    """The constant columns of every eval CSV row: provenance (:func:`dllm.provenance.provenance`: device,
+    """The constant columns of every eval CSV row: provenance (:func:`dllm.eval.provenance.provenance`: device,
     torch/triton/CUDA versions, git commit, UTC date) and the settings (model, dtype, decoding options, and
     C, K, B and the score terms of prefilling; empty for the baselines)."""
-    from dllm.provenance import provenance
+    from dllm.eval.provenance import provenance
 
     def opt(v):
         return "" if v is None else "all" if v == _ALL else v
@@ -1140,7 +1140,7 @@ def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
 
 
 def cmd_eval(args) -> int:
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
 
     args.method = args.method or "prefilling"  # every task case has a context
     longbench = args.task == LONGBENCH
@@ -1149,7 +1149,7 @@ def cmd_eval(args) -> int:
     if args.limit is not None and not longbench:
         raise UserError("--limit goes with the longbench task")
     if args.haystack != "filler":
-        from dllm.tasks import PROSE_TASKS
+        from dllm.eval.tasks import PROSE_TASKS
 
         if args.task not in PROSE_TASKS:
             raise UserError(f"--haystack {args.haystack} goes with the tasks {', '.join(PROSE_TASKS)}")
@@ -1174,10 +1174,10 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
     """The rest of :func:`cmd_eval` once the arguments are checked: cases, model, runs, table, CSV ``out``."""
     from tqdm.auto import tqdm
 
-    from dllm.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
+    from dllm.eval.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
 
     if longbench:  # the file is read and checked before the model is loaded
-        from dllm.longbench import load_longbench, metric_for
+        from dllm.eval.longbench import load_longbench, metric_for
 
         try:
             cases = load_longbench(args.data, limit=args.limit)
@@ -1190,12 +1190,12 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
 
     model, load_s = _load(args)
     if longbench:
-        from dllm.tokenization import encode_text
+        from dllm.model.tokenization import encode_text
 
         context_tokens = [len(encode_text(model, c.context)) for c in cases] if cfg is not None else None
         run_one = run_longbench_case
     else:
-        from dllm.tasks import make_cases
+        from dllm.eval.tasks import make_cases
 
         cases = make_cases(
             args.task,
@@ -1209,7 +1209,7 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
         context_tokens = [c.context_tokens for c in cases]
         run_one = run_case
         if args.gen_length is not None:  # the response and the case's own prefix + query must fit the window
-            from dllm.tokenization import encode_text
+            from dllm.model.tokenization import encode_text
 
             live = max(len(encode_text(model, c.prefix)) + len(encode_text(model, c.query)) + 1 for c in cases)
             _window_check(model, live, args.gen_length, "prefilling", True)

@@ -231,7 +231,7 @@ def test_character_spans_with_a_bpe_tokenizer():
     """Dream's byte-level BPE: each chunk's span is the text its tokens decode to, and the spans tile the text."""
     if not os.path.isdir(DREAM_TOKENIZER):
         pytest.skip("the vendored Dream tokenizer is missing")
-    from dllm.loader import load_tokenizer
+    from dllm.model.loader import load_tokenizer
 
     tok = load_tokenizer(DREAM_TOKENIZER, family="dream")
     fake = types.SimpleNamespace(tokenizer=tok, device=torch.device("cpu"))
@@ -256,7 +256,7 @@ def test_progress_bars_on_a_terminal_only(files, capsys, monkeypatch):
 
 
 def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files, capsys):
-    from dllm.provenance import git_commit
+    from dllm.eval.provenance import git_commit
 
     cmd = "eval passkey --lengths 300 --depths 0.5 --samples 1 --gen-length 8"
     written = []
@@ -284,7 +284,7 @@ def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files,
 
 
 def test_git_commit_never_fails(tmp_path, monkeypatch):
-    from dllm.provenance import git_commit
+    from dllm.eval.provenance import git_commit
 
     monkeypatch.delenv("GIT_COMMIT", raising=False)
     assert git_commit(tmp_path) == "unknown"  # an installed package: no checkout beside it
@@ -312,7 +312,7 @@ def test_info_says_how_many_characters_a_token_covers(capsys):
     tok = json.loads(out)["tokenizer"]
     assert (tok["chars_per_token"], tok["characters"], tok["tokens"]) == (1.0, len(text), len(text))
     if os.path.isdir(DREAM_TOKENIZER):  # Qwen2's BPE (Dream's): several characters a token on English prose
-        from dllm.loader import load_tokenizer
+        from dllm.model.loader import load_tokenizer
 
         dream = load_tokenizer(DREAM_TOKENIZER, family="dream")
         got = chars_per_token(dream)

@@ -202,8 +202,8 @@ def test_bundled_model_answers_the_pass_key_from_a_saved_document(tmp_path):
     """The demo's configuration on a 3000-token passkey case: the answer from a saved and reloaded
     document equals the fresh one and is the pass key."""
     from bench.demo import TINY_PREFILLING
-    from dllm.evaluation import case_inputs
-    from dllm.tasks import make_case, score
+    from dllm.eval.evaluation import case_inputs
+    from dllm.eval.tasks import make_case, score
 
     tiny = dllm.load_model(device="cpu")
     case = make_case("passkey", 3000, 0.4, 10**9 + 3)

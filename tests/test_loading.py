@@ -21,10 +21,10 @@ import torch
 import transformers
 
 import dllm
-from dllm.config import ConfigError
+from dllm.model.config import ConfigError
+from dllm.model.tokenization import save_portable_tokenizer
+from dllm.model.weights import WeightError
 from dllm.prefilling import PrefillingConfig, PromptParts
-from dllm.tokenization import save_portable_tokenizer
-from dllm.weights import WeightError
 from tests.tiny_checkpoints import (
     DREAM_TOKENIZER,
     LLADA_BOS,

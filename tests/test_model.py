@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import dllm
-from dllm.config import ConfigError
-from dllm.weights import WeightError
+from dllm.model.config import ConfigError
+from dllm.model.weights import WeightError
 from tests.tiny_checkpoints import (
     DREAM_TOKENIZER,
     REFERENCE,

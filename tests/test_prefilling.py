@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import dllm
-from dllm.policies import PrefixCachePolicy
+from dllm.decode.policies import PrefixCachePolicy
+from dllm.decode.timer import PhaseTimer
+from dllm.model.rope import rotate_keys
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy, chunk_offsets
-from dllm.rope import rotate_keys
-from dllm.timer import PhaseTimer
 from tests.tiny_checkpoints import LLADA_BOS, load_tiny
 
 BOS = 128  # DREAM_TINY bos_token_id

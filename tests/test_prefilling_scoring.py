@@ -24,10 +24,10 @@ import pytest
 import torch
 
 import dllm
-from dllm.config import ModelConfig
-from dllm.modeling import DiffusionLM
+from dllm.eval.tasks.digits import NOISE_POOL
+from dllm.model.config import ModelConfig
+from dllm.model.modeling import DiffusionLM
 from dllm.prefilling import draft_pseudo_labels, encode_chunks, score_chunks
-from dllm.tasks.digits import NOISE_POOL
 
 VOCAB, MASK, BOS, PAD = 61, 60, 59, 58  # explicit ids: the tests do not depend on how a BOS is chosen
 CHUNK = 7

@@ -1,7 +1,7 @@
 """bench.tiny.prose_eval: the held-out grid, the needle-chunk check and the report table."""
 
 from bench.tiny.prose_eval import SEED_BASE, eval_cases, needle_kept, table
-from dllm.tasks import make_case
+from dllm.eval.tasks import make_case
 
 
 def test_grid_is_the_held_out_cases_in_order():

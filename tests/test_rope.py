@@ -1,8 +1,8 @@
-"""dllm/rope.py against the definition of RoPE, and what a position shift does to a model's logits.
+"""dllm/model/rope.py against the definition of RoPE, and what a position shift does to a model's logits.
 
 RoPE (Su et al., RoFormer; the rotate-half layout of Llama / Qwen2 / LLaDA) turns channel pair
 ``(i, i + D/2)`` of q and k by the angle ``pos * theta^(-2i/D)``. Expected values here come from that
-formula, evaluated with Python's ``math`` in float64 one pair at a time, never from ``dllm.rope``.
+formula, evaluated with Python's ``math`` in float64 one pair at a time, never from ``dllm.model.rope``.
 The model tests then check the consequence the chunk caches rely on: attention logits depend only on
 relative offsets, so moving every token by one changes nothing, while moving one token changes the
 logits of exactly the tokens that attend to it.
@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from dllm.config import ModelConfig
-from dllm.modeling import DiffusionLM
-from dllm.rope import apply_rope, rope_cos_sin, rotate_keys
+from dllm.model.config import ModelConfig
+from dllm.model.modeling import DiffusionLM
+from dllm.model.rope import apply_rope, rope_cos_sin, rotate_keys
 
 POSITIONS = [0, 1, 2, 7, 100, 4095, 31999]
 

@@ -3,7 +3,7 @@
 Weights come from transformers' own Qwen2 / Llama modules (random init), so the
 tests can compare our decoder with theirs on the same numbers. The LLaDA name
 map is written out here, from the real LLaDA-8B weight names
-(``tests/data/reference/llada-8b/weight_names.txt``), independently of dllm.weights.
+(``tests/data/reference/llada-8b/weight_names.txt``), independently of dllm.model.weights.
 The reference files are vendored under ``tests/data/reference`` (see its README).
 """
 

@@ -80,9 +80,9 @@ def cmd_encode(args) -> int:
 def _encode(args) -> int:
     import dataclasses
 
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
+    from dllm.model.tokenization import encode_text
     from dllm.prefilling import PrefillingConfig
-    from dllm.tokenization import encode_text
 
     text = cli._read_text(args.context_file, "--context-file")
     if not text.strip():

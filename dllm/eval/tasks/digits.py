@@ -59,8 +59,8 @@ def make_digits(
     split: str,
     haystack: str = "filler",
 ) -> tuple[str, FilledContext, str, str]:
-    """The passkey / number_string generator (the protocol of :data:`dllm.tasks.TASKS`); ``haystack``
-    other than "filler" takes the words of a natural-prose haystack (:mod:`dllm.tasks.prose`) in place
+    """The passkey / number_string generator (the protocol of :data:`dllm.eval.tasks.TASKS`); ``haystack``
+    other than "filler" takes the words of a natural-prose haystack (:mod:`dllm.eval.tasks.prose`) in place
     of the noise sentences, drawn from the same rng."""
     answer = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(spec.n_digits - 1))
     w = spec.wording
