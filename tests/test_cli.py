@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import dllm.eval.evaluation
-from dllm.cli import UserError, _strip_one_newline, build_parser, main
+from dllm.cli import build_parser, main
+from dllm.cli.errors import UserError
+from dllm.cli.files import strip_one_newline as _strip_one_newline
 
 PROMPT = "There is a pass key hidden in the text below.\n\n{context}\n\nWhat is the pass key? The pass key is "
 FILLER = "The grass is green. The sky is blue. "
@@ -402,9 +404,9 @@ def test_a_fifo_without_a_writer_says_it_waits(files, capsys):
 
 
 def test_input_beyond_the_size_limit_is_one_error_line(files, capsys, monkeypatch):
-    import dllm.cli
+    import dllm.cli.files
 
-    monkeypatch.setattr(dllm.cli, "MAX_INPUT_BYTES", 100)
+    monkeypatch.setattr(dllm.cli.files, "MAX_INPUT_BYTES", 100)
     rc, out, err = run_cli(capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt"))
     assert rc == 2 and err.strip() == "error: --context-file doc.txt: more than 100 bytes of text"
 

@@ -19,7 +19,8 @@ import torch
 import dllm
 import dllm.prefilling.chunks
 import dllm.prefilling.pipeline
-from dllm.cli import _chunk_char_spans, _one_line_answer, build_parser, main
+from dllm.cli import build_parser, main
+from dllm.cli.generate import _chunk_char_spans, _one_line_answer
 from dllm.prefilling import PrefillingConfig
 from tests.test_cli import FILLER, PROMPT, run_cli, write_example_files
 from tests.tiny_checkpoints import DREAM_TOKENIZER
@@ -301,7 +302,7 @@ def test_git_commit_never_fails(tmp_path, monkeypatch):
 
 
 def test_info_says_how_many_characters_a_token_covers(capsys):
-    from dllm.checkpoint_info import TEXT_SAMPLE, chars_per_token
+    from dllm.cli.info import TEXT_SAMPLE, chars_per_token
 
     text = Path(TEXT_SAMPLE).read_text(encoding="utf-8")
     rc, out, _ = run_cli(capsys, "info")
@@ -362,7 +363,7 @@ def test_eval_names_are_reserved_so_runs_in_the_same_second_do_not_share_a_file(
     that fails before writing leaves no empty file behind."""
     import datetime as dt
 
-    import dllm.cli as cli
+    import dllm.cli.eval as cli
 
     class Frozen(dt.datetime):
         @classmethod
