@@ -393,3 +393,11 @@ def examples_text(examples) -> str:
 def epilog(examples, files: str) -> str:
     """A subcommand's help epilog: its examples, then what their input files hold."""
     return f"examples:\n{examples_text(examples)}\n\n{files}"
+
+
+def add_command(sub, name: str, help: str, description: str, examples, files: str) -> argparse.ArgumentParser:
+    """The subparser of one command, with its runnable ``examples`` and what their input ``files`` hold as
+    the epilog, and the help formatter of every command."""
+    return sub.add_parser(
+        name, help=help, description=description, epilog=epilog(examples, files), formatter_class=HelpFormatter
+    )

@@ -30,16 +30,15 @@ import torch.distributed as dist
 
 from dllm import distributed as dd
 from dllm.cli.errors import UserError
-from dllm.cli.files import check_out, read_text
+from dllm.cli.files import read_document_to_encode
 from dllm.cli.generate import collect_questions, document_config, print_answer, print_stats, prompt_templates
 from dllm.cli.options import (
     chunk_fits,
     decode_kwargs,
+    decoding_check,
     graph_kwargs,
     kept_positions,
-    positions_check,
     progress_bars,
-    unmasking_check,
     window_check,
 )
 
@@ -99,12 +98,7 @@ def _encode(args) -> int:
     from dllm.model.tokenization import encode_text
     from dllm.prefilling import PrefillingConfig
 
-    text = read_text(args.context_file, "--context-file")
-    if not text.strip():
-        raise UserError(f"--context-file {args.context_file} is empty")
-    if not args.out.strip():
-        raise UserError("--out is empty; give a file name")
-    check_out(args.out)
+    text = read_document_to_encode(args)
     if args.boundary_snap:
         raise UserError("--boundary-snap is not supported under torchrun yet: encode in one process")
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
@@ -152,8 +146,7 @@ def _generate(args) -> int:
                 f"--prompt-file {args.prompt_file} has no text after its {{context}} slot: the chunks are scored by "
                 "the question that follows the context"
             )
-    unmasking_check(args, args.gen_length)
-    positions_check(args, args.gen_length)
+    decoding_check(args)
     cfg = document_config(args, header)
     if cfg.redundancy_threshold is not None or cfg.candidates is not None:
         raise UserError(

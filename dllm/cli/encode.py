@@ -11,15 +11,14 @@ import dataclasses
 import os
 
 from dllm.cli.args import (
-    HelpFormatter,
     add_chunk_size,
+    add_command,
     add_common_args,
     add_prefill_batch_and_snap,
-    epilog,
     input_file,
 )
 from dllm.cli.errors import UserError
-from dllm.cli.files import check_out, read_text
+from dllm.cli.files import read_document_to_encode
 from dllm.cli.options import as_flags, chunk_fits, progress_bars, timed_load
 from dllm.prefilling.config import PrefillingConfig
 
@@ -30,20 +29,20 @@ EXAMPLE_FILES = """\
 doc.txt as for generate. Answer questions from the saved cache without encoding the document again
 (the prompt's {context} slot marks where the document goes; each --question fills its {question} slot):
   dllm generate --document doc.cache --prompt-file prompt.txt --gen-length 8"""
+HELP = "encode a document once for later questions (a document cache)"  # in python -m dllm --help
+DESCRIPTION = (
+    "Chunked prefill of a document, saved as one safetensors file (a dllm.DocumentCache) that\n"
+    "generate --document answers from without encoding the document again."
+)
 
 
 def cmd_encode(args) -> int:
     """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache` (under torchrun:
-    one shard per rank and an index, :mod:`dllm.distributed.cli`)."""
+    one shard per rank and an index, :mod:`dllm.cli.distributed`)."""
     import dllm
     from dllm.model.loader import default_model_dir
 
-    text = read_text(args.context_file, "--context-file")
-    if not text.strip():
-        raise UserError(f"--context-file {args.context_file} is empty")
-    if not args.out.strip():
-        raise UserError("--out is empty; give a file name")
-    check_out(args.out)
+    text = read_document_to_encode(args)
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
     try:
@@ -64,14 +63,7 @@ def cmd_encode(args) -> int:
 
 def add_parser(sub, model_dir: str | None) -> None:
     """The ``encode`` subcommand of ``sub`` (its help shows the chunk size of ``model_dir``)."""
-    c = sub.add_parser(
-        "encode",
-        help="encode a document once for later questions (a document cache)",
-        description="Chunked prefill of a document, saved as one safetensors file (a dllm.DocumentCache) that\n"
-        "generate --document answers from without encoding the document again.",
-        epilog=epilog(EXAMPLES, EXAMPLE_FILES),
-        formatter_class=HelpFormatter,
-    )
+    c = add_command(sub, "encode", HELP, DESCRIPTION, EXAMPLES, EXAMPLE_FILES)
     c.add_argument("--context-file", type=input_file, required=True, help="UTF-8 document text, read as is")
     c.add_argument("--out", required=True, help="the cache file to write")
     add_chunk_size(c, model_dir)

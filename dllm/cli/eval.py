@@ -12,18 +12,24 @@ import os
 import sys
 import time
 
-from dllm.cli.args import ALL, HelpFormatter, add_common_args, add_decode_args, epilog, input_file, positive_int
+from dllm.cli.args import (
+    ALL,
+    add_command,
+    add_common_args,
+    add_decode_args,
+    input_file,
+    positive_int,
+)
 from dllm.cli.errors import UserError
 from dllm.cli.files import check_out
 from dllm.cli.options import (
     decode_kwargs,
+    decoding_check,
     fit_top_k,
     graph_kwargs,
-    positions_check,
     prefilling_config,
     progress_bars,
     timed_load,
-    unmasking_check,
     window_check,
 )
 from dllm.eval.tasks import HAYSTACKS, TASKS
@@ -41,6 +47,12 @@ EXAMPLES = (
 EXAMPLE_FILES = """\
 hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
 bundled model does not answer it)."""
+HELP = "accuracy on a seeded retrieval task (CSV + table)"  # in python -m dllm --help
+DESCRIPTION = (
+    "Accuracy on seeded cases of a retrieval task. One untimed warm-up case runs first (its time\n"
+    "and the model's load time are reported apart); then one CSV row per case and a table of accuracy\n"
+    "and mean seconds per case."
+)
 RUNS_DIR = "runs"  # default output folder, relative to the working directory (git-ignored in the repository)
 LONGBENCH = "longbench"  # eval's task for a local LongBench file (--data), beside the seeded tasks
 
@@ -118,8 +130,7 @@ def cmd_eval(args) -> int:
 
         if args.task not in PROSE_TASKS:
             raise UserError(f"--haystack {args.haystack} goes with the tasks {', '.join(PROSE_TASKS)}")
-    unmasking_check(args, args.gen_length)
-    positions_check(args, args.gen_length)
+    decoding_check(args)
     cfg = prefilling_config(args, args.model or default_model_dir())
     if args.out is not None and not args.out.strip():
         raise UserError("--out is empty; give a file name (or leave --out out for the default)")
@@ -211,15 +222,7 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
 
 def add_parser(sub, model_dir: str | None) -> None:
     """The ``eval`` subcommand of ``sub`` (its help shows the prefilling defaults of ``model_dir``)."""
-    e = sub.add_parser(
-        "eval",
-        help="accuracy on a seeded retrieval task (CSV + table)",
-        description="Accuracy on seeded cases of a retrieval task. One untimed warm-up case runs first (its time\n"
-        "and the model's load time are reported apart); then one CSV row per case and a table of accuracy\n"
-        "and mean seconds per case.",
-        epilog=epilog(EXAMPLES, EXAMPLE_FILES),
-        formatter_class=HelpFormatter,
-    )
+    e = add_command(sub, "eval", HELP, DESCRIPTION, EXAMPLES, EXAMPLE_FILES)
     e.add_argument(
         "task",
         choices=(*TASKS, LONGBENCH),

@@ -57,3 +57,15 @@ def check_out(out: str, create_folder: bool = False) -> None:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
+
+
+def read_document_to_encode(args) -> str:
+    """``encode``'s inputs, checked before any work: the ``--context-file`` text (not blank) and an ``--out``
+    file name that can be written (:func:`check_out`); in one process or under torchrun."""
+    text = read_text(args.context_file, "--context-file")
+    if not text.strip():
+        raise UserError(f"--context-file {args.context_file} is empty")
+    if not args.out.strip():
+        raise UserError("--out is empty; give a file name")
+    check_out(args.out)
+    return text

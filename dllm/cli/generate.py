@@ -15,10 +15,9 @@ import time
 from dllm.cli import files
 from dllm.cli.args import (
     ALL,
-    HelpFormatter,
+    add_command,
     add_common_args,
     add_decode_args,
-    epilog,
     existing_file,
     input_file,
 )
@@ -26,14 +25,13 @@ from dllm.cli.errors import UserError
 from dllm.cli.files import read_text, strip_one_newline
 from dllm.cli.options import (
     decode_kwargs,
+    decoding_check,
     fit_top_k,
     graph_kwargs,
     kept_positions,
-    positions_check,
     prefilling_config,
     progress_bars,
     timed_load,
-    unmasking_check,
     window_check,
 )
 from dllm.prefilling.config import PrefillingConfig
@@ -60,6 +58,11 @@ doc.txt holds a few thousand characters of "The grass is green. The sky is blue.
 its last line "{question} The pass key is " (a space at the end); questions.txt holds one question a
 line ("What is the pass key?", "Which number is hidden in the text?"): each answer prints as Q1:/A1:
 lines, from one model load and one encoding of doc.txt."""
+HELP = "answer one prompt (or several questions)"  # in python -m dllm --help
+DESCRIPTION = (
+    "Answer one prompt (or each question): the answer on stdout (labelled Q1:/A1: with questions),\n"
+    "one stats line per answer on stderr (--stats json for all of them); progress bars only on a terminal."
+)
 STATS_MODES = ("summary", "json", "none")  # generate --stats
 QUESTION_SLOT = "{question}"
 DEFAULT_QUESTION_TEMPLATE = "{context}{question}"  # generate --question without --prompt-file
@@ -348,8 +351,7 @@ def cmd_generate(args) -> int:
         if not context.strip():
             raise UserError(f"--context-file {args.context_file} is empty")
     _check_templates(args, templates, context)
-    unmasking_check(args, args.gen_length)
-    positions_check(args, args.gen_length)
+    decoding_check(args)
     if args.document is not None:
         cfg = document_config(args, header)
     else:
@@ -388,14 +390,7 @@ def cmd_generate(args) -> int:
 
 def add_parser(sub, model_dir: str | None) -> None:
     """The ``generate`` subcommand of ``sub`` (its help shows the prefilling defaults of ``model_dir``)."""
-    g = sub.add_parser(
-        "generate",
-        help="answer one prompt (or several questions)",
-        description="Answer one prompt (or each question): the answer on stdout (labelled Q1:/A1: with questions),\n"
-        "one stats line per answer on stderr (--stats json for all of them); progress bars only on a terminal.",
-        epilog=epilog(EXAMPLES, EXAMPLE_FILES),
-        formatter_class=HelpFormatter,
-    )
+    g = add_command(sub, "generate", HELP, DESCRIPTION, EXAMPLES, EXAMPLE_FILES)
     g.add_argument(
         "--prompt-file",
         type=input_file,

@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 import torch
 
-from dllm.cli.args import HelpFormatter, add_common_args, epilog
+from dllm.cli.args import add_command, add_common_args
 from dllm.model.config import load_config, read_raw_config
 from dllm.model.loader import default_model_dir, load_tokenizer, resolve_device_dtype
 from dllm.model.rope import RotaryEmbedding
@@ -29,6 +29,11 @@ from dllm.prefilling.config import CONFIG_NAME, PrefillingConfig, resolve_anchor
 EXAMPLES = ("python -m dllm info", "python -m dllm info --json")
 # what the examples' input files hold
 EXAMPLE_FILES = "With no --model, info describes the bundled tiny model."
+HELP = "describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults"  # in python -m dllm --help
+DESCRIPTION = (
+    "Describe a checkpoint (no weights are loaded): family, size, dtype, KV bytes per 1K tokens,\n"
+    "and the prefilling defaults dllm would use for it."
+)
 
 # bytes per element of the safetensors dtype names
 _ST_BYTES = {
@@ -248,14 +253,7 @@ def cmd_info(args) -> int:
 
 def add_parser(sub, model_dir: str | None) -> None:
     """The ``info`` subcommand of ``sub``."""
-    i = sub.add_parser(
-        "info",
-        help="describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults",
-        description="Describe a checkpoint (no weights are loaded): family, size, dtype, KV bytes per 1K tokens,\n"
-        "and the prefilling defaults dllm would use for it.",
-        epilog=epilog(EXAMPLES, EXAMPLE_FILES),
-        formatter_class=HelpFormatter,
-    )
+    i = add_command(sub, "info", HELP, DESCRIPTION, EXAMPLES, EXAMPLE_FILES)
     add_common_args(i)
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     i.set_defaults(func=cmd_info)

@@ -83,6 +83,13 @@ def positions_check(args, gen_length: int | None) -> None:
         )
 
 
+def decoding_check(args) -> None:
+    """The decoding options and ``--gen-length`` checked before the model loads (:func:`unmasking_check`,
+    :func:`positions_check`): generate and eval, in one process or under torchrun."""
+    unmasking_check(args, args.gen_length)
+    positions_check(args, args.gen_length)
+
+
 def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
     """The PrefillingConfig of the command line, or None for the other methods.
 
