@@ -23,10 +23,10 @@ from dataclasses import asdict
 import torch
 
 from bench.budget import TimeBudget
-from bench.demo import TINY_PREFILLING
 from bench.figures import dodge, mark_not_run, save_figure, token_axis, tokens_label
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
+from bench.tiny_defaults import TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.eval.evaluation import run_case
 from dllm.eval.tasks import make_case

@@ -25,10 +25,10 @@ import torch
 
 from bench import flop_model
 from bench.budget import TimeBudget
-from bench.demo import EXPONENT, TINY_PREFILLING
 from bench.figures import dodge, mark_not_run, save_figure, token_axis
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
+from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score

@@ -19,10 +19,10 @@ from dataclasses import asdict
 import torch
 
 from bench.budget import TimeBudget
-from bench.demo import EXPONENT, TINY_PREFILLING
 from bench.figures import save_figure, tokens_label
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import write_csv
+from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.eval.evaluation import run_case
 from dllm.eval.tasks import make_case

@@ -110,7 +110,7 @@ def prose_units(haystack: str, split: str, rng: random.Random) -> Iterator[str]:
 def filler_units(haystack: str, split: str, rng: random.Random, canonical: bool) -> Iterator[str]:
     """The units of a digit or word-fact haystack: InfiniteBench noise ("filler") or prose words."""
     if haystack == "filler":
-        from .digits import noise_units
+        from .noise import noise_units
 
         return noise_units(rng, canonical)
     return prose_units(haystack, split, rng)
