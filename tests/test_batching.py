@@ -12,19 +12,12 @@ import torch
 import dllm
 from dllm.decode.timer import PhaseTimer
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
-from tests.tiny_checkpoints import LLADA_BOS, load_tiny
+from tests.tiny_checkpoints import LLADA_BOS, tiny_model_fixtures
 
 BOS = 128  # DREAM_TINY bos_token_id
 
 
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "dream", seed=31)
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "llada", seed=32, n_kv_heads=3)
+dream, llada = tiny_model_fixtures(dream_seed=31, llada_seed=32, llada_kv_heads=3)
 
 
 # (prefix, context, query) lengths: chunk counts 6, 3, 9, 1 and 6 at C = 8; the empty prefix leaves a

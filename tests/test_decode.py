@@ -4,17 +4,9 @@ import pytest
 import torch
 
 import dllm
-from tests.tiny_checkpoints import load_tiny
+from tests.tiny_checkpoints import tiny_model_fixtures
 
-
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "dream", seed=3)
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "llada", seed=4, n_kv_heads=2)
+dream, llada = tiny_model_fixtures(dream_seed=3, llada_seed=4, llada_kv_heads=2)
 
 
 def _prompt(model, n=19, b=1, seed=0):

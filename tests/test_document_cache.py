@@ -9,21 +9,12 @@ import torch
 
 import dllm
 from dllm.prefilling import PrefillingConfig, PromptParts
-from tests.tiny_checkpoints import LLADA_BOS, load_tiny, write_dream_checkpoint
+from tests.tiny_checkpoints import LLADA_BOS, checkpoint_fixtures, load_tiny, write_dream_checkpoint
 
 BOS = 128  # DREAM_TINY bos_token_id
 
 
-@pytest.fixture(scope="module")
-def dream_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dream")
-    write_dream_checkpoint(str(d), seed=21)
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def dream(dream_dir):
-    return dllm.load_model(dream_dir, device="cpu", dtype=torch.float32)
+dream_dir, dream = checkpoint_fixtures(write_dream_checkpoint, seed=21, folder="dream", dir_fixture="dream_dir")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dllm
 import triton_kernels
 from dllm.prefilling import PrefillingConfig, PromptParts
-from tests.tiny_checkpoints import LLADA_BOS, load_tiny
+from tests.tiny_checkpoints import LLADA_BOS, tiny_model_fixtures
 
 GEN = importlib.import_module("dllm.generate")  # the module (dllm.generate is also the function)
 
@@ -127,14 +127,7 @@ BLOCK_END = "if int(nan_step.max()) < 0:"
 AFTER = "row_steps.extend(active.tolist())"
 
 
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "dream", seed=51)
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "llada", seed=52, n_kv_heads=3)
+dream, llada = tiny_model_fixtures(dream_seed=51, llada_seed=52, llada_kv_heads=3)
 
 
 def _inputs(model, batched, method, bos):
