@@ -268,12 +268,19 @@ def _dream_config(raw: dict, path: str) -> ModelConfig:
         qkv_bias=True,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         shift_logits=True,
+        **_token_ids(raw, path),
+        max_position_embeddings=_int(raw, "max_position_embeddings", path, default=0) or None,
+        rope_scaling=scaling,
+    )
+
+
+def _token_ids(raw: dict, path: str) -> dict:
+    """The special token ids both families name alike: mask (required), bos, eos and pad (optional)."""
+    return dict(
         mask_token_id=_int(raw, "mask_token_id", path, minimum=0),
         bos_token_id=_optional_id(raw, "bos_token_id", path),
         eos_token_id=_optional_id(raw, "eos_token_id", path),
         pad_token_id=_optional_id(raw, "pad_token_id", path),
-        max_position_embeddings=_int(raw, "max_position_embeddings", path, default=0) or None,
-        rope_scaling=scaling,
     )
 
 
@@ -311,10 +318,7 @@ def _llada_config(raw: dict, path: str) -> ModelConfig:
         qkv_bias=bool(raw.get("include_qkv_bias", False)),
         tie_word_embeddings=bool(raw.get("weight_tying", False)),
         shift_logits=False,
-        mask_token_id=_int(raw, "mask_token_id", path, minimum=0),
-        bos_token_id=_optional_id(raw, "bos_token_id", path),
-        eos_token_id=_optional_id(raw, "eos_token_id", path),
-        pad_token_id=_optional_id(raw, "pad_token_id", path),
+        **_token_ids(raw, path),
         max_position_embeddings=_int(raw, "max_sequence_length", path, default=0) or None,
         rope_scaling=scaling,
     )
