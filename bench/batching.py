@@ -37,14 +37,14 @@ import time
 
 import torch
 
-import dllm.modeling
+import dllm.model.modeling
 from bench.demo import TINY_PREFILLING
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
-from dllm.evaluation import case_inputs
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
-from dllm.loader import load_model
-from dllm.tasks import make_case, score
+from dllm.model.loader import load_model
 
 # ragged on purpose, long and short interleaved
 LENGTHS = (3072, 10240, 4096, 9216, 5120, 8192, 6144, 7168)
@@ -92,7 +92,7 @@ def batched(model, prompts, cfg) -> tuple:
 @contextlib.contextmanager
 def attention_timer():
     """Seconds spent inside ``triton_kernels.split_s_attention`` as the model calls it (a list to sum)."""
-    kernels = dllm.modeling.triton_kernels
+    kernels = dllm.model.modeling.triton_kernels
     inner, spent = kernels.split_s_attention, []
 
     def timed(*args, **kwargs):
@@ -112,10 +112,10 @@ def attention_share(model, prompts, cfg) -> dict:
     """Share of the denoising phase spent in split-S attention: the longest prompt alone and the batch
     (one instrumented run each, after the timed rounds; the attention of the scoring passes is excluded
     by timing the decode phase only: the policy is built first)."""
-    from dllm.denoise import denoise
+    from dllm.decode.denoise import denoise
+    from dllm.decode.timer import PhaseTimer
+    from dllm.decode.unmasking import UnmaskingConfig
     from dllm.prefilling import build_prefilling_policy
-    from dllm.timer import PhaseTimer
-    from dllm.unmasking import UnmaskingConfig
 
     longest = max(range(len(prompts)), key=lambda i: prompts[i].context.numel())
     out = {}

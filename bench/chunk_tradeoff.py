@@ -20,17 +20,15 @@ import os
 import time
 from dataclasses import asdict
 
-import torch
-
 from bench.budget import TimeBudget
-from bench.demo import TINY_PREFILLING
 from bench.figures import dodge, mark_not_run, save_figure, token_axis, tokens_label
-from bench.outputs import add_output_args, output_dir
+from bench.outputs import parse_study
 from bench.provenance import write_csv
+from bench.tiny_defaults import TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import run_case
-from dllm.loader import load_model
-from dllm.tasks import make_case
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 
 
 def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=2000):
@@ -155,11 +153,7 @@ def main(argv=None) -> int:
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--tasks", nargs="+", default=["passkey", "needle"])
     p.add_argument("--budget", type=float, default=240.0, help="seconds of the timed grid")
-    add_output_args(p, "bench")
-    args = p.parse_args(argv)
-    out = output_dir(args, "bench")
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(2)
+    args, out = parse_study(p, argv)
     rows, startup = run(args.chunk_sizes, args.top_k, args.lengths, args.depths, args.tasks, args.budget, str(out))
     first = first_case_line(first_case_ratios(rows, key=("chunk_size", "top_k", "length")))
     table = f"{summarize(rows, args.chunk_sizes, args.top_k, args.lengths)}\n{startup} {first}"

@@ -3,7 +3,7 @@
     python -m bench.cuda_graph_check [--out DIR] [--layers 28] [--steps 32] [--repeats 20] [--dry-run]
 
 The prefilling loop replays each denoising step's forward from a CUDA graph
-(:class:`dllm.step_graph.GraphedStep`; ``generate(cuda_graph=None)`` turns it on where supported). This
+(:class:`dllm.decode.step_graph.GraphedStep`; ``generate(cuda_graph=None)`` turns it on where supported). This
 check runs the same generations both ways and compares them:
 
 1. The bundled tiny model (real weights) on passkey prompts, one at a time and as a ragged batch:
@@ -40,7 +40,7 @@ import torch
 from bench.e2e_dream_shape import _sync, build_random_model, dream7b_config
 from bench.outputs import REPO_ROOT
 from bench.provenance import machine_line, write_csv
-from dllm.step_graph import cuda_graph_support
+from dllm.decode.step_graph import cuda_graph_support
 
 PASSKEY_LENGTHS = (4096, 8192, 6000)
 
@@ -49,8 +49,8 @@ def bundled_rows(gen: int, device="cuda") -> list[dict]:
     """Part 1: the bundled model, single prompts and one ragged batch, graph vs eager."""
     from bench.demo import TINY_PREFILLING
     from dllm import generate, load_model
-    from dllm.evaluation import case_inputs
-    from dllm.tasks import make_case, score
+    from dllm.eval.evaluation import case_inputs
+    from dllm.eval.tasks import make_case, score
 
     model = load_model(device=device)
     cases = [make_case("passkey", n, 0.5, 50 + i, tokenizer=None) for i, n in enumerate(PASSKEY_LENGTHS)]
@@ -88,7 +88,7 @@ def dream_model(layers: int):
 
 def _random_cache(model, n_rows: int, seed: int, chunk: int):
     """A 16-token prefix + 4 chunks of ``chunk`` tokens + anchor per row, random K/V in the model's dtype."""
-    from dllm.kv_cache import Segment, StaticKVCache
+    from dllm.model.kv_cache import Segment, StaticKVCache
 
     cfg, dev = model.config, model.device
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -104,9 +104,9 @@ def _random_cache(model, n_rows: int, seed: int, chunk: int):
 
 def dream_rows(model, steps: int, repeats: int, *, chunk: int = 1024) -> list[dict]:
     """Part 2: steady-state step time and a whole loop, eager vs graph, over a random cache (1 and 8 rows)."""
-    from dllm.denoise import denoise
-    from dllm.policies import PrefillingPolicy
-    from dllm.unmasking import UnmaskingConfig
+    from dllm.decode.denoise import denoise
+    from dllm.decode.policies import PrefillingPolicy
+    from dllm.decode.unmasking import UnmaskingConfig
 
     dev = model.device
     vocab = min(model.config.vocab_size, model.mask_token_id)  # token ids below the mask id

@@ -26,26 +26,16 @@ from bench.figures import dodge, mark_not_run, save_figure, token_axis
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line, write_csv
 from bench.selection_recall import write_recall
+from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import EvalRow, run_case
-from dllm.loader import load_model
+from dllm.eval.evaluation import EvalRow, run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 from dllm.prefilling import PrefillingConfig
-from dllm.tasks import make_case
 
 LENGTHS = (4096, 8192, 16384, 32768)
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent budget skips the costly ones
-# Cost growth with the context length L: dense and prefix_cache pay O(L^2) attention
-# (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
-EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
-# The bundled tiny model copies a key reliably over about a thousand tokens (passkey 100% dense at 1024),
-# so K = 4 chunks (the library's default) of C = 256 (+ BOS; the default is 1024) after the prefix,
-# which keeps every position inside its 1536-token window. It scores chunks with s_C - s_P
-# (draft_contrast, our variant): confident in an answer that the context-free draft did not guess.
-# The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
-# bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to
-# filler chunks it is confident about whatever the needle (bench/results/score_terms*.md and bench/results/README.md).
-TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",))
 GEN = dict(gen_length=8, steps=8)  # a 5-digit key and its EOS, one token per step
 
 

@@ -4,7 +4,7 @@
                                 [--gpu-tokens 1048576] [--max-gpus 8] [--timeout-s 1800]
 
 Part 1, measured (``cpu``): a passkey document of ``--length`` tokens (the package's InfiniteBench
-filler haystack, :func:`dllm.tasks.make_case`) is encoded on the bundled tiny model
+filler haystack, :func:`dllm.eval.tasks.make_case`) is encoded on the bundled tiny model
 (:func:`dllm.load_model`'s default, fp32) by one process (:func:`dllm.encode_document`, what a user
 without torchrun runs) and by ``--world`` gloo processes (:func:`dllm.distributed.encode_document`),
 each process with one torch thread (``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=1``). The bench
@@ -68,7 +68,7 @@ from bench.e2e_dream_shape import HBM_EFFICIENCY, HOST_S_PER_LAYER, MMA_EFFICIEN
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
 from bench.roofline import H200_PEAK
-from dllm.tasks import make_case, score
+from dllm.eval.tasks import make_case, score
 
 LENGTH = 262144  # 256K tokens: 1024 chunks of the bundled model's C = 256
 WARM_CHUNKS = 4

@@ -39,12 +39,12 @@ from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
 from bench.selection_recall import needle_chunk_ids
 from bench.warmup import WARMUP_SEED
-from dllm.evaluation import case_inputs
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
-from dllm.loader import load_model
+from dllm.model.loader import load_model
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import DocumentCache, PromptParts, encode_document
-from dllm.tasks import make_case, score
-from dllm.tokenization import encode_text
 
 # Four wordings of one question (the first is the task's canonical query).
 QUESTIONS = (

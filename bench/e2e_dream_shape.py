@@ -110,7 +110,7 @@ def shape_of(name: str) -> Shape:
 
 
 def n_params(cfg: ModelConfig) -> int:
-    """Parameters of a :class:`~dllm.modeling.DiffusionLM` of ``cfg`` (untied head, q/k/v bias as configured)."""
+    """Parameters of a :class:`~dllm.model.modeling.DiffusionLM` of ``cfg`` (untied head, q/k/v bias as configured)."""
     d, hq, hkv, hd, inter = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
     attn = d * hq * hd + 2 * d * hkv * hd + hq * hd * d + (hq * hd + 2 * hkv * hd if cfg.qkv_bias else 0)
     layer = attn + 3 * d * inter + 2 * d
@@ -119,7 +119,7 @@ def n_params(cfg: ModelConfig) -> int:
 
 
 def build_random_model(cfg: ModelConfig, device, dtype: torch.dtype, *, seed: int = 0, std: float = 0.02):
-    """A :class:`~dllm.modeling.DiffusionLM` of ``cfg`` with random weights, allocated on ``device`` in ``dtype``.
+    """A :class:`~dllm.model.modeling.DiffusionLM` of ``cfg`` with random weights, allocated on ``device`` in ``dtype``.
 
     The module is built on the meta device, cast there (no memory), then allocated once on ``device``
     in ``dtype``: 7.6 B parameters cost 15 GB in bf16 and never exist in fp32. Linear and embedding

@@ -25,17 +25,17 @@ import torch
 
 from bench import flop_model
 from bench.budget import TimeBudget
-from bench.demo import EXPONENT, TINY_PREFILLING
 from bench.figures import dodge, mark_not_run, save_figure, token_axis
-from bench.outputs import add_output_args, output_dir
+from bench.outputs import parse_study
 from bench.provenance import write_csv
+from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import case_inputs
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
-from dllm.loader import load_model
+from dllm.model.loader import load_model
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import PromptParts
-from dllm.tasks import make_case, score
-from dllm.tokenization import encode_text
 
 METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent budget skips the costly ones
 GEN, STEPS = 8, 8
@@ -238,11 +238,7 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768, 65536])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--budget", type=float, default=420.0, help="seconds of the timed grid")
-    add_output_args(p, "bench")
-    args = p.parse_args(argv)
-    out = output_dir(args, "bench")
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(2)
+    args, out = parse_study(p, argv)
     rows, startup = run(args.lengths, args.depths, args.budget, str(out))
     ok = [r for r in rows if r["status"] == "ok" and r["method"] in METHODS]
     table = f"{summarize(rows)}\n\n{startup} {first_case_line(first_case_ratios(ok, seconds='total_s'))}"

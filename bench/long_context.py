@@ -5,7 +5,7 @@
                                  [--model DIR] [--config today|scale] [--threads 1]
 
 For every length and depth a passkey case is generated in the ``--haystack`` (the task's own filler
-by default, or a natural-prose haystack of :mod:`dllm.tasks.prose`), its context is encoded once as a
+by default, or a natural-prose haystack of :mod:`dllm.eval.tasks.prose`), its context is encoded once as a
 :class:`dllm.DocumentCache` (timed: encode seconds) and the canonical question is answered from the
 cache (timed: seconds per question). Reported per cell: whether a kept chunk holds the needle, whether
 the answer is exact, encode seconds, seconds per question, and the peak resident memory of the process.
@@ -35,12 +35,12 @@ from bench.demo import TINY_PREFILLING
 from bench.figures import save_figure
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
-from dllm.evaluation import case_inputs
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case, score
+from dllm.eval.tasks.prose import HAYSTACKS
 from dllm.generate import generate
-from dllm.loader import load_model
+from dllm.model.loader import load_model
 from dllm.prefilling import PromptParts, encode_document
-from dllm.tasks import make_case, score
-from dllm.tasks.prose import HAYSTACKS
 
 GEN, STEPS = 8, 8
 SEED = 10**9 + 23
@@ -59,7 +59,7 @@ def _needle_chunks(doc, case, parts, model) -> set:
     if model.tokenizer is None or getattr(model.config, "vocab_size", 0) <= 256:
         lo, hi = case.needle_start, case.needle_end
     else:
-        from dllm.tokenization import encode_text
+        from dllm.model.tokenization import encode_text
 
         lo = encode_text(model, case.context[: case.needle_start]).numel()
         hi = encode_text(model, case.context[: case.needle_end]).numel()

@@ -16,17 +16,15 @@ import os
 import time
 from dataclasses import asdict
 
-import torch
-
 from bench.budget import TimeBudget
-from bench.demo import EXPONENT, TINY_PREFILLING
 from bench.figures import save_figure, tokens_label
-from bench.outputs import add_output_args, output_dir
+from bench.outputs import parse_study
 from bench.provenance import write_csv
+from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
-from dllm.evaluation import run_case
-from dllm.loader import load_model
-from dllm.tasks import make_case
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 
 METHODS = ("prefilling", "prefix_cache", "dense")  # cheapest first: a spent budget skips the costly ones
 
@@ -116,11 +114,7 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=DEFAULTS["lengths"])
     p.add_argument("--depths", type=int, default=DEFAULTS["depths"], help="number of depths in 0..1")
     p.add_argument("--budget", type=float, default=300.0, help="seconds of the timed grid")
-    add_output_args(p, "bench")
-    args = p.parse_args(argv)
-    out = output_dir(args, "bench")
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(2)
+    args, out = parse_study(p, argv)
     depths = [i / (args.depths - 1) for i in range(args.depths)]
     rows, skipped, startup = run(args.tasks, args.lengths, depths, args.budget, str(out))
     table = summarize(rows, args.tasks, args.lengths)

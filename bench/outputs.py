@@ -34,6 +34,20 @@ def output_dir(args: argparse.Namespace, runs_sub: str, results_sub: str = "") -
     return RESULTS_DIR / results_sub if args.record else RUNS_DIR / runs_sub
 
 
+def parse_study(parser: argparse.ArgumentParser, argv, runs_sub: str = "bench") -> tuple[argparse.Namespace, Path]:
+    """A CPU study's command line: ``parser`` with the options of :func:`add_output_args` added last, parsed
+    from ``argv``; returns the arguments and the output folder (:func:`output_dir`), created. Torch then runs
+    on 2 threads, the setting the studies are recorded with."""
+    import torch
+
+    add_output_args(parser, runs_sub)
+    args = parser.parse_args(argv)
+    out = output_dir(args, runs_sub)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(2)
+    return args, out
+
+
 def _rel(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT))
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from dllm.evaluation import one_line_cell
-from dllm.provenance import REPO_ROOT, provenance  # noqa: F401  (the columns dllm eval writes too)
-from dllm.provenance import git_commit as _git_commit  # noqa: F401
+from dllm.eval.evaluation import one_line_cell
+from dllm.eval.provenance import REPO_ROOT, provenance  # noqa: F401  (the columns dllm eval writes too)
+from dllm.eval.provenance import git_commit as _git_commit  # noqa: F401
 
 
 def machine_line(device: str | None = None) -> str:
@@ -27,7 +27,7 @@ def machine_line(device: str | None = None) -> str:
 def write_csv(path, rows: list[dict], device: str | None = None) -> Path:
     """Write ``rows`` (dicts) to ``path`` with the provenance columns (:func:`provenance` of ``device``)
     prepended to every row. Columns are the union of all row keys in first-seen order; missing cells
-    are empty; text cells are on one line (:func:`dllm.evaluation.one_line_cell`: a backslash, CR and LF
+    are empty; text cells are on one line (:func:`dllm.eval.evaluation.one_line_cell`: a backslash, CR and LF
     written as ``\\``, ``\r``, ``\n``), so every row is one line of the file. Returns the path; raises
     ``OSError`` if it cannot be written."""
     path = Path(path)

@@ -23,12 +23,12 @@ import torch
 from bench.demo import TINY_PREFILLING
 from bench.outputs import RESULTS_DIR, RUNS_DIR
 from bench.provenance import machine_line
-from dllm.evaluation import case_inputs
-from dllm.loader import load_model
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 from dllm.prefilling.chunks import encode_chunks
 from dllm.prefilling.config import PrefillingConfig
 from dllm.prefilling.scoring import draft_pseudo_labels, score_chunks
-from dllm.tasks import make_case
 
 COMBOS = (
     ("self_info", "pseudo_label"),

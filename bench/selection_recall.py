@@ -18,7 +18,7 @@ import csv
 import os
 from collections import defaultdict
 
-from dllm.tasks import make_case
+from dllm.eval.tasks import make_case
 
 
 def needle_chunk_ids(case, chunk_size: int) -> set[int]:
@@ -59,7 +59,7 @@ def write_recall(csv_path: str, chunk_size: int) -> str:
     """Read a results CSV, write its recall table to ``<name>_recall.md`` beside it; returns the table.
 
     Raises:
-        FileNotFoundError: no such CSV. KeyError: a row lacks the columns of :data:`dllm.evaluation.CSV_FIELDS`.
+        FileNotFoundError: no such CSV. KeyError: a row lacks the columns of :data:`dllm.eval.evaluation.CSV_FIELDS`.
     """
     with open(csv_path) as f:
         rows = list(csv.DictReader(f))
@@ -74,7 +74,7 @@ def write_recall(csv_path: str, chunk_size: int) -> str:
 
 
 def main(argv=None) -> int:
-    from bench.demo import TINY_PREFILLING  # the demo's chunk size is the default (demo imports this module)
+    from bench.tiny_defaults import TINY_PREFILLING  # the demo's chunk size is the default
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", nargs="?", default=os.path.join("bench", "results", "demo", "demo.csv"))

@@ -36,13 +36,13 @@ from bench.document_cache import CONFIG as BASE
 from bench.document_cache import QUESTIONS, SEED
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
-from dllm.evaluation import case_inputs
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
-from dllm.loader import load_model
+from dllm.model.loader import load_model
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import PromptParts, encode_document
 from dllm.prefilling.selection import first_stage_scores
-from dllm.tasks import make_case, score
-from dllm.tokenization import encode_text
 
 GEN, STEPS = 8, 8
 SNAP_TOL = 48  # tokens a boundary may move back: longer than the pass-key sentences of the filler

@@ -14,8 +14,8 @@ import statistics
 import time
 from collections import defaultdict
 
-from dllm.evaluation import run_case
-from dllm.tasks import make_case
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
 
 WARMUP_SEED = 10**8  # outside the seeds of every grid in bench/ (their cases are never the warm-up case)
 
@@ -29,7 +29,7 @@ def warm_up(model, methods, length: int, *, prefilling=None, task: str = "passke
         length: context length in tokens (use the grid's first, so the same shapes come first).
         prefilling: the grid's :class:`~dllm.prefilling.PrefillingConfig` (for ``prefilling``).
         task: the task of the warm-up case (a seed no grid uses, depth 0.5).
-        gen_kwargs: forwarded to :func:`dllm.evaluation.run_case` (gen_length, steps, ...).
+        gen_kwargs: forwarded to :func:`dllm.eval.evaluation.run_case` (gen_length, steps, ...).
 
     Returns:
         ``{method: seconds}`` of wall-clock time per warm-up decode.

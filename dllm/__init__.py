@@ -3,14 +3,14 @@
 Public entry points: :func:`load_model`, :func:`generate`, :func:`encode_document`.
 """
 
-from dllm.config import ConfigError, ModelConfig, load_config
 from dllm.generate import GenerationResult, GenerationStats, generate
-from dllm.kv_cache import Segment, StaticKVCache
-from dllm.loader import default_model_dir, load_model, load_tokenizer
-from dllm.modeling import DiffusionLM
+from dllm.model.config import ConfigError, ModelConfig, load_config
+from dllm.model.kv_cache import Segment, StaticKVCache
+from dllm.model.loader import default_model_dir, load_model, load_tokenizer
+from dllm.model.modeling import DiffusionLM
+from dllm.model.tokenization import decode_text, encode_text
+from dllm.model.weights import WeightError
 from dllm.prefilling import DocumentCache, PrefillingConfig, PromptParts, encode_document
-from dllm.tokenization import decode_text, encode_text
-from dllm.weights import WeightError
 
 __all__ = [
     "ConfigError",

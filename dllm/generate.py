@@ -1,7 +1,7 @@
 """``dllm.generate``: the public API of diffusion decoding.
 
-It checks the arguments, builds one of three cache policies (:mod:`dllm.policies`),
-runs the denoising loop (:func:`dllm.denoise.denoise`) and returns the tokens, text
+It checks the arguments, builds one of three cache policies (:mod:`dllm.decode.policies`),
+runs the denoising loop (:func:`dllm.decode.denoise.denoise`) and returns the tokens, text
 and per-phase stats:
 
 - ``dense`` (the transformers baseline): every step re-encodes prompt + response.
@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dllm.denoise import denoise
-from dllm.devices import same_device
-from dllm.policies import DensePolicy, PrefixCachePolicy
+from dllm.decode.denoise import denoise
+from dllm.decode.policies import DensePolicy, PrefixCachePolicy
+from dllm.decode.step_graph import cuda_graph_support
+from dllm.decode.timer import PhaseTimer
+from dllm.decode.unmasking import UnmaskingConfig
+from dllm.model.devices import same_device
+from dllm.model.tokenization import decode_text
 from dllm.prefilling.pipeline import build_prefilling_policy
-from dllm.step_graph import cuda_graph_support
-from dllm.timer import PhaseTimer
-from dllm.tokenization import decode_text
-from dllm.unmasking import UnmaskingConfig
 
 METHODS = ("dense", "prefix_cache", "prefilling")
 
@@ -141,7 +141,7 @@ def generate(
     """Generate a response with a diffusion LM.
 
     Args:
-        model: a :class:`~dllm.modeling.DiffusionLM` (e.g. from :func:`dllm.load_model`).
+        model: a :class:`~dllm.model.modeling.DiffusionLM` (e.g. from :func:`dllm.load_model`).
         input_ids: prompt ``[B, L_p]`` or ``[L_p]`` int64 on the model's device (for
             ``prefilling`` pass ``prompt`` instead, or the whole prompt as one context).
         method: ``"dense"``, ``"prefix_cache"`` or ``"prefilling"``.
@@ -149,7 +149,7 @@ def generate(
         steps: denoising steps in total (default gen_length: one token per step);
             split evenly over the blocks.
         block_length: semi-autoregressive block size (default gen_length = one block).
-        alg: unmasking rule (see :mod:`dllm.unmasking`); default by family.
+        alg: unmasking rule (see :mod:`dllm.decode.unmasking`); default by family.
         temperature, top_p, top_k, alg_temp, eps, threshold: rule parameters. ``top_k`` None
             filters nothing, as Dream's ``generation_config.json`` says; the official
             ``diffusion_generate`` under transformers 4.46 inherits ``top_k=50`` from the model
@@ -158,10 +158,10 @@ def generate(
             gives other draws than the official loops (the same distribution).
         confidence_from: ``"tempered"`` (rank positions by the tempered, filtered distribution the
             tokens are drawn from: Dream's reference) or ``"logits"`` (by ``softmax(logits)``: LLaDA's
-            and Fast-dLLM's); None = the rule's reference (see :mod:`dllm.unmasking`).
+            and Fast-dLLM's); None = the rule's reference (see :mod:`dllm.decode.unmasking`).
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
-            :class:`dllm.policies.PrefixCachePolicy`).
+            :class:`dllm.decode.policies.PrefixCachePolicy`).
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
             context, query token ids), or a list of them: a batch of requests (any context, query
             and chunk counts) decoded in one denoising loop over live blocks padded to the longest
@@ -175,7 +175,7 @@ def generate(
             a list of prompts: one document for every row, or a list of one document (or None,
             for a row that brings its context) per row.
         cuda_graph: ``prefilling`` only: capture each denoising step's forward in a CUDA graph
-            and replay it (:mod:`dllm.step_graph`; same tokens, less host overhead, the gain on a
+            and replay it (:mod:`dllm.decode.step_graph`; same tokens, less host overhead, the gain on a
             GPU predicted). None = on where supported (CUDA, compiled Triton kernels), a failed
             capture then warns and runs the steps eagerly; True where unsupported raises; False = eager
             steps. When a graph was asked for, ``stats.extra["cuda_graph"]`` says ``"replayed"`` or why not.
@@ -192,7 +192,7 @@ def generate(
             document's; ``cuda_graph=True`` where CUDA graphs are not supported (the message says why);
             NaN logits at a position being decoded (the message names the denoising step, row and
             position; a NaN never becomes a token). The mask token is never returned: its logit is
-            excluded before tokens are chosen (:mod:`dllm.unmasking`).
+            excluded before tokens are chosen (:mod:`dllm.decode.unmasking`).
         TypeError: a prompt list or document of the wrong type.
     """
     if method not in METHODS:

@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-from dllm.tasks import make_case, make_cases
+from dllm.eval.tasks import make_case, make_cases
 
 HARNESS_DIR = Path(__file__).parent / "data" / "harness"
 # dllm eval passkey --lengths 512 --depths 0 0.5 1 --samples 1 (seed base 0)
@@ -44,7 +44,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    from dllm.loader import default_model_dir, load_tokenizer
+    from dllm.model.loader import default_model_dir, load_tokenizer
 
     tok = load_tokenizer(default_model_dir())
     write_jsonl(HARNESS_DIR / "passkey.jsonl", passkey_rows(tok))

@@ -10,21 +10,14 @@ import pytest
 import torch
 
 import dllm
+from dllm.decode.timer import PhaseTimer
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
-from dllm.timer import PhaseTimer
-from tests.tiny_checkpoints import LLADA_BOS, load_tiny
+from tests.tiny_checkpoints import LLADA_BOS, tiny_model_fixtures
 
 BOS = 128  # DREAM_TINY bos_token_id
 
 
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "dream", seed=31)
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "llada", seed=32, n_kv_heads=3)
+dream, llada = tiny_model_fixtures(dream_seed=31, llada_seed=32, llada_kv_heads=3)
 
 
 # (prefix, context, query) lengths: chunk counts 6, 3, 9, 1 and 6 at C = 8; the empty prefix leaves a
@@ -160,7 +153,7 @@ def test_padded_forward_equals_unpadded_rows(dream):
     ids = torch.randint(0, 120, (3, 10), generator=g)
     pos = torch.arange(10) + torch.tensor([[20], [3], [0]])
     live_lens = torch.tensor(lens, dtype=torch.int32)
-    from dllm.kv_cache import Segment
+    from dllm.model.kv_cache import Segment
 
     segs = []
     with torch.no_grad():
@@ -182,8 +175,8 @@ def test_padded_forward_equals_unpadded_rows(dream):
 def test_texts_of_a_batch_on_the_bundled_model():
     """out.text[i] is row i's answer (bundled tiny model, two passkey prompts of different lengths)."""
     from bench.demo import TINY_PREFILLING
-    from dllm.evaluation import case_inputs
-    from dllm.tasks import make_case
+    from dllm.eval.evaluation import case_inputs
+    from dllm.eval.tasks import make_case
 
     model = dllm.load_model(device="cpu")
     cases = [make_case("passkey", n, 0.5, 7 + i, tokenizer=None) for i, n in enumerate((1200, 2100))]

@@ -8,8 +8,8 @@ import torch
 import dllm
 from bench.demo import TINY_PREFILLING
 from bench.selection_recall import needle_chunk_ids
-from dllm.evaluation import run_case
-from dllm.tasks import make_case
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
 
 
 @pytest.fixture(scope="module")

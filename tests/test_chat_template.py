@@ -4,13 +4,12 @@ only the context chunked. Expected texts are Qwen2's ChatML layout written out b
 import json
 
 import pytest
-import torch
 
 import dllm
 from dllm.cli import main
 from dllm.prefilling import PrefillingConfig, split_prompt
 from dllm.prefilling.prompt import render_chat
-from tests.tiny_checkpoints import write_real_dream_checkpoint
+from tests.tiny_checkpoints import checkpoint_fixtures, write_real_dream_checkpoint
 
 pytestmark = pytest.mark.compat
 
@@ -19,16 +18,9 @@ CONTEXT = "The grass is green. The code is 4417. " * 10
 SYSTEM_DEFAULT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 
 
-@pytest.fixture(scope="module")
-def real_dream_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("real_dream_chat")
-    write_real_dream_checkpoint(str(d), seed=5)
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def model(real_dream_dir):
-    return dllm.load_model(real_dream_dir, device="cpu", dtype=torch.float32)
+real_dream_dir, model = checkpoint_fixtures(
+    write_real_dream_checkpoint, seed=5, folder="real_dream_chat", dir_fixture="real_dream_dir"
+)
 
 
 def _text(model, ids):

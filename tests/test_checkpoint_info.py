@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import dllm
-from dllm.checkpoint_info import checkpoint_info, kv_bytes_per_token
 from dllm.cli import main
+from dllm.cli.info import checkpoint_info, kv_bytes_per_token
 from tests.tiny_checkpoints import (
     REFERENCE,
     write_dream_checkpoint,

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import dllm.evaluation
-from dllm.cli import UserError, _strip_one_newline, build_parser, main
+import dllm.eval.evaluation
+from dllm.cli import build_parser, main
+from dllm.cli.errors import UserError
+from dllm.cli.files import strip_one_newline as _strip_one_newline
 
 PROMPT = "There is a pass key hidden in the text below.\n\n{context}\n\nWhat is the pass key? The pass key is "
 FILLER = "The grass is green. The sky is blue. "
@@ -402,9 +404,9 @@ def test_a_fifo_without_a_writer_says_it_waits(files, capsys):
 
 
 def test_input_beyond_the_size_limit_is_one_error_line(files, capsys, monkeypatch):
-    import dllm.cli
+    import dllm.cli.files
 
-    monkeypatch.setattr(dllm.cli, "MAX_INPUT_BYTES", 100)
+    monkeypatch.setattr(dllm.cli.files, "MAX_INPUT_BYTES", 100)
     rc, out, err = run_cli(capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt"))
     assert rc == 2 and err.strip() == "error: --context-file doc.txt: more than 100 bytes of text"
 
@@ -479,8 +481,8 @@ def test_help_example_runs(tmp_path, monkeypatch, capsys, line):
 
 def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, capsys):
     calls = []
-    real = dllm.evaluation.run_case
-    monkeypatch.setattr(dllm.evaluation, "run_case", lambda *a, **k: calls.append(a[1].seed) or real(*a, **k))
+    real = dllm.eval.evaluation.run_case
+    monkeypatch.setattr(dllm.eval.evaluation, "run_case", lambda *a, **k: calls.append(a[1].seed) or real(*a, **k))
     out = tmp_path / "rows.csv"
     cmd = "eval passkey --lengths 300 --depths 0 1 --samples 1 --method prefilling --chunk-size 64 --top-k 2"
     rc, stdout, _ = run_cli(capsys, *shlex.split(cmd), "--gen-length", "8", "--out", str(out))
@@ -496,7 +498,7 @@ def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, ca
 
 def test_eval_haystack_draws_held_out_prose_cases(tmp_path, capsys):
     """--haystack pydoc: the rows are the held-out (split eval) pydoc cases of make_case, not filler ones."""
-    from dllm.tasks import make_case
+    from dllm.eval.tasks import make_case
 
     out = tmp_path / "rows.csv"
     cmd = "eval word_fact --haystack pydoc --lengths 400 --depths 0.5 --samples 2 --gen-length 12"

@@ -19,7 +19,8 @@ import torch
 import dllm
 import dllm.prefilling.chunks
 import dllm.prefilling.pipeline
-from dllm.cli import _chunk_char_spans, _one_line_answer, build_parser, main
+from dllm.cli import build_parser, main
+from dllm.cli.generate import _chunk_char_spans, _one_line_answer
 from dllm.prefilling import PrefillingConfig
 from tests.test_cli import FILLER, PROMPT, run_cli, write_example_files
 from tests.tiny_checkpoints import DREAM_TOKENIZER
@@ -231,7 +232,7 @@ def test_character_spans_with_a_bpe_tokenizer():
     """Dream's byte-level BPE: each chunk's span is the text its tokens decode to, and the spans tile the text."""
     if not os.path.isdir(DREAM_TOKENIZER):
         pytest.skip("the vendored Dream tokenizer is missing")
-    from dllm.loader import load_tokenizer
+    from dllm.model.loader import load_tokenizer
 
     tok = load_tokenizer(DREAM_TOKENIZER, family="dream")
     fake = types.SimpleNamespace(tokenizer=tok, device=torch.device("cpu"))
@@ -256,7 +257,7 @@ def test_progress_bars_on_a_terminal_only(files, capsys, monkeypatch):
 
 
 def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files, capsys):
-    from dllm.provenance import git_commit
+    from dllm.eval.provenance import git_commit
 
     cmd = "eval passkey --lengths 300 --depths 0.5 --samples 1 --gen-length 8"
     written = []
@@ -284,7 +285,7 @@ def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files,
 
 
 def test_git_commit_never_fails(tmp_path, monkeypatch):
-    from dllm.provenance import git_commit
+    from dllm.eval.provenance import git_commit
 
     monkeypatch.delenv("GIT_COMMIT", raising=False)
     assert git_commit(tmp_path) == "unknown"  # an installed package: no checkout beside it
@@ -301,7 +302,7 @@ def test_git_commit_never_fails(tmp_path, monkeypatch):
 
 
 def test_info_says_how_many_characters_a_token_covers(capsys):
-    from dllm.checkpoint_info import TEXT_SAMPLE, chars_per_token
+    from dllm.cli.info import TEXT_SAMPLE, chars_per_token
 
     text = Path(TEXT_SAMPLE).read_text(encoding="utf-8")
     rc, out, _ = run_cli(capsys, "info")
@@ -312,7 +313,7 @@ def test_info_says_how_many_characters_a_token_covers(capsys):
     tok = json.loads(out)["tokenizer"]
     assert (tok["chars_per_token"], tok["characters"], tok["tokens"]) == (1.0, len(text), len(text))
     if os.path.isdir(DREAM_TOKENIZER):  # Qwen2's BPE (Dream's): several characters a token on English prose
-        from dllm.loader import load_tokenizer
+        from dllm.model.loader import load_tokenizer
 
         dream = load_tokenizer(DREAM_TOKENIZER, family="dream")
         got = chars_per_token(dream)
@@ -362,7 +363,7 @@ def test_eval_names_are_reserved_so_runs_in_the_same_second_do_not_share_a_file(
     that fails before writing leaves no empty file behind."""
     import datetime as dt
 
-    import dllm.cli as cli
+    import dllm.cli.eval as cli
 
     class Frozen(dt.datetime):
         @classmethod

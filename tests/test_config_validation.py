@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import dllm
-from dllm.config import ConfigError, ModelConfig
-from dllm.weights import WeightError
+from dllm.model.config import ConfigError, ModelConfig
+from dllm.model.weights import WeightError
 from tests.tiny_checkpoints import write_dream_checkpoint, write_llada_checkpoint
 
 

@@ -4,17 +4,9 @@ import pytest
 import torch
 
 import dllm
-from tests.tiny_checkpoints import load_tiny
+from tests.tiny_checkpoints import tiny_model_fixtures
 
-
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "dream", seed=3)
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "llada", seed=4, n_kv_heads=2)
+dream, llada = tiny_model_fixtures(dream_seed=3, llada_seed=4, llada_kv_heads=2)
 
 
 def _prompt(model, n=19, b=1, seed=0):
@@ -93,7 +85,7 @@ def test_static_cache_validates_its_segment_table():
 def test_phase_timer_sums_repeats_and_nests():
     import time
 
-    from dllm.timer import PhaseTimer
+    from dllm.decode.timer import PhaseTimer
 
     timer = PhaseTimer("cpu")
     with timer.phase("total"):
@@ -107,7 +99,7 @@ def test_phase_timer_sums_repeats_and_nests():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_phase_timer_on_cuda_reads_events_once():
-    from dllm.timer import PhaseTimer
+    from dllm.decode.timer import PhaseTimer
 
     timer = PhaseTimer("cuda")
     x = torch.randn(2048, 2048, device="cuda")
@@ -122,8 +114,8 @@ def test_phase_timer_on_cuda_reads_events_once():
 def test_live_block_is_one_buffer_and_equals_a_fresh_forward(dream, method):
     """Every step writes the response into the same live buffer at fixed positions; the logits are
     those of a forward over freshly concatenated ids (dense) / the Fast-dLLM prefix cache."""
-    from dllm.policies import DensePolicy, PrefixCachePolicy
-    from dllm.timer import PhaseTimer
+    from dllm.decode.policies import DensePolicy, PrefixCachePolicy
+    from dllm.decode.timer import PhaseTimer
 
     p = _prompt(dream, n=11)
     if method == "dense":
@@ -152,7 +144,7 @@ def test_decode_phase_times_the_steps_and_dense_builds_no_cache(dream):
 
 
 def _segment(t, length, seed, layers=2, hkv=2, d=8):
-    from dllm.kv_cache import Segment
+    from dllm.model.kv_cache import Segment
 
     g = torch.Generator().manual_seed(seed)
     return Segment(
@@ -182,7 +174,7 @@ def test_from_rows_packs_ragged_rows_into_one_segment_table():
 
 def test_a_two_row_cache_decodes_each_row_as_alone(dream):
     """Batch readiness: rows with their own segments in one table give each row's own logits."""
-    from dllm.kv_cache import Segment
+    from dllm.model.kv_cache import Segment
 
     segs = []
     for seed, n in ((0, 9), (1, 5)):
@@ -230,8 +222,8 @@ def test_batched_step_equals_the_per_row_loop(alg, steps, no_mask):
     """The batched step (one [B, block] decision per step) gives the tokens, step count and per-row steps
     of main's per-row loop (``tests/unmasking_reference.py``: gather candidates, rank, pick, boolean
     write-back, a mask check every step); with the mask token's logit at -inf that is main's exact code."""
-    from dllm.denoise import denoise
-    from dllm.unmasking import UnmaskingConfig
+    from dllm.decode.denoise import denoise
+    from dllm.decode.unmasking import UnmaskingConfig
     from tests.unmasking_reference import reference_denoise
 
     cfg = UnmaskingConfig(alg=alg, threshold=0.3)
@@ -255,8 +247,8 @@ def test_batched_step_equals_the_per_row_loop(alg, steps, no_mask):
 
 
 def test_denoise_needs_a_masked_response():
-    from dllm.denoise import denoise
-    from dllm.unmasking import UnmaskingConfig
+    from dllm.decode.denoise import denoise
+    from dllm.decode.unmasking import UnmaskingConfig
 
     resp = torch.full((1, 4), 7)
     resp[0, 1] = 2

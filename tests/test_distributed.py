@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 
 import dllm
 import dllm.distributed as dd
+from dllm.eval.tasks import make_case
 from dllm.prefilling import PrefillingConfig, PromptParts, score_and_select
-from dllm.tasks import make_case
 
 MODEL_DIR = os.path.join(os.path.dirname(dllm.__file__), "assets", "tiny-dream")
 GEN = dict(gen_length=8)

@@ -9,21 +9,12 @@ import torch
 
 import dllm
 from dllm.prefilling import PrefillingConfig, PromptParts
-from tests.tiny_checkpoints import LLADA_BOS, load_tiny, write_dream_checkpoint
+from tests.tiny_checkpoints import LLADA_BOS, checkpoint_fixtures, load_tiny, write_dream_checkpoint
 
 BOS = 128  # DREAM_TINY bos_token_id
 
 
-@pytest.fixture(scope="module")
-def dream_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dream")
-    write_dream_checkpoint(str(d), seed=21)
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def dream(dream_dir):
-    return dllm.load_model(dream_dir, device="cpu", dtype=torch.float32)
+dream_dir, dream = checkpoint_fixtures(write_dream_checkpoint, seed=21, folder="dream", dir_fixture="dream_dir")
 
 
 @pytest.fixture(scope="module")
@@ -202,8 +193,8 @@ def test_bundled_model_answers_the_pass_key_from_a_saved_document(tmp_path):
     """The demo's configuration on a 3000-token passkey case: the answer from a saved and reloaded
     document equals the fresh one and is the pass key."""
     from bench.demo import TINY_PREFILLING
-    from dllm.evaluation import case_inputs
-    from dllm.tasks import make_case, score
+    from dllm.eval.evaluation import case_inputs
+    from dllm.eval.tasks import make_case, score
 
     tiny = dllm.load_model(device="cpu")
     case = make_case("passkey", 3000, 0.4, 10**9 + 3)

@@ -13,7 +13,7 @@ import bench.lost_in_middle
 from bench.figures import read_csv_rows, redraw, tokens_label
 from bench.outputs import RESULTS_DIR
 from bench.provenance import write_csv as bench_write_csv
-from dllm.evaluation import EvalRow, one_line_cell, write_csv
+from dllm.eval.evaluation import EvalRow, one_line_cell, write_csv
 
 pytest.importorskip("matplotlib")
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import dllm
-from dllm.evaluation import case_inputs
+from dllm.eval.evaluation import case_inputs
+from dllm.eval.tasks import make_case
 from dllm.harness.args import MODEL_ARGS, ModelArgsError, describe_model_args, parse_model_args
 from dllm.harness.likelihood import masked_diffusion_loglikelihood
 from dllm.harness.split import split_request
 from dllm.prefilling import PrefillingConfig
-from dllm.tasks import make_case
 from tests.harness_cases import HARNESS_DIR, choice_rows, passkey_rows
 
 

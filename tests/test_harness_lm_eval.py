@@ -20,7 +20,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 import dllm  # noqa: E402
 from dllm.cli import main as dllm_main  # noqa: E402
-from dllm.evaluation import case_inputs  # noqa: E402
+from dllm.eval.evaluation import case_inputs  # noqa: E402
 from dllm.harness.args import ModelArgsError  # noqa: E402
 from dllm.harness.cli import main as harness_main  # noqa: E402
 from dllm.harness.model import MODEL_NAME, PrefillingDLLM, cut_at_stops, fit_top_k  # noqa: E402

@@ -21,13 +21,14 @@ import torch
 import transformers
 
 import dllm
-from dllm.config import ConfigError
+from dllm.model.config import ConfigError
+from dllm.model.tokenization import save_portable_tokenizer
+from dllm.model.weights import WeightError
 from dllm.prefilling import PrefillingConfig, PromptParts
-from dllm.tokenization import save_portable_tokenizer
-from dllm.weights import WeightError
 from tests.tiny_checkpoints import (
     DREAM_TOKENIZER,
     LLADA_BOS,
+    checkpoint_fixtures,
     write_dream_checkpoint,
     write_llada_checkpoint,
     write_real_dream_checkpoint,
@@ -40,16 +41,9 @@ DREAM_BOS, DREAM_MASK, DREAM_EOS = 151665, 151666, 151643  # tokenizer ids of Dr
 PROMPT = "Do you wish to run the custom code?"
 
 
-@pytest.fixture(scope="module")
-def real_dream_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("real_dream")
-    write_real_dream_checkpoint(str(d), seed=3)
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def real_dream(real_dream_dir):
-    return dllm.load_model(real_dream_dir, device="cpu", dtype=torch.float32)
+real_dream_dir, real_dream = checkpoint_fixtures(
+    write_real_dream_checkpoint, seed=3, folder="real_dream", dir_fixture="real_dream_dir"
+)
 
 
 # --- unattended loading, in a child process -------------------------------------------------

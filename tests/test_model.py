@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import dllm
-from dllm.config import ConfigError
-from dllm.weights import WeightError
+from dllm.model.config import ConfigError
+from dllm.model.weights import WeightError
 from tests.tiny_checkpoints import (
     DREAM_TOKENIZER,
     REFERENCE,
@@ -134,38 +134,42 @@ def test_invalid_config_json(tmp_path):
         dllm.load_model(str(tmp_path))
 
 
+def _dream_config(tmp_path) -> dict:
+    """A tiny Dream checkpoint written into ``tmp_path``; its config.json as a dict."""
+    write_dream_checkpoint(str(tmp_path))
+    return json.loads((tmp_path / "config.json").read_text())
+
+
+def _load_with(tmp_path, cfg: dict):
+    """The checkpoint in ``tmp_path`` loaded with ``cfg`` as its config.json."""
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return dllm.load_model(str(tmp_path))
+
+
 @pytest.mark.compat
 def test_unknown_family(tmp_path):
-    write_dream_checkpoint(str(tmp_path))
-    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg = _dream_config(tmp_path)
     cfg["model_type"], cfg["architectures"] = "gpt2", ["GPT2LMHeadModel"]
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="unknown model family"):
-        dllm.load_model(str(tmp_path))
+        _load_with(tmp_path, cfg)
 
 
 @pytest.mark.compat
 def test_missing_field_and_bad_gqa(tmp_path):
-    write_dream_checkpoint(str(tmp_path))
-    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg = _dream_config(tmp_path)
     bad = dict(cfg)
     del bad["mask_token_id"]
-    (tmp_path / "config.json").write_text(json.dumps(bad))
     with pytest.raises(ConfigError, match="mask_token_id"):
-        dllm.load_model(str(tmp_path))
-    bad = dict(cfg, num_key_value_heads=3)
-    (tmp_path / "config.json").write_text(json.dumps(bad))
+        _load_with(tmp_path, bad)
     with pytest.raises(ConfigError, match="multiple of num_kv_heads"):
-        dllm.load_model(str(tmp_path))
+        _load_with(tmp_path, dict(cfg, num_key_value_heads=3))
 
 
 @pytest.mark.compat
 def test_weight_shape_mismatch(tmp_path):
-    write_dream_checkpoint(str(tmp_path))
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=76)))
+    cfg = _dream_config(tmp_path)
     with pytest.raises(WeightError, match="shape mismatch"):
-        dllm.load_model(str(tmp_path))
+        _load_with(tmp_path, dict(cfg, intermediate_size=76))
 
 
 @pytest.mark.compat

@@ -1,7 +1,7 @@
 """bench.tiny.model_card: the card can be rewritten from a recorded evaluation CSV."""
 
 from bench.tiny.model_card import read_rows
-from dllm.evaluation import EvalRow, write_csv
+from dllm.eval.evaluation import EvalRow, write_csv
 
 
 def test_read_rows_returns_what_write_csv_wrote(tmp_path):

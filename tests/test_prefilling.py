@@ -4,23 +4,16 @@ import pytest
 import torch
 
 import dllm
-from dllm.policies import PrefixCachePolicy
+from dllm.decode.policies import PrefixCachePolicy
+from dllm.decode.timer import PhaseTimer
+from dllm.model.rope import rotate_keys
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy, chunk_offsets
-from dllm.rope import rotate_keys
-from dllm.timer import PhaseTimer
-from tests.tiny_checkpoints import LLADA_BOS, load_tiny
+from tests.tiny_checkpoints import LLADA_BOS, tiny_model_fixtures
 
 BOS = 128  # DREAM_TINY bos_token_id
 
 
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "dream", seed=11)
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "llada", seed=12, n_kv_heads=3)
+dream, llada = tiny_model_fixtures(dream_seed=11, llada_seed=12, llada_kv_heads=3)
 
 
 def _parts(n_prefix=6, n_ctx=37, n_query=6, seed=0, bos=BOS, vocab=120):

@@ -24,10 +24,10 @@ import pytest
 import torch
 
 import dllm
-from dllm.config import ModelConfig
-from dllm.modeling import DiffusionLM
+from dllm.eval.tasks.digits import NOISE_POOL
+from dllm.model.modeling import DiffusionLM
 from dllm.prefilling import draft_pseudo_labels, encode_chunks, score_chunks
-from dllm.tasks.digits import NOISE_POOL
+from tests.tiny_checkpoints import small_config
 
 VOCAB, MASK, BOS, PAD = 61, 60, 59, 58  # explicit ids: the tests do not depend on how a BOS is chosen
 CHUNK = 7
@@ -37,25 +37,10 @@ M_DRAFT = 5
 def _tiny(family: str, seed: int) -> DiffusionLM:
     """A random 2-layer model (GQA 4/2, D = 16); peaked output distributions so that a token read from
     the wrong row or compared with the wrong target moves the log-probabilities well beyond round-off."""
-    cfg = ModelConfig(
-        family=family,
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        qkv_bias=family == "dream",
-        tie_word_embeddings=False,
-        shift_logits=family == "dream",
-        mask_token_id=MASK,
-        bos_token_id=BOS,
-        eos_token_id=PAD,
+    cfg = small_config(
+        family, vocab_size=VOCAB, intermediate_size=96, mask_token_id=MASK, bos_token_id=BOS, eos_token_id=PAD,
         pad_token_id=PAD,
-    )
+    )  # fmt: skip
     torch.manual_seed(seed)
     model = DiffusionLM(cfg)
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """bench.tiny.prose_eval: the held-out grid, the needle-chunk check and the report table."""
 
 from bench.tiny.prose_eval import SEED_BASE, case_spans, eval_cases, needle_kept, table
-from dllm.tasks import make_case
+from dllm.eval.tasks import make_case
 
 
 def test_grid_is_the_held_out_cases_in_order():
@@ -31,7 +31,7 @@ def test_needle_kept_follows_snapped_spans():
 
 
 def test_case_spans_are_the_prefill_chunks():
-    from dllm.loader import load_model
+    from dllm.model.loader import load_model
     from dllm.prefilling import PrefillingConfig
 
     model = load_model()

@@ -1,8 +1,8 @@
-"""dllm/rope.py against the definition of RoPE, and what a position shift does to a model's logits.
+"""dllm/model/rope.py against the definition of RoPE, and what a position shift does to a model's logits.
 
 RoPE (Su et al., RoFormer; the rotate-half layout of Llama / Qwen2 / LLaDA) turns channel pair
 ``(i, i + D/2)`` of q and k by the angle ``pos * theta^(-2i/D)``. Expected values here come from that
-formula, evaluated with Python's ``math`` in float64 one pair at a time, never from ``dllm.rope``.
+formula, evaluated with Python's ``math`` in float64 one pair at a time, never from ``dllm.model.rope``.
 The model tests then check the consequence the chunk caches rely on: attention logits depend only on
 relative offsets, so moving every token by one changes nothing, while moving one token changes the
 logits of exactly the tokens that attend to it.
@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from dllm.config import ModelConfig
-from dllm.modeling import DiffusionLM
-from dllm.rope import apply_rope, rope_cos_sin, rotate_keys
+from dllm.model.modeling import DiffusionLM
+from dllm.model.rope import apply_rope, rope_cos_sin, rotate_keys
+from tests.tiny_checkpoints import small_config
 
 POSITIONS = [0, 1, 2, 7, 100, 4095, 31999]
 
@@ -135,23 +135,7 @@ def test_rotate_keys_moves_keys_to_the_shifted_positions(delta):
 
 
 def _model(seed=0) -> DiffusionLM:
-    cfg = ModelConfig(
-        family="llada",
-        vocab_size=53,
-        hidden_size=64,
-        intermediate_size=80,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        qkv_bias=False,
-        tie_word_embeddings=False,
-        shift_logits=False,
-        mask_token_id=52,
-        bos_token_id=51,
-    )
+    cfg = small_config("llada", vocab_size=53, intermediate_size=80, mask_token_id=52, bos_token_id=51)
     torch.manual_seed(seed)
     return DiffusionLM(cfg).eval()
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import dllm
-from dllm.config import ConfigError, load_config
-from dllm.kv_cache import StaticKVCache
+from dllm.decode.timer import PhaseTimer
+from dllm.model.config import ConfigError, load_config
+from dllm.model.kv_cache import StaticKVCache
+from dllm.model.rope import apply_rope, rope_cos_sin, rotate_keys, scaled_inv_frequencies
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
-from dllm.rope import apply_rope, rope_cos_sin, rotate_keys, scaled_inv_frequencies
-from dllm.timer import PhaseTimer
 from tests.tiny_checkpoints import hf_bidirectional_logits, hf_dream, write_dream_checkpoint, write_llada_checkpoint
 
 pytestmark = pytest.mark.compat

@@ -1,7 +1,7 @@
 """bench.selection_recall: needle-chunk recall from a results CSV."""
 
 from bench.selection_recall import recall_table
-from dllm.tasks import make_case
+from dllm.eval.tasks import make_case
 
 
 def _row(length, depth, seed, selected, correct):

@@ -276,7 +276,7 @@ def test_candidates_with_a_token_budget_and_joint_mode_decode(dream):
 def test_new_knobs_are_off_by_default_and_checked():
     cfg = PrefillingConfig()
     assert (cfg.boundary_snap, cfg.redundancy_threshold, cfg.candidates, cfg.candidate_layer) == (0, None, None, None)
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
 
     bundled = PrefillingConfig.from_pretrained(default_model_dir())
     assert bundled.top_k == 4  # the file was read

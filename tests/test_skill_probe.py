@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from bench.tiny import data
 from bench.tiny.skill_probe import PROBES, answer_probe
-from dllm.loader import load_model
+from dllm.model.loader import load_model
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_uuid_chance_is_the_entropy_of_the_uuid_v4_layout():
     from collections import Counter
 
     from bench.tiny.skill_probe import UUID_CHANCE
-    from dllm.tasks.kv_retrieval import seeded_uuid
+    from dllm.eval.tasks.kv_retrieval import seeded_uuid
 
     rng = random.Random(0)
     uuids = [seeded_uuid(rng) for _ in range(4000)]

@@ -1,7 +1,7 @@
 """The denoising step a CUDA graph captures: a pure function of static buffers, run eagerly on CPU here.
 
-``dllm.policies.live_block_logits`` reads the live block's fixed buffers (ids, positions, precomputed
-RoPE tables, live lengths, response columns) and the static cache; ``dllm.step_graph.GraphedStep``
+``dllm.decode.policies.live_block_logits`` reads the live block's fixed buffers (ids, positions, precomputed
+RoPE tables, live lengths, response columns) and the static cache; ``dllm.decode.step_graph.GraphedStep``
 captures it on CUDA. On CPU the tests check that this static-buffer path gives the logits of a plain
 forward (ids concatenated afresh, RoPE computed from the positions, ``logits_start``) at every step of
 whole generations, that no buffer is reallocated between steps, and the wrapper's control flow
@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import dllm
-from dllm import step_graph
-from dllm.denoise import denoise
-from dllm.kv_cache import StaticKVCache
+from dllm.decode import step_graph
+from dllm.decode.denoise import denoise
+from dllm.decode.timer import PhaseTimer
+from dllm.decode.unmasking import UnmaskingConfig
+from dllm.model.kv_cache import StaticKVCache
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
-from dllm.timer import PhaseTimer
-from dllm.unmasking import UnmaskingConfig
 from tests.tiny_checkpoints import load_tiny
 
 BOS = 128
@@ -274,7 +274,7 @@ def test_graph_capture_runs_on_the_model_s_device_not_the_current_one(fake_cuda)
 
 def test_phase_timer_records_on_the_timed_device_s_stream(monkeypatch):
     """PhaseTimer("cuda:1") records its events on cuda:1's current stream, not the current device's."""
-    from dllm.timer import PhaseTimer
+    from dllm.decode.timer import PhaseTimer
 
     streams, recorded = [], []
 
@@ -310,8 +310,8 @@ def test_graph_tokens_equal_eager_tokens_on_cuda():
     if not step_graph.cuda_graph_support(model.device)[0]:
         pytest.skip(step_graph.cuda_graph_support(model.device)[1])
     from bench.demo import TINY_PREFILLING
-    from dllm.evaluation import case_inputs
-    from dllm.tasks import make_case
+    from dllm.eval.evaluation import case_inputs
+    from dllm.eval.tasks import make_case
 
     rows = [
         case_inputs(model, make_case("passkey", n, 0.5, i, tokenizer=None), "prefilling")["prompt"]
@@ -352,7 +352,7 @@ def test_cuda_graph_check_parts_run_on_cpu_with_an_eager_stand_in(dream, monkeyp
     """The GPU check's two parts on CPU, the graph replaced by an eager call: rows equal, every field there."""
     from bench import cuda_graph_check
 
-    monkeypatch.setattr("dllm.policies.GraphedStep", _EagerGraph)
+    monkeypatch.setattr("dllm.decode.policies.GraphedStep", _EagerGraph)
     monkeypatch.setattr(sys.modules["dllm.generate"], "cuda_graph_support", lambda device: (True, ""))
     monkeypatch.setattr(cuda_graph_check, "PASSKEY_LENGTHS", (1100, 1500))
     rows = cuda_graph_check.bundled_rows(gen=4, device="cpu")

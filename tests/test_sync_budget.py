@@ -2,11 +2,11 @@
 
 On a GPU every read of a device value from Python (``item``, ``tolist``, ``bool``/``int`` of a tensor,
 ``nonzero``, boolean-mask indexing, ``.cpu()``) stalls the host until the device catches up. This CPU
-test counts such reads while :func:`dllm.denoise.denoise` runs inside :func:`dllm.generate`, through a
+test counts such reads while :func:`dllm.decode.denoise.denoise` runs inside :func:`dllm.generate`, through a
 ``TorchDispatchMode`` (scalar reads and data-dependent shapes: ``_local_scalar_dense``, ``nonzero``,
 ``masked_select``, boolean ``index``/``index_put_``, ``equal``, ``unique``...) and patched ``tolist``,
 ``numpy`` and ``cpu``, and attributes each to the repository line that made it. It asserts that the
-only reads are the loop's documented ones (:mod:`dllm.denoise`): one before the loop, one per block
+only reads are the loop's documented ones (:mod:`dllm.decode.denoise`): one before the loop, one per block
 (the NaN check), one after the loop, and for ``origin`` / ``confidence_threshold`` one between steps;
 so 0 per step, for dense, prefix_cache and prefilling, one row and a ragged batch.
 
@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dllm
 import triton_kernels
 from dllm.prefilling import PrefillingConfig, PromptParts
-from tests.tiny_checkpoints import LLADA_BOS, load_tiny
+from tests.tiny_checkpoints import LLADA_BOS, tiny_model_fixtures
 
 GEN = importlib.import_module("dllm.generate")  # the module (dllm.generate is also the function)
 
@@ -120,21 +120,14 @@ def reads(monkeypatch):
         yield mode
 
 
-# the loop's documented reads (dllm/denoise.py), by the source text of their line
+# the loop's documented reads (dllm/decode/denoise.py), by the source text of their line
 BEFORE = "if not bool((resp == mask_id).all()):"
 BETWEEN = "if check_left and step > 0 and not bool(cand.any()):"
 BLOCK_END = "if int(nan_step.max()) < 0:"
 AFTER = "row_steps.extend(active.tolist())"
 
 
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "dream", seed=51)
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory):
-    return load_tiny(tmp_path_factory, "llada", seed=52, n_kv_heads=3)
+dream, llada = tiny_model_fixtures(dream_seed=51, llada_seed=52, llada_kv_heads=3)
 
 
 def _inputs(model, batched, method, bos):
@@ -153,7 +146,7 @@ def _inputs(model, batched, method, bos):
 def _by_site(sites):
     out = {}
     for s in sites:
-        key = s.split(": ", 1)[1].split("  #")[0] if s.startswith("dllm/denoise.py") else s
+        key = s.split(": ", 1)[1].split("  #")[0] if s.startswith("dllm/decode/denoise.py") else s
         out[key] = out.get(key, 0) + 1
     return out
 
@@ -196,7 +189,7 @@ def test_no_host_read_inside_a_denoising_step(reads, dream, llada, method, batch
 
 def test_the_counter_sees_the_reads_main_made(reads):
     """The counter is not blind: main's per-row step (boolean write-back, nonzero, .any()) is caught."""
-    from dllm.unmasking import UnmaskingConfig
+    from dllm.decode.unmasking import UnmaskingConfig
     from tests.unmasking_reference import unmask_step
 
     reads.active = True

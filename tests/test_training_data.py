@@ -179,8 +179,8 @@ def test_phase9_prose_trial_shares_and_its_prose_is_from_the_training_split():
     """Phase 9 (the prose fine-tune): 10% copy, 35% dense, 30% chunked, 25% query-only split evenly between
     chunk sets with and without the needle; a third of the retrieval samples in the InfiniteBench noise,
     the rest in prose; word facts among the answers; never a 12-word run of an evaluation essay."""
-    from dllm.tasks.digits import NOISE_POOL
-    from dllm.tasks.essays import load_essays
+    from dllm.eval.tasks.digits import NOISE_POOL
+    from dllm.eval.tasks.essays import load_essays
 
     ph = PHASES[8]
     assert ph.trial and ph.first == 14000 and ph.lr == (4e-4, 50)
@@ -227,7 +227,7 @@ def test_gpu_train_script_dry_runs_on_cpu_and_resumes(tmp_path):
     import subprocess
     import sys
 
-    from dllm.loader import load_model
+    from dllm.model.loader import load_model
 
     root = Path(__file__).resolve().parents[1]
     out, work = tmp_path / "out", tmp_path / "work"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dllm
-from dllm.modeling import DecoderOutput
-from dllm.unmasking import UnmaskingConfig, dream_count, llada_schedule, most_confident
+from dllm.decode.unmasking import UnmaskingConfig, dream_count, llada_schedule, most_confident
+from dllm.model.modeling import DecoderOutput
 
 # Response position -> probabilities over the 3 real tokens (token 3 = mask, 4 = eos: prob 0).
 #            top1  argmax  margin  sum p log p
@@ -248,7 +248,7 @@ def _random_case(seed, b=3, n=9, v=13, saturate=False):
 @pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy", "low_confidence", "confidence_threshold"])
 @pytest.mark.parametrize("saturate", [False, True])
 def test_unmask_batch_equals_the_per_row_step(alg, saturate):
-    from dllm.unmasking import llada_schedule, unmask_batch
+    from dllm.decode.unmasking import llada_schedule, unmask_batch
     from tests.unmasking_reference import unmask_step
 
     cfg = UnmaskingConfig(alg=alg, threshold=0.4)
@@ -267,7 +267,7 @@ def test_unmask_batch_equals_the_per_row_step(alg, saturate):
 
 
 def test_top_ranked_is_most_confident_per_row():
-    from dllm.unmasking import top_ranked
+    from dllm.decode.unmasking import top_ranked
 
     g = torch.Generator().manual_seed(0)
     conf = torch.randint(0, 4, (5, 12), generator=g).float()  # many ties
@@ -284,7 +284,7 @@ def test_top_ranked_is_most_confident_per_row():
 def test_the_documented_draw_order_for_sampled_tokens_and_positions():
     """Temperature > 0: one rand [B, L, V], token = argmax(p / -log u); alg_temp: then one rand [B, L],
     Gumbel noise on conf / alg_temp, top-k by rank."""
-    from dllm.unmasking import top_ranked, unmask_batch
+    from dllm.decode.unmasking import top_ranked, unmask_batch
 
     logits, cand = _random_case(3)
     cfg = UnmaskingConfig(alg="maskgit_plus", temperature=0.7, alg_temp=0.5)
@@ -303,7 +303,7 @@ def test_the_documented_draw_order_for_sampled_tokens_and_positions():
 
 def test_sampled_tokens_follow_the_tempered_distribution():
     """The exponential race draws from softmax(logits / T): frequencies over 20,000 positions."""
-    from dllm.unmasking import choose_tokens
+    from dllm.decode.unmasking import choose_tokens
 
     logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5]).log_softmax(0).expand(20000, 5)
     x0, probs, invalid = choose_tokens(
@@ -318,7 +318,7 @@ def test_sampled_tokens_follow_the_tempered_distribution():
 
 def test_gumbel_top_k_positions_follow_softmax_of_confidence():
     """alg_temp: the first position chosen is distributed as softmax(conf / alg_temp) over candidates."""
-    from dllm.unmasking import top_ranked
+    from dllm.decode.unmasking import top_ranked
 
     conf = torch.tensor([[0.2, 0.9, 0.5, 0.7]]).expand(20000, 4)
     cand = torch.tensor([[True, True, True, False]]).expand(20000, 4)

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import dllm.rope
-import dllm.tokenization
-from dllm.config import load_config
-from dllm.loader import default_model_dir, load_model
-from dllm.modeling import DiffusionLM
+import dllm.model.rope
+import dllm.model.tokenization
+from dllm.model.config import load_config
+from dllm.model.loader import default_model_dir, load_model
+from dllm.model.modeling import DiffusionLM
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import PrefillingConfig
-from dllm.tokenization import encode_text
 
 LONGBENCH_SAMPLE = Path(__file__).parent / "tasks" / "data" / "longbench_tiny.jsonl"
 
@@ -28,13 +28,13 @@ LONGBENCH_SAMPLE = Path(__file__).parent / "tasks" / "data" / "longbench_tiny.js
 @pytest.fixture()
 def rope_calls(monkeypatch):
     calls = []
-    inner = dllm.rope.scaled_inv_frequencies
+    inner = dllm.model.rope.scaled_inv_frequencies
 
     def counted(*a, **k):
         calls.append(a)
         return inner(*a, **k)
 
-    monkeypatch.setattr(dllm.rope, "scaled_inv_frequencies", counted)
+    monkeypatch.setattr(dllm.model.rope, "scaled_inv_frequencies", counted)
     return calls
 
 
@@ -102,7 +102,7 @@ def test_a_text_is_tokenized_once(model, monkeypatch):
     assert a.tolist() == want and b.tolist() == [tok.bos_token_id] + want
     a[0] = -1
     assert encode_text(model, ctx).tolist() == want
-    monkeypatch.setattr(dllm.tokenization, "MEMO_TOKENS", len(want) + 5)
+    monkeypatch.setattr(dllm.model.tokenization, "MEMO_TOKENS", len(want) + 5)
     encode_text(model, "something else entirely, long enough to push the context out")
     before = texts.count(ctx)
     assert encode_text(model, ctx).tolist() == want and texts.count(ctx) == before + 1
@@ -111,8 +111,8 @@ def test_a_text_is_tokenized_once(model, monkeypatch):
 def test_a_longbench_context_is_tokenized_once(model, tokenized):
     """What ``eval longbench`` does per case: count the context's tokens (to fit top_k), then answer it
     (prompt parts, and the CSV row's token count): the context is tokenized once, not three times."""
-    from dllm.evaluation import run_longbench_case
-    from dllm.longbench import load_longbench
+    from dllm.eval.evaluation import run_longbench_case
+    from dllm.eval.longbench import load_longbench
 
     case = load_longbench(str(LONGBENCH_SAMPLE), limit=1)[0]
     case = dataclasses.replace(case, context=case.context + " (a context no other test tokenized)")

@@ -3,7 +3,7 @@
 Weights come from transformers' own Qwen2 / Llama modules (random init), so the
 tests can compare our decoder with theirs on the same numbers. The LLaDA name
 map is written out here, from the real LLaDA-8B weight names
-(``tests/data/reference/llada-8b/weight_names.txt``), independently of dllm.weights.
+(``tests/data/reference/llada-8b/weight_names.txt``), independently of dllm.model.weights.
 The reference files are vendored under ``tests/data/reference`` (see its README).
 """
 
@@ -205,6 +205,54 @@ def load_tiny(tmp_path_factory, family: str, seed: int, **over):
     d = str(tmp_path_factory.mktemp(family))
     {"dream": write_dream_checkpoint, "llada": write_llada_checkpoint}[family](d, seed=seed, **over)
     return dllm.load_model(d, device="cpu", dtype=torch.float32)
+
+
+def small_config(family: str, **fields):
+    """A :class:`dllm.ModelConfig` of a small random model built in memory (no checkpoint): 2 layers, hidden 64,
+    4 heads over 2 KV heads of D = 16, theta 1e4; Dream's q/k/v bias and shifted logits for "dream"; ``fields``
+    give the vocabulary, the MLP width and the special ids, and may override the rest."""
+    from dllm.model.config import ModelConfig
+
+    dream = family == "dream"
+    base = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0)
+    base.update(rms_norm_eps=1e-6, qkv_bias=dream, tie_word_embeddings=False, shift_logits=dream)
+    return ModelConfig(family=family, **{**base, **fields})
+
+
+def tiny_model_fixtures(dream_seed: int, llada_seed: int, llada_kv_heads: int):
+    """The module-scoped ``dream`` and ``llada`` fixtures of a test module (``dream, llada = tiny_model_fixtures(..)``):
+    a tiny random checkpoint of each family (:func:`load_tiny`), the LLaDA one with ``llada_kv_heads`` KV heads."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def dream(tmp_path_factory):
+        return load_tiny(tmp_path_factory, "dream", seed=dream_seed)
+
+    @pytest.fixture(scope="module")
+    def llada(tmp_path_factory):
+        return load_tiny(tmp_path_factory, "llada", seed=llada_seed, n_kv_heads=llada_kv_heads)
+
+    return dream, llada
+
+
+def checkpoint_fixtures(write, seed: int, folder: str, dir_fixture: str):
+    """Two module-scoped fixtures of a test module: a checkpoint folder that ``write(folder, seed=seed)`` fills
+    (registered under the name ``dir_fixture``) and that checkpoint loaded on CPU in fp32 (``x_dir, x = ...``)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def checkpoint_dir(tmp_path_factory):
+        d = tmp_path_factory.mktemp(folder)
+        write(str(d), seed=seed)
+        return str(d)
+
+    @pytest.fixture(scope="module")
+    def loaded(request):
+        import dllm
+
+        return dllm.load_model(request.getfixturevalue(dir_fixture), device="cpu", dtype=torch.float32)
+
+    return checkpoint_dir, loaded
 
 
 def _save(tensors: dict, out_dir: str, shards: int):

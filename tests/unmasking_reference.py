@@ -1,5 +1,5 @@
-"""The per-row unmasking step as first written (main at 4249ab5, ``dllm.unmasking.unmask_step``), kept as
-the reference of the batched :func:`dllm.unmasking.unmask_batch`: gather the row's candidates, choose
+"""The per-row unmasking step as first written (main at 4249ab5, ``dllm.decode.unmasking.unmask_step``), kept as
+the reference of the batched :func:`dllm.decode.unmasking.unmask_batch`: gather the row's candidates, choose
 tokens, rank, pick. Only the mask token's exclusion is added (its logit set to -inf, as the batched
 step does), so greedy choices must agree exactly. Test code only; the package never imports it.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dllm.unmasking import DREAM_ALGS, LLADA_ALGS, _filter_logits, dream_count, llada_schedule, most_confident
+from dllm.decode.unmasking import DREAM_ALGS, LLADA_ALGS, _filter_logits, dream_count, llada_schedule, most_confident
 
 
 def _choose_tokens(logits, cfg, generator=None):

@@ -25,8 +25,8 @@ import random
 from dataclasses import dataclass
 
 from bench.tiny.tokenizer import CHARS, SPECIALS
-from dllm.tasks import make_case
-from dllm.tasks.essays import load_essays  # train split only
+from dllm.eval.tasks import make_case
+from dllm.eval.tasks.essays import load_essays  # train split only
 
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
 assert list(SPECIALS) == ["pad", "bos", "eos", "mask"]

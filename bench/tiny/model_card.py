@@ -22,8 +22,8 @@ import torch
 
 from bench.figures import save_figure
 from bench.provenance import machine_line, write_csv
-from dllm.evaluation import EvalRow, accuracy_table, evaluate
-from dllm.loader import load_model
+from dllm.eval.evaluation import EvalRow, accuracy_table, evaluate
+from dllm.model.loader import load_model
 
 TASKS = ("passkey", "number_string", "kv_retrieval", "needle")
 LENGTHS = (512, 1024)
@@ -87,7 +87,7 @@ def _skill_table() -> str:
 
 
 def read_rows(path: str) -> list[EvalRow]:
-    """The rows of a CSV written by :func:`dllm.evaluation.write_csv`, with their column types back
+    """The rows of a CSV written by :func:`dllm.eval.evaluation.write_csv`, with their column types back
     (extra provenance columns are dropped). Raises ``TypeError`` when a row lacks a required column and
     ``ValueError`` when a number does not parse."""
     types = {f.name: f.type for f in dataclasses.fields(EvalRow)}
@@ -179,7 +179,7 @@ round-off.
   1/(t n) weight with k in its place (self-normalised); the literal 1/(t n) weights learned the copy
   task far slower in a controlled probe (see `bench/tiny/train.py`). Per-sequence normalisation
   makes five answer tokens count as much as a thousand.
-- **Data** (generated on the fly from `dllm.tasks`, `split="train"`, mostly `phrasing="random"`):
+- **Data** (generated on the fly from `dllm.eval.tasks`, `split="train"`, mostly `phrasing="random"`):
   retrieval cases of the four tasks (passkey, number_string, kv_retrieval, needle QA in the 40
   training essays of Paul Graham; the 9 evaluation essays are never seen) in three layouts -
   *dense* (`BOS prefix context query answer EOS*`), *chunked* (`[BOS prefix] [BOS chunk]... query
@@ -218,7 +218,7 @@ round-off.
   training essays, the pydoc topics of CPython's `pydoc_data` outside every fifth one, and generated
   sentences from those two parts' vocabulary, 2/9 each).
 - **Held out** (never trained on): the 9 evaluation essays and every fifth pydoc topic (sorted
-  names, 15 of 79 in CPython 3.11; `dllm.tasks.prose.pydoc_topic_names("eval")`); a test checks that
+  names, 15 of 79 in CPython 3.11; `dllm.eval.tasks.prose.pydoc_topic_names("eval")`); a test checks that
   no 12-word run of a training case comes from a held-out document.
   Why a curriculum: in a feasibility probe (4 layers, d=256) a robust mix from step 0 stayed at 0%
   passkey after 500-1000 steps while the fixed easy regime learned in about 700, and a first run of

@@ -3,7 +3,7 @@
     python -m bench.tiny.prose_eval [--model DIR] [--out bench/results/tiny_prose_eval]
 
 For every held-out haystack (``split="eval"``: the 9 evaluation essays, every fifth pydoc topic;
-see :mod:`dllm.tasks.prose`), task (passkey, number_string, word_fact), context length, needle
+see :mod:`dllm.eval.tasks.prose`), task (passkey, number_string, word_fact), context length, needle
 depth and seed (``phrasing="random"``: each seed draws its own needle, query and prefix
 wording), one case is decoded by Prefilling-dLLM with the checkpoint's prefilling defaults
 (``prefilling_config.json``) and, at ``--dense-length``, by dense decoding inside the window.
@@ -24,12 +24,12 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 
 from bench.provenance import machine_line, write_csv
-from dllm.evaluation import run_case
-from dllm.loader import default_model_dir, load_model
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import default_model_dir, load_model
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import PrefillingConfig
 from dllm.prefilling.chunks import chunk_spans
-from dllm.tasks import make_case
-from dllm.tokenization import encode_text
 
 SEED_BASE = 1 << 31  # seeds no training run draws (train.py draws below 2**30)
 

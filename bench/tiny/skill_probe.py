@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from bench.provenance import machine_line
 from bench.tiny import data
-from dllm.loader import load_model
-from dllm.tasks import make_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
 
 # a guess that knows the UUID v4 layout but not the value: 4 dashes and the version '4' certain, the
 # variant nibble one of 4, the other 30 characters one of 16 (2.35 nats, 20% of characters right)
@@ -96,7 +96,7 @@ def answer_probe(model, rows: list[tuple[list[int], list[int]]]) -> tuple[float,
     """Mask every answer token of each row, run one batched forward pass, score the answer tokens.
 
     Args:
-        model: a loaded :class:`dllm.modeling.DiffusionLM` (shifted logits handled by the model).
+        model: a loaded :class:`dllm.model.modeling.DiffusionLM` (shifted logits handled by the model).
         rows: (prompt ids, answer ids) pairs; the prompt starts with BOS.
 
     Returns:

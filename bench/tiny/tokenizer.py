@@ -35,7 +35,7 @@ def build_char_tokenizer():
 
 
 def save_char_tokenizer(out_dir: str):
-    from dllm.tokenization import save_portable_tokenizer  # readable by transformers 4.46 and 5.x
+    from dllm.model.tokenization import save_portable_tokenizer  # readable by transformers 4.46 and 5.x
 
     tok = build_char_tokenizer()
     save_portable_tokenizer(tok, out_dir)

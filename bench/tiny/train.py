@@ -48,9 +48,9 @@ import torch.nn.functional as F
 
 from bench.tiny import data
 from bench.tiny.tokenizer import SPECIALS, save_char_tokenizer
-from dllm.config import ModelConfig
-from dllm.modeling import DiffusionLM
-from dllm.weights import save_checkpoint
+from dllm.model.config import ModelConfig
+from dllm.model.modeling import DiffusionLM
+from dllm.model.weights import save_checkpoint
 
 ARCH = dict(
     hidden_size=256,
@@ -557,7 +557,7 @@ def train(args):
         end_step = min(end_step, args.stop_at)
     first_step = runs[0].first if args.phase is not None else 0
     if args.init and not (args.resume and os.path.exists(ckpt)):
-        from dllm.weights import load_weights_into
+        from dllm.model.weights import load_weights_into
 
         load_weights_into(model, args.init, "dream")
         print(f"weights from {args.init}, step {first_step}")

@@ -41,7 +41,7 @@ forever for a peer that failed. A rank that dies (killed) makes its peers' next 
 the backend's error (gloo: at once, a closed connection; NCCL: after the process group's timeout).
 
 Launch from the command line: ``torchrun --nproc-per-node N -m dllm encode ...`` and
-``torchrun ... -m dllm generate --document doc.idx ...`` (:mod:`dllm.distributed.cli`).
+``torchrun ... -m dllm generate --document doc.idx ...`` (:mod:`dllm.cli.distributed`).
 """
 
 from __future__ import annotations

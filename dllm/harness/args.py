@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
 from dllm.generate import METHODS
 from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
-from dllm.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
 
 ALL = "all"  # top_k=all / token_budget=all: keep every chunk / token (the library's None)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -257,7 +257,7 @@ def parse_model_args(kwargs: dict, model_dir: str | None = None) -> HarnessSetti
     Raises:
         ModelArgsError: an unknown key (the message lists the known ones), an ill-typed or out-of-range
             value (naming the key and what was expected), an option of another method than ``method``,
-            or a combination :class:`dllm.PrefillingConfig` / :class:`dllm.unmasking.UnmaskingConfig` rejects.
+            or a combination :class:`dllm.PrefillingConfig` / :class:`dllm.decode.unmasking.UnmaskingConfig` rejects.
     """
     unknown = sorted(set(kwargs) - set(MODEL_ARGS))
     if unknown:
@@ -302,7 +302,7 @@ def parse_model_args(kwargs: dict, model_dir: str | None = None) -> HarnessSetti
             )
     cfg = None
     if method == "prefilling":
-        from dllm.loader import default_model_dir
+        from dllm.model.loader import default_model_dir
 
         base = PrefillingConfig.from_pretrained(model_dir or values["pretrained"] or default_model_dir())
         fields = {f: values[f] for f in _PREFILLING_FIELDS if f in given}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dllm.devices import same_device
+from dllm.model.devices import same_device
 
 
 @torch.no_grad()

@@ -70,8 +70,8 @@ class PrefillingDLLM(LM):
     def __init__(self, **model_args):
         super().__init__()
         import dllm
-        from dllm.config import load_config
-        from dllm.loader import default_model_dir
+        from dllm.model.config import load_config
+        from dllm.model.loader import default_model_dir
 
         self.settings = s = parse_model_args(model_args)
         model_dir = s.pretrained or default_model_dir()
@@ -208,7 +208,7 @@ class PrefillingDLLM(LM):
             cfg = fit_top_k(s.prefilling, parts.context.numel(), explicit=s.explicit_top_k)
             key, inputs = (gen_length, temperature, cfg), parts
         else:
-            from dllm.tokenization import encode_text
+            from dllm.model.tokenization import encode_text
 
             inputs = encode_text(self.model, text, bos=self._add_bos)
             if inputs.numel() == 0:
@@ -257,7 +257,7 @@ class PrefillingDLLM(LM):
         Raises:
             ValueError: the continuation has no tokens.
         """
-        from dllm.tokenization import encode_text
+        from dllm.model.tokenization import encode_text
 
         def cut(ctx_text: str, cont_text: str):
             ctx = encode_text(self.model, ctx_text, bos=self._add_bos)

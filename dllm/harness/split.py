@@ -21,8 +21,8 @@ same case).
 
 from __future__ import annotations
 
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import PromptParts
-from dllm.tokenization import encode_text
 
 DEFAULT_QUERY_TOKENS = 64  # rule 3's query length when PrefillingConfig.query_window is None
 PARAGRAPH = "\n\n"

@@ -4,7 +4,7 @@ prefilling=PrefillingConfig(...))``; read :mod:`dllm.prefilling.pipeline` top to
 A document's chunked prefill can be kept and reused across questions: :mod:`dllm.prefilling.document`.
 """
 
-from dllm.policies import PrefillingPolicy
+from dllm.decode.policies import PrefillingPolicy
 from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache, encode_document

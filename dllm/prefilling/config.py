@@ -222,7 +222,7 @@ def resolve_anchor_token_id(model_config, tokenizer, cfg: PrefillingConfig) -> t
     """The chunk anchor id and where it came from.
 
     Args:
-        model_config: the model's :class:`dllm.config.ModelConfig`.
+        model_config: the model's :class:`dllm.model.config.ModelConfig`.
         tokenizer: its transformers tokenizer, or None.
         cfg: the prefilling configuration (its ``anchor_token_id`` overrides).
 

@@ -40,7 +40,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from dllm.devices import same_device
+from dllm.model.devices import same_device
 from dllm.prefilling.chunks import (
     ChunkCache,
     cut_chunks,
@@ -131,7 +131,7 @@ def weights_digest(model) -> str:
 def model_fingerprint(model) -> dict[str, str]:
     """What a document cache must match: ``{family, model_config, dtype, model_weights}``.
 
-    ``model_config`` is a SHA-256 of the :class:`~dllm.config.ModelConfig` fields; ``model_weights``
+    ``model_config`` is a SHA-256 of the :class:`~dllm.model.config.ModelConfig` fields; ``model_weights``
     the :func:`weights_digest` of every weight tensor (cached per model).
     """
     cfg_json = json.dumps(asdict(model.config), sort_keys=True)

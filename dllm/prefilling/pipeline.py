@@ -10,7 +10,7 @@ lands in :func:`build_prefilling_policy`, which runs three named steps and retur
 3. :func:`build_cache`: move the kept chunks to their decode positions (rotate their keys), keep
    the top-B tokens of each if asked, and pack prefix + chunks into one static segment table.
 
-The policy (:class:`dllm.policies.PrefillingPolicy`) then recomputes only the live block
+The policy (:class:`dllm.decode.policies.PrefillingPolicy`) then recomputes only the live block
 (query + response) at every denoising step; its attention runs over the static segments plus
 itself through ``triton_kernels.split_s_attention`` (split-S partials + LSE merge).
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 
 import triton_kernels
-from dllm.devices import same_device
-from dllm.kv_cache import Segment, StaticKVCache
-from dllm.policies import PrefillingPolicy
+from dllm.decode.policies import PrefillingPolicy
+from dllm.model.devices import same_device
+from dllm.model.kv_cache import Segment, StaticKVCache
 from dllm.prefilling.chunks import ChunkCache, chunk_spans, encode_chunks_rows, encode_segment, pad_token_id
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
@@ -531,7 +531,7 @@ def build_prefilling_policy(
         cfg: :class:`PrefillingConfig` (None = the checkpoint's ``prefilling_config.json``, else the
             paper's defaults: :meth:`PrefillingConfig.from_pretrained`; with a document, its chunk size).
             One configuration serves every row.
-        timer: the generation's :class:`~dllm.timer.PhaseTimer` (phases ``prefill`` and ``scoring``;
+        timer: the generation's :class:`~dllm.decode.timer.PhaseTimer` (phases ``prefill`` and ``scoring``;
             ``scoring`` also holds building the cache).
         gen_length: response length L_d.
         document: a :class:`DocumentCache` holding the context's chunks (nothing re-encoded); with a
@@ -539,7 +539,7 @@ def build_prefilling_policy(
             row brings its own context) per row.
         progress: tqdm bar over the chunked prefill.
         cuda_graph: the policy replays its step's forward from a CUDA graph (``"auto"``: falling back
-            to eager steps if the capture fails; see :class:`dllm.policies.LiveBlockPolicy`).
+            to eager steps if the capture fails; see :class:`dllm.decode.policies.LiveBlockPolicy`).
 
     Returns:
         :class:`PrefillingSetup` (``.policy`` for the loop, ``.stats()`` / ``.row_stats()``).

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.tokenization import encode_text
+from dllm.model.tokenization import encode_text
 
 
 @dataclass

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 import triton_kernels
-from dllm.kv_cache import StaticKVCache
+from dllm.model.kv_cache import StaticKVCache
 from dllm.prefilling.chunks import ChunkCache
 
 

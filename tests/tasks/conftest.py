@@ -14,14 +14,14 @@ def qwen_tokenizer():
     """The real Dream (Qwen2) tokenizer, vendored under tests/data/reference (skips if absent)."""
     path = reference_file("dream-v0-7b", "tokenizer", "vocab.json")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from dllm.loader import load_tokenizer
+    from dllm.model.loader import load_tokenizer
 
     return load_tokenizer(os.path.dirname(path))
 
 
 @pytest.fixture(scope="session")
 def essays_available():
-    from dllm.tasks.essays import essay_dir
+    from dllm.eval.tasks.essays import essay_dir
 
     try:
         essay_dir()

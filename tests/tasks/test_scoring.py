@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dllm.tasks import make_case, score
-from dllm.tasks.scoring import first_integer
+from dllm.eval.tasks import make_case, score
+from dllm.eval.tasks.scoring import first_integer
 
 
 def test_first_integer():

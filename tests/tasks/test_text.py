@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dllm.tasks import make_case
-from dllm.tasks.text import count_tokens, normalize_text, split_sentences, stable_seed
+from dllm.eval.tasks import make_case
+from dllm.eval.tasks.text import count_tokens, normalize_text, split_sentences, stable_seed
 
 
 def test_normalize_text():
@@ -38,7 +38,7 @@ def test_count_tokens_qwen(qwen_tokenizer):
 
 def test_stable_seed_is_stable_across_processes():
     here = stable_seed("passkey", 3, 1000, 0.5)
-    code = "from dllm.tasks.text import stable_seed; print(stable_seed('passkey', 3, 1000, 0.5))"
+    code = "from dllm.eval.tasks.text import stable_seed; print(stable_seed('passkey', 3, 1000, 0.5))"
     other = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -63,7 +63,7 @@ def test_split_sentences():
 
 
 def test_essay_split_is_fixed_and_disjoint(essays_available):
-    from dllm.tasks.essays import EVAL_ESSAYS, essay_names, load_essays
+    from dllm.eval.tasks.essays import EVAL_ESSAYS, essay_names, load_essays
 
     ev, tr = essay_names("eval"), essay_names("train")
     assert set(ev) == set(EVAL_ESSAYS) and len(ev) == 9

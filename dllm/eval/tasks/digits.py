@@ -10,30 +10,15 @@ so the number occurs only in the needle; its first digit is never 0.
 
 from __future__ import annotations
 
-import itertools
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .case import WORDING, Wording, pick
+from .case import Wording, pick
 from .haystack import FilledContext, fill_context
+from .noise import CANONICAL_NOISE, NOISE_POOL, noise_units
 
 __all__ = ["CANONICAL_NOISE", "NOISE_POOL", "noise_units", "DigitTask", "PASSKEY", "NUMBER_STRING", "make_digits"]
-
-CANONICAL_NOISE: tuple[str, ...] = tuple(WORDING["noise"]["canonical"])
-NOISE_POOL: tuple[str, ...] = CANONICAL_NOISE + tuple(WORDING["noise"]["more"])
-
-
-def noise_units(rng: random.Random, canonical: bool) -> Iterator[str]:
-    """Endless filler sentences: the five InfiniteBench ones in a cycle
-    (canonical), else, by a coin of ``rng``, a repeated random block of 3-7
-    sentences of :data:`NOISE_POOL` or i.i.d. draws from it."""
-    if canonical:
-        return itertools.cycle(CANONICAL_NOISE)
-    if rng.random() < 0.5:
-        return itertools.cycle(rng.sample(NOISE_POOL, rng.randint(3, 7)))
-    return (rng.choice(NOISE_POOL) for _ in itertools.count())
 
 
 @dataclass(frozen=True)
@@ -59,8 +44,8 @@ def make_digits(
     split: str,
     haystack: str = "filler",
 ) -> tuple[str, FilledContext, str, str]:
-    """The passkey / number_string generator (the protocol of :data:`dllm.tasks.TASKS`); ``haystack``
-    other than "filler" takes the words of a natural-prose haystack (:mod:`dllm.tasks.prose`) in place
+    """The passkey / number_string generator (the protocol of :data:`dllm.eval.tasks.TASKS`); ``haystack``
+    other than "filler" takes the words of a natural-prose haystack (:mod:`dllm.eval.tasks.prose`) in place
     of the noise sentences, drawn from the same rng."""
     answer = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(spec.n_digits - 1))
     w = spec.wording

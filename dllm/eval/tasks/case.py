@@ -12,7 +12,7 @@ __all__ = ["TaskCase", "WORDING", "Wording", "pick", "PHRASINGS", "SPLITS"]
 PHRASINGS = ("canonical", "random")
 SPLITS = ("eval", "train")
 WORDING: dict = json.loads((Path(__file__).parent / "wording.json").read_text(encoding="utf-8"))
-"""Every task's templates and word pools, from ``dllm/tasks/wording.json``."""
+"""Every task's templates and word pools, from ``dllm/eval/tasks/wording.json``."""
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class TaskCase:
     starts (e.g. ``"... The pass key is "``).
 
     Fields:
-        task: task name (a key of :data:`dllm.tasks.TASKS`).
+        task: task name (a key of :data:`dllm.eval.tasks.TASKS`).
         prefix: instruction text before the context.
         context: the long text (filler, JSON or essays) holding the needle.
         query: question after the context; the answer follows it directly.

@@ -39,7 +39,7 @@ def _pair(key: str, value: str) -> str:
 def make_kv_retrieval(
     rng: random.Random, length: int, depth: float, tokenizer: Any, canonical: bool, split: str
 ) -> tuple[str, FilledContext, str, str]:
-    """The kv_retrieval generator (the protocol of :data:`dllm.tasks.TASKS`)."""
+    """The kv_retrieval generator (the protocol of :data:`dllm.eval.tasks.TASKS`)."""
     prefix, query = pick(rng, KV_PREFIXES, canonical), pick(rng, KV_QUERIES, canonical)
     pair_rng = random.Random(rng.getrandbits(64))
     seen: set[str] = set()

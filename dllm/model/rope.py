@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dllm.model.hf import quiet_transformers
+
 # rope_scaling types whose frequencies do not depend on the sequence length.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -94,8 +96,6 @@ def scaled_inv_frequencies(
         raise ValueError("partial_rotary_factor != 1 (partial RoPE) is not supported")
     from transformers import Qwen2Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    from dllm.config import quiet_transformers
 
     # Any config class that carries these fields works; transformers 4.46 reads config.rope_theta and
     # config.rope_scaling, 5.x reads config.rope_parameters, and Qwen2Config fills both from the same kwargs.
@@ -215,9 +215,9 @@ class RotaryEmbedding:
 
     @classmethod
     def from_config(cls, cfg) -> RotaryEmbedding:
-        """From a :class:`dllm.config.ModelConfig` (``head_dim``, ``rope_theta``, ``rope_scaling``,
+        """From a :class:`dllm.model.config.ModelConfig` (``head_dim``, ``rope_theta``, ``rope_scaling``,
         ``max_position_embeddings``). A config that already holds its table (``cfg.rope``, built once when
-        a :class:`~dllm.config.ModelConfig` is validated) returns that one instead of computing it again.
+        a :class:`~dllm.model.config.ModelConfig` is validated) returns that one instead of computing it again.
         Raises ValueError as :func:`scaled_inv_frequencies`."""
         cached = getattr(cfg, "_rope", None)
         if isinstance(cached, cls):

@@ -1,7 +1,7 @@
 """``encode`` and ``generate`` under ``torchrun``: every rank runs the command, rank 0 speaks.
 
 ``python -m dllm`` hands these two commands here when ``WORLD_SIZE`` is in the environment (torchrun
-sets it; :func:`dllm.cli.cmd_encode` and :func:`dllm.cli.cmd_generate` check it first)::
+sets it; :func:`dllm.cli.parser.main` checks it first)::
 
     torchrun --nproc-per-node 2 -m dllm encode --context-file book.txt --out book.idx
     torchrun --nproc-per-node 2 -m dllm generate --document book.idx --prompt-file q.txt
@@ -16,6 +16,9 @@ rank waits for a silent peer.
 Errors: a user error on any rank (bad option, unreadable file, a document of another model) ends every
 rank; rank 0 alone prints one ``error: rank R: ...`` line (``rank R`` when it arose on one rank only),
 and every rank exits with status 2 (1 for a bug, whose traceback ``--debug`` prints on rank 0).
+
+Imports: :mod:`dllm.distributed`, the single-process commands' checks (:mod:`dllm.cli.generate`,
+:mod:`dllm.cli.options`, :mod:`dllm.cli.files`, :mod:`dllm.cli.errors`) and the public API :mod:`dllm`.
 """
 
 from __future__ import annotations
@@ -25,8 +28,19 @@ import sys
 
 import torch.distributed as dist
 
-from dllm import cli
 from dllm import distributed as dd
+from dllm.cli.errors import UserError
+from dllm.cli.files import read_document_to_encode
+from dllm.cli.generate import collect_questions, document_config, print_answer, print_stats, prompt_templates
+from dllm.cli.options import (
+    chunk_fits,
+    decode_kwargs,
+    decoding_check,
+    graph_kwargs,
+    kept_positions,
+    progress_bars,
+    window_check,
+)
 
 
 def _rank_env() -> int:
@@ -45,12 +59,12 @@ def _on_every_rank(body, args) -> int:
         if rank != 0:
             return 2 if exc.user_error else 1
         if exc.user_error:
-            raise cli.UserError(str(exc)) from None  # one error: line from cli.main, status 2
+            raise UserError(str(exc)) from None  # one error: line from cli.main, status 2
         if getattr(args, "debug", False) and exc.trace:
             print(exc.trace, file=sys.stderr, end="")
         print(f"error: {exc} ({exc.kind}: a bug; --debug prints the failing rank's traceback)", file=sys.stderr)
         return 1
-    except (cli.UserError, ValueError, OSError):
+    except (UserError, ValueError, OSError):
         if rank != 0:  # the same check failed on every rank (same options and files): rank 0 says it
             return 2
         raise
@@ -62,7 +76,7 @@ def _on_every_rank(body, args) -> int:
 def _rank_device(args) -> str:
     """This rank's device (``cuda:LOCAL_RANK`` or ``cpu``); the process group is initialised here."""
     if args.device is not None and args.device.startswith("cuda:"):
-        raise cli.UserError(f"--device {args.device}: under torchrun pass --device cuda (rank r takes cuda:LOCAL_RANK)")
+        raise UserError(f"--device {args.device}: under torchrun pass --device cuda (rank r takes cuda:LOCAL_RANK)")
     return dd.init_from_env(args.device)
 
 
@@ -80,25 +94,20 @@ def cmd_encode(args) -> int:
 def _encode(args) -> int:
     import dataclasses
 
-    from dllm.loader import default_model_dir
+    from dllm.model.loader import default_model_dir
+    from dllm.model.tokenization import encode_text
     from dllm.prefilling import PrefillingConfig
-    from dllm.tokenization import encode_text
 
-    text = cli._read_text(args.context_file, "--context-file")
-    if not text.strip():
-        raise cli.UserError(f"--context-file {args.context_file} is empty")
-    if not args.out.strip():
-        raise cli.UserError("--out is empty; give a file name")
-    cli._check_out(args.out)
+    text = read_document_to_encode(args)
     if args.boundary_snap:
-        raise cli.UserError("--boundary-snap is not supported under torchrun yet: encode in one process")
+        raise UserError("--boundary-snap is not supported under torchrun yet: encode in one process")
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
     cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
-    cli._chunk_fits(cfg.chunk_size, args)
+    chunk_fits(cfg.chunk_size, args)
     device = _rank_device(args)
     model = _load_model(args, device)
-    doc = dd.encode_document(model, encode_text(model, text), prefilling=cfg, progress=cli._progress())
+    doc = dd.encode_document(model, encode_text(model, text), prefilling=cfg, progress=progress_bars())
     doc.save(args.out)
     if doc.rank == 0:
         size = sum(os.path.getsize(doc.shard_path(args.out, r)) for r in range(doc.world_size))
@@ -118,57 +127,56 @@ def _generate(args) -> int:
     from dllm.prefilling import split_document_prompt
 
     if args.document is None:
-        raise cli.UserError(
+        raise UserError(
             "under torchrun, generate answers from --document INDEX (written by torchrun ... -m dllm encode)"
         )
     if args.context_file is not None:
-        raise cli.UserError("--document and --context-file both give the context: pass one")
+        raise UserError("--document and --context-file both give the context: pass one")
     if args.method not in (None, "prefilling"):
-        raise cli.UserError(f"--document answers with --method prefilling, not --method {args.method}")
+        raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
     args.method = "prefilling"
     header = dd.read_index(args.document)  # before the model loads
-    questions = cli._questions(args)
-    templates = cli._templates(args, questions)
+    questions = collect_questions(args)
+    templates = prompt_templates(args, questions)
     for template in templates:
         if template.count("{context}") > 1:
-            raise cli.UserError("the prompt must hold at most one {context} slot for --document")
+            raise UserError("the prompt must hold at most one {context} slot for --document")
         if "{context}" in template and not template.split("{context}")[1].strip():
-            raise cli.UserError(
+            raise UserError(
                 f"--prompt-file {args.prompt_file} has no text after its {{context}} slot: the chunks are scored by "
                 "the question that follows the context"
             )
-    cli._unmasking_check(args, args.gen_length)
-    cli._positions_check(args, args.gen_length)
-    cfg = cli._document_config(args, header)
+    decoding_check(args)
+    cfg = document_config(args, header)
     if cfg.redundancy_threshold is not None or cfg.candidates is not None:
-        raise cli.UserError(
+        raise UserError(
             "--redundancy-threshold and --candidates are not supported under torchrun yet: answer in one process"
         )
     if cfg.position_mode == "absolute":
-        raise cli.UserError(
+        raise UserError(
             "--position-mode absolute is not supported under torchrun (rank 0 holds only the kept chunks); "
             "use continuous or reuse"
         )
     device = _rank_device(args)
     model = _load_model(args, device)
     doc = dd.ShardedDocument.load(args.document, model)
-    kw = cli._decode_kwargs(args, args.gen_length)
+    kw = decode_kwargs(args, args.gen_length)
     gen = args.gen_length or 32
     for n, template in enumerate(templates, 1):
 
         def prompt_parts(template=template):
             parts = split_document_prompt(model, template, apply_chat_template=args.chat)
             live = parts.prefix.numel() + parts.query.numel()
-            cli._window_check(model, live, gen, "prefilling", True, cli._kept_positions(cfg, header["num_tokens"]))
+            window_check(model, live, gen, "prefilling", True, kept_positions(cfg, header["num_tokens"]))
             return parts
 
         parts = dd.run_on_all(prompt_parts)
         res = dd.generate(
-            model, doc, parts, prefilling=cfg, seed=args.seed, progress=doc.rank == 0 and cli._progress(),
-            **cli._graph_kwargs(args), **kw,
+            model, doc, parts, prefilling=cfg, seed=args.seed, progress=doc.rank == 0 and progress_bars(),
+            **graph_kwargs(args), **kw,
         )  # fmt: skip
         if res is not None:  # rank 0: labelled as in a single-process run (Q<n>/A<n> with questions)
             label = n if questions else None
-            cli._print_answer(res, label, questions[n - 1] if questions else None)
-            cli._print_stats(args, res, label, None, None)
+            print_answer(res, label, questions[n - 1] if questions else None)
+            print_stats(args, res, label, None, None)
     return 0

@@ -10,16 +10,14 @@ The checkpoint's own ``config.json`` fields are read as plain JSON (no remote co
 no transformers config class: transformers 5.x would move ``rope_theta`` and
 ``rope_scaling`` into ``rope_parameters`` on the way) and mapped onto
 :class:`ModelConfig`. A config saved by transformers 5.x (``rope_parameters`` only)
-is read as well. RoPE scaling: the static variants of :mod:`dllm.rope`.
+is read as well. RoPE scaling: the static variants of :mod:`dllm.model.rope`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import warnings
 from dataclasses import asdict, dataclass, field
 
 FAMILIES = ("dream", "llada")
@@ -57,7 +55,7 @@ class ModelConfig:
             ``max_position_embeddings``, LLaDA ``max_sequence_length``); YaRN/llama3 scaling reads it
             when ``rope_scaling`` has no ``original_max_position_embeddings``.
         rope_scaling: the checkpoint's ``rope_scaling`` dict of a static variant (``linear``, ``yarn``,
-            ``llama3``; see :mod:`dllm.rope`), or None for plain RoPE.
+            ``llama3``; see :mod:`dllm.model.rope`), or None for plain RoPE.
     """
 
     family: str
@@ -109,7 +107,7 @@ class ModelConfig:
             if not math.isfinite(value) or value < 0 or (positive and value == 0):
                 bound = "> 0" if positive else ">= 0"
                 raise ConfigError(f"config field rope_scaling.{key} must be a finite number {bound}, got {value!r}")
-        from dllm.rope import RotaryEmbedding
+        from dllm.model.rope import RotaryEmbedding
 
         try:  # validates the RoPE fields; the one table of frequencies, kept for the model (see ``rope``)
             rope = RotaryEmbedding.from_config(self)
@@ -119,7 +117,7 @@ class ModelConfig:
 
     @property
     def rope(self):
-        """The :class:`dllm.rope.RotaryEmbedding` of this configuration, computed once when the config was
+        """The :class:`dllm.model.rope.RotaryEmbedding` of this configuration, computed once when the config was
         built (validation and every model built from it share it: no second frequency computation)."""
         return self._rope
 
@@ -171,7 +169,7 @@ def rope_fields(raw: dict, default_theta: float) -> tuple[float, dict | None]:
         raise ConfigError(f"field 'rope_theta' must be a number, got {theta!r}")
     scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
     if scaling:
-        from dllm.rope import rope_type_of
+        from dllm.model.rope import rope_type_of
 
         if rope_type_of(scaling) == "default":
             scaling = None
@@ -270,12 +268,19 @@ def _dream_config(raw: dict, path: str) -> ModelConfig:
         qkv_bias=True,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         shift_logits=True,
+        **_token_ids(raw, path),
+        max_position_embeddings=_int(raw, "max_position_embeddings", path, default=0) or None,
+        rope_scaling=scaling,
+    )
+
+
+def _token_ids(raw: dict, path: str) -> dict:
+    """The special token ids both families name alike: mask (required), bos, eos and pad (optional)."""
+    return dict(
         mask_token_id=_int(raw, "mask_token_id", path, minimum=0),
         bos_token_id=_optional_id(raw, "bos_token_id", path),
         eos_token_id=_optional_id(raw, "eos_token_id", path),
         pad_token_id=_optional_id(raw, "pad_token_id", path),
-        max_position_embeddings=_int(raw, "max_position_embeddings", path, default=0) or None,
-        rope_scaling=scaling,
     )
 
 
@@ -313,29 +318,10 @@ def _llada_config(raw: dict, path: str) -> ModelConfig:
         qkv_bias=bool(raw.get("include_qkv_bias", False)),
         tie_word_embeddings=bool(raw.get("weight_tying", False)),
         shift_logits=False,
-        mask_token_id=_int(raw, "mask_token_id", path, minimum=0),
-        bos_token_id=_optional_id(raw, "bos_token_id", path),
-        eos_token_id=_optional_id(raw, "eos_token_id", path),
-        pad_token_id=_optional_id(raw, "pad_token_id", path),
+        **_token_ids(raw, path),
         max_position_embeddings=_int(raw, "max_sequence_length", path, default=0) or None,
         rope_scaling=scaling,
     )
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """Silence transformers' warnings about foreign model types and deprecated fields (Dream and
-    LLaDA ship remote-code configs that transformers only half knows; we read their fields ourselves)."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
 
 
 def read_raw_config(model_dir: str) -> dict:

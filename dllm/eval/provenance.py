@@ -14,7 +14,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout holding dllm/, when run from one
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding dllm/, when run from one
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:

@@ -1,7 +1,7 @@
 """CUDA-graph replay of a denoising step's forward.
 
 A prefilling denoising step is one model forward over fixed addresses: the live block's ids,
-positions, RoPE tables and live lengths (:class:`dllm.policies.LiveBlock`, allocated once per
+positions, RoPE tables and live lengths (:class:`dllm.decode.policies.LiveBlock`, allocated once per
 generation) and a static KV cache built before the loop. Eagerly, each step pays the host cost of
 launching about 40 kernels per layer (for Dream-7B, estimated at 12-15 ms of host time against
 about 3.5 ms of GPU work per step by the GPU-readiness review of issue 16; predicted, not measured). A CUDA graph
@@ -10,7 +10,7 @@ records those launches once and replays them with one call (the technique of gpt
 ``torch.cuda.CUDAGraph`` directly).
 
 :class:`GraphedStep` is a thin wrapper: it takes the pure step function (a function of the static
-buffers only, :func:`dllm.policies.live_block_logits`), runs it once on a side stream (Triton
+buffers only, :func:`dllm.decode.policies.live_block_logits`), runs it once on a side stream (Triton
 compiles its kernels, cuBLAS picks its workspaces), captures one call and replays it. The same
 function runs eagerly where graphs are not available (CPU, the Triton interpreter, the torch
 reference backend), so the CPU tests run exactly the code a graph captures.

@@ -1,5 +1,5 @@
 """Needle-in-a-Haystack QA: a one-sentence fact hidden in real English essays
-(gkamradt's test; the haystack is :mod:`dllm.tasks.essays`).
+(gkamradt's test; the haystack is :mod:`dllm.eval.tasks.essays`).
 
 Essays are concatenated (in file-name order, from a seeded essay, cycling when
 more text is needed) and cut to the requested token length; the fact goes at
@@ -60,7 +60,7 @@ def _answer_pools() -> tuple[tuple[str, ...], ...]:
 def make_needle(
     rng: random.Random, length: int, depth: float, tokenizer: Any, canonical: bool, split: str
 ) -> tuple[str, FilledContext, str, str]:
-    """The needle generator (the protocol of :data:`dllm.tasks.TASKS`)."""
+    """The needle generator (the protocol of :data:`dllm.eval.tasks.TASKS`)."""
     kind_idx = rng.randrange(len(FACT_KINDS))
     kind = FACT_KINDS[kind_idx]
     answer = rng.choice(_answer_pools()[kind_idx])

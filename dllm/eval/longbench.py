@@ -2,7 +2,7 @@
 
 LongBench cannot be downloaded here; point :func:`load_longbench` at a local
 copy of one of its ``<dataset>.jsonl`` files (``python -m dllm eval longbench
---data FILE.jsonl`` runs one through :func:`dllm.evaluation.evaluate_longbench`).
+--data FILE.jsonl`` runs one through :func:`dllm.eval.evaluation.evaluate_longbench`).
 Each line is an object with ``input`` (the question, may be empty),
 ``context`` (the long text), ``answers`` (list of gold strings),
 ``all_classes`` (labels of the classification sets, else null), ``length``
@@ -48,7 +48,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LongBenchCase:
-    """One LongBench example, laid out like :class:`~dllm.tasks.case.TaskCase`.
+    """One LongBench example, laid out like :class:`~dllm.eval.tasks.case.TaskCase`.
 
     Fields:
         task: the dataset name (same as ``dataset``).

@@ -10,16 +10,16 @@ given tokenizer (characters by default) and a needle depth in [0, 1]:
 - ``word_fact``: a one-word fact after a fixed phrase ("The secret city is Lisbon.").
 
 passkey, number_string and word_fact take a ``haystack``: their InfiniteBench
-noise ("filler", the default) or natural prose (:mod:`dllm.tasks.prose`:
+noise ("filler", the default) or natural prose (:mod:`dllm.eval.tasks.prose`:
 "essays", "pydoc", "generated"), each with a held-out ``split="eval"`` part.
 
 Example::
 
-    from dllm.tasks import make_case, score
+    from dllm.eval.tasks import make_case, score
     case = make_case("passkey", 4096, 0.5, seed=0)
     ok = score("passkey", model_output, case)
 
-LongBench data (local JSONL) and metrics live in :mod:`dllm.longbench`.
+LongBench data (local JSONL) and metrics live in :mod:`dllm.eval.longbench`.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ class Task:
 
     ``generate(rng, length, depth, tokenizer, canonical, split)`` returns
     ``(prefix, filled, query, answer)``: the instruction, the
-    :class:`~dllm.tasks.haystack.FilledContext` (context, needle span, token
+    :class:`~dllm.eval.tasks.haystack.FilledContext` (context, needle span, token
     count), the query and the gold answer, drawn from ``rng`` alone (so the
     wording and the answer do not depend on the tokenizer). ``score(prediction,
-    answer)`` is the task's InfiniteBench / NIAH rule (:mod:`dllm.tasks.scoring`).
+    answer)`` is the task's InfiniteBench / NIAH rule (:mod:`dllm.eval.tasks.scoring`).
     """
 
     generate: Callable[[random.Random, int, float, Any, bool, str], tuple[str, FilledContext, str, str]]
@@ -102,7 +102,7 @@ def make_case(
 
     A case is a pure function of its arguments: the seed is hashed with
     SHA-256 together with the task, length, depth, phrasing and split
-    (:func:`~dllm.tasks.text.stable_seed`), so it is stable across Python runs,
+    (:func:`~dllm.eval.tasks.text.stable_seed`), so it is stable across Python runs,
     and the answer and wording do not depend on the tokenizer.
 
     Args:
@@ -123,7 +123,7 @@ def make_case(
             essays for the needle task and the held-out or training part of a
             natural-prose haystack, validated but unused by the others.
         haystack: "filler" (the task's own: InfiniteBench noise, essays, JSON)
-            or a natural-prose haystack of :mod:`dllm.tasks.prose` ("essays",
+            or a natural-prose haystack of :mod:`dllm.eval.tasks.prose` ("essays",
             "pydoc", "generated") for passkey, number_string and word_fact.
 
     Returns:
@@ -202,7 +202,7 @@ def make_cases(
 
 
 def score(task: str, prediction: str, case_or_answer: TaskCase | str) -> bool:
-    """Score one prediction by the task's rule (:mod:`dllm.tasks.scoring`).
+    """Score one prediction by the task's rule (:mod:`dllm.eval.tasks.scoring`).
 
     Args:
         task: a key of :data:`TASKS`.

@@ -1,23 +1,39 @@
-"""What a checkpoint is and what running it will cost, read from its files without loading the weights.
+"""``python -m dllm info``: what a checkpoint is and what running it will cost, read from its files without
+loading the weights.
 
 ``python -m dllm info --model DIR`` prints :func:`checkpoint_info`. Sizes come from the
 safetensors headers (so a 7B checkpoint is described in well under a second), the
-architecture from ``config.json`` (:mod:`dllm.config`), the prefilling defaults from
-``prefilling_config.json`` (:meth:`PrefillingConfig.from_pretrained`).
+architecture from ``config.json`` (:mod:`dllm.model.config`), the prefilling defaults from
+``prefilling_config.json`` (:meth:`PrefillingConfig.from_pretrained`): it reads prefilling's defaults, so it
+lives with the command line, above :mod:`dllm.prefilling`, not in the model layer.
+
+Imports: :mod:`dllm.cli.args`, :mod:`dllm.model` and :mod:`dllm.prefilling.config`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict
 
 import torch
 
-from dllm.config import load_config, read_raw_config
-from dllm.loader import default_model_dir, load_tokenizer, resolve_device_dtype
+from dllm.cli.args import add_command, add_common_args
+from dllm.model.config import load_config, read_raw_config
+from dllm.model.loader import default_model_dir, load_tokenizer, resolve_device_dtype
+from dllm.model.rope import RotaryEmbedding
+from dllm.model.weights import WeightError, checkpoint_files, checkpoint_to_module_name, open_safetensors
 from dllm.prefilling.config import CONFIG_NAME, PrefillingConfig, resolve_anchor_token_id
-from dllm.rope import RotaryEmbedding
-from dllm.weights import WeightError, checkpoint_files, checkpoint_to_module_name, open_safetensors
+
+# Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
+EXAMPLES = ("python -m dllm info", "python -m dllm info --json")
+# what the examples' input files hold
+EXAMPLE_FILES = "With no --model, info describes the bundled tiny model."
+HELP = "describe a checkpoint: family, size, dtype, KV bytes, prefilling defaults"  # in python -m dllm --help
+DESCRIPTION = (
+    "Describe a checkpoint (no weights are loaded): family, size, dtype, KV bytes per 1K tokens,\n"
+    "and the prefilling defaults dllm would use for it."
+)
 
 # bytes per element of the safetensors dtype names
 _ST_BYTES = {
@@ -42,7 +58,7 @@ _ST_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bflo
 
 # English prose in the public domain (Lincoln's Gettysburg Address, the opening of the US Declaration of
 # Independence), the fixed text on which info measures how many characters a token covers
-TEXT_SAMPLE = os.path.join(os.path.dirname(__file__), "assets", "english_sample.txt")
+TEXT_SAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "english_sample.txt")
 TEXT_SAMPLE_NAME = "dllm/assets/english_sample.txt, English prose"
 
 
@@ -110,7 +126,7 @@ def checkpoint_info(model_dir: str | None = None, *, device=None, dtype=None) ->
         defaults :func:`dllm.generate` uses, with their ``source``).
 
     Raises:
-        dllm.config.ConfigError, dllm.weights.WeightError: as :func:`dllm.load_model` would.
+        dllm.model.config.ConfigError, dllm.model.weights.WeightError: as :func:`dllm.load_model` would.
     """
     model_dir = default_model_dir() if model_dir is None else str(model_dir)
     cfg = load_config(model_dir)
@@ -226,3 +242,18 @@ def format_info(info: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in rows)
+
+
+def cmd_info(args) -> int:
+    """``info``: the checkpoint's family, size, dtype, KV cost and the prefilling defaults that will be used."""
+    info = checkpoint_info(args.model, device=args.device, dtype=args.dtype)
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
+def add_parser(sub, model_dir: str | None) -> None:
+    """The ``info`` subcommand of ``sub``."""
+    i = add_command(sub, "info", HELP, DESCRIPTION, EXAMPLES, EXAMPLE_FILES)
+    add_common_args(i)
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    i.set_defaults(func=cmd_info)

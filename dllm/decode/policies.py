@@ -13,11 +13,11 @@ policy             live block                      static cache
                                                    loop (:mod:`dllm.prefilling`, arXiv 2606.10537)
 =================  ==============================  ==========================================
 
-The protocol (:class:`DecodePolicy`) is what :func:`dllm.denoise.denoise` calls. A step's inputs
+The protocol (:class:`DecodePolicy`) is what :func:`dllm.decode.denoise.denoise` calls. A step's inputs
 live in a :class:`LiveBlock` allocated once per generation: the response is copied into the same
 buffer every step and the positions (and their RoPE tables) never change, so a step is one model
 forward over fixed addresses, :func:`live_block_logits`. The prefilling policy, whose cache is fixed
-for the whole generation, can replay that forward from a CUDA graph (:mod:`dllm.step_graph`; on by
+for the whole generation, can replay that forward from a CUDA graph (:mod:`dllm.decode.step_graph`; on by
 default where supported). A batch of requests of different lengths is one live block padded to the
 longest row (``live_lens``), each row with its response at its own columns.
 """
@@ -29,9 +29,9 @@ from typing import Protocol
 import torch
 
 import triton_kernels
-from dllm.kv_cache import StaticKVCache
-from dllm.step_graph import GraphedStep
-from dllm.timer import PhaseTimer
+from dllm.decode.step_graph import GraphedStep
+from dllm.decode.timer import PhaseTimer
+from dllm.model.kv_cache import StaticKVCache
 
 
 class DecodePolicy(Protocol):
@@ -115,7 +115,7 @@ class LiveBlock:
 
     def precompute_rope(self, rope) -> None:
         """Build ``cos``/``sin`` for ``positions`` once (``rope``: the model's
-        :class:`~dllm.rope.RotaryEmbedding`), so that no step recomputes them."""
+        :class:`~dllm.model.rope.RotaryEmbedding`), so that no step recomputes them."""
         self.cos, self.sin = rope.cos_sin(self.positions)
 
     def write(self, resp: torch.Tensor) -> torch.Tensor:
@@ -162,8 +162,8 @@ class LiveBlockPolicy:
         cache: static KV the live block attends to (None = none, or built later by ``prepare``).
         nfe: forwards already spent (e.g. building the cache).
         cuda_graph: capture the step's forward in a CUDA graph and replay it
-            (:class:`dllm.step_graph.GraphedStep`); only for a cache fixed for the whole
-            generation, and only where :func:`dllm.step_graph.cuda_graph_support` says so.
+            (:class:`dllm.decode.step_graph.GraphedStep`); only for a cache fixed for the whole
+            generation, and only where :func:`dllm.decode.step_graph.cuda_graph_support` says so.
             ``"auto"``: the same, but a failed capture warns and falls back to eager steps.
     """
 

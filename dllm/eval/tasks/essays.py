@@ -71,7 +71,7 @@ _GLUED = re.compile(r"(?<=[a-z0-9%][.!?])(?=[A-Z])|(?<=[a-z0-9][.!?][\"')])(?=[A
 def clean_essay(raw: str) -> str:
     """Normalise one raw essay file to one line of ASCII prose.
 
-    Steps: :func:`~dllm.tasks.text.normalize_text`; drop the "Want to start a
+    Steps: :func:`~dllm.eval.tasks.text.normalize_text`; drop the "Want to start a
     startup? Get funded by Y Combinator." banner and the leading date
     ("July 2010", "December 2001 (rev. May 2002)"); drop footnote markers
     ``[1]``; put a space where the source lost a paragraph break between two
@@ -101,7 +101,7 @@ def load_essays(split: str = "eval") -> tuple[tuple[str, str], ...]:
 @functools.cache
 def essay_sentences(split: str = "eval") -> tuple[tuple[str, ...], ...]:
     """The sentences of each essay of ``split`` (see :func:`load_essays`), as
-    produced by :func:`~dllm.tasks.text.split_sentences`. Cached."""
+    produced by :func:`~dllm.eval.tasks.text.split_sentences`. Cached."""
     return tuple(tuple(split_sentences(text)) for _, text in load_essays(split))
 
 

@@ -3,11 +3,11 @@
 Both families are pre-norm Llama-style transformers: RMSNorm -> attention
 (RoPE, GQA) -> residual -> RMSNorm -> SwiGLU MLP -> residual, final RMSNorm, LM
 head. They differ only in q/k/v bias, weight names (handled by
-:mod:`dllm.weights`) and the logit shift. Attention is **bidirectional**: a
+:mod:`dllm.model.weights`) and the logit shift. Attention is **bidirectional**: a
 diffusion LM has no causal mask.
 
 The forward takes explicit ``position_ids`` and an optional
-:class:`~dllm.kv_cache.StaticKVCache`. With a cache, the live tokens attend to
+:class:`~dllm.model.kv_cache.StaticKVCache`. With a cache, the live tokens attend to
 the cached segments plus themselves through ``triton_kernels.split_s_attention``
 (partials + LSE merge; Triton on CUDA, the torch reference on CPU). Without one,
 attention is torch SDPA over the live tokens, optionally with a mask.
@@ -22,9 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import triton_kernels
-from dllm.config import ModelConfig
-from dllm.kv_cache import StaticKVCache
-from dllm.rope import RotaryEmbedding, apply_rope
+from dllm.model.config import ModelConfig
+from dllm.model.kv_cache import StaticKVCache
+from dllm.model.rope import RotaryEmbedding, apply_rope
 from triton_kernels._dispatch import check_values_enabled
 
 
@@ -119,7 +119,7 @@ class DiffusionLM(nn.Module):
 
     Attributes set by :func:`dllm.load_model`: ``tokenizer`` (or None) and
     ``model_dir``. ``family``, ``mask_token_id`` and ``shift_logits`` come from
-    the config; ``rope`` (:class:`~dllm.rope.RotaryEmbedding`) holds the RoPE
+    the config; ``rope`` (:class:`~dllm.model.rope.RotaryEmbedding`) holds the RoPE
     frequencies, also used to re-position cached chunk keys (``model.rope.rotate_keys``).
     """
 

@@ -2,14 +2,14 @@
 
 A response of ``gen_length`` mask tokens is filled block by block (LLaDA's
 semi-autoregressive blocks; one block = Dream's whole-response schedule). Each
-denoising step asks the policy (:mod:`dllm.policies`) for the response logits and
-lets the unmasking rule (:mod:`dllm.unmasking`) reveal some masked positions of the
+denoising step asks the policy (:mod:`dllm.decode.policies`) for the response logits and
+lets the unmasking rule (:mod:`dllm.decode.unmasking`) reveal some masked positions of the
 current block. Policies differ only in how they compute logits (what they recompute
 and what they cache); the loop, the schedule and the RNG use are identical, so greedy
 outputs of policies with exact caches are identical token for token.
 
 Host reads (the sync budget, enforced by ``tests/test_sync_budget.py``): a denoising step (the
-policy's forward, the batched unmasking :func:`dllm.unmasking.unmask_batch` and the write-back) reads
+policy's forward, the batched unmasking :func:`dllm.decode.unmasking.unmask_batch` and the write-back) reads
 nothing from the device. Between steps the loop reads:
 
 - nothing, for the rules with a fixed reveal count (Dream's ``maskgit_plus``, ``topk_margin``,
@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from dllm.policies import DecodePolicy
-from dllm.timer import PhaseTimer
-from dllm.unmasking import LLADA_ALGS, UnmaskingConfig, unmask_batch
+from dllm.decode.policies import DecodePolicy
+from dllm.decode.timer import PhaseTimer
+from dllm.decode.unmasking import LLADA_ALGS, UnmaskingConfig, unmask_batch
 
 
 def denoise(
@@ -48,7 +48,7 @@ def denoise(
     """Fill the masked positions of ``resp`` in place; returns the number of denoising steps run.
 
     Args:
-        policy: logits provider (see :class:`dllm.policies.DecodePolicy`).
+        policy: logits provider (see :class:`dllm.decode.policies.DecodePolicy`).
         resp: ``[B, L_d]`` int64 response, all ``mask_id`` (modified in place).
         mask_id: the [MASK] token id (never written: its logit is excluded).
         block_length: tokens per semi-autoregressive block (divides L_d).
@@ -56,7 +56,7 @@ def denoise(
         cfg: unmasking rule.
         timer: adds each step (logits + unmasking) to its ``decode`` phase (None = untimed).
         generator: RNG for sampling rules (seeded by the caller for reproducibility); one for the
-            batch, draw order in :mod:`dllm.unmasking`.
+            batch, draw order in :mod:`dllm.decode.unmasking`.
         progress: show a tqdm bar over denoising steps.
         row_steps: if given, a list that receives B ints: the steps in which each row still had a
             masked position in the current block (what that row decoded alone would run).

@@ -1,7 +1,7 @@
-"""``dllm.load_model``: a checkpoint directory -> a ready :class:`~dllm.modeling.DiffusionLM`.
+"""``dllm.load_model``: a checkpoint directory -> a ready :class:`~dllm.model.modeling.DiffusionLM`.
 
 Loading is unattended and runs no code from the checkpoint: the config is read as JSON
-(:mod:`dllm.config`), the weights with safetensors, and the tokenizer through the
+(:mod:`dllm.model.config`), the weights with safetensors, and the tokenizer through the
 transformers class its ``tokenizer_config.json`` names, with ``trust_remote_code=False``.
 (``AutoTokenizer`` would read the checkpoint's ``config.json`` and, seeing Dream's or LLaDA's
 ``auto_map``, ask "Do you wish to run the custom code? [y/N]" on a terminal or wait on an open stdin.)
@@ -15,9 +15,10 @@ import warnings
 
 import torch
 
-from dllm.config import ConfigError, load_config, quiet_transformers
-from dllm.modeling import DiffusionLM
-from dllm.weights import check_checkpoint_shapes, checkpoint_index, checkpoint_num_layers, load_weights_into
+from dllm.model.config import ConfigError, load_config
+from dllm.model.hf import quiet_transformers
+from dllm.model.modeling import DiffusionLM
+from dllm.model.weights import check_checkpoint_shapes, checkpoint_index, checkpoint_num_layers, load_weights_into
 
 _DTYPES = {
     "float32": torch.float32,
@@ -32,7 +33,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 def default_model_dir() -> str:
     """Path of the bundled tiny Dream-layout model (``dllm/assets/tiny-dream``)."""
-    return os.path.join(os.path.dirname(__file__), "assets", "tiny-dream")
+    return os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "tiny-dream")
 
 
 def resolve_dtype(dtype) -> torch.dtype:
@@ -110,7 +111,7 @@ def load_tokenizer(path: str, *, family: str | None = None):
         family: ``"dream"`` / ``"llada"`` (enables the Qwen2 fallback for Dream's remote-code class).
 
     Raises:
-        dllm.config.ConfigError: an unreadable ``tokenizer_config.json``, or a class transformers
+        dllm.model.config.ConfigError: an unreadable ``tokenizer_config.json``, or a class transformers
             lacks with no file a standard class could read.
     """
     if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
@@ -154,10 +155,10 @@ def load_model(
         config) and ``tokenizer`` (a transformers tokenizer, see :func:`load_tokenizer`, or None) attributes.
 
     Raises:
-        dllm.config.ConfigError: missing/invalid config (a field of the wrong type or range, named),
+        dllm.model.config.ConfigError: missing/invalid config (a field of the wrong type or range, named),
             unknown family, unsupported RoPE scaling, a layer count the checkpoint's tensors do not
             have, unusable tokenizer files.
-        dllm.weights.WeightError: missing/misnamed tensors, shape mismatch (checked from the
+        dllm.model.weights.WeightError: missing/misnamed tensors, shape mismatch (checked from the
             safetensors headers before the model is allocated), a tensor stored in two shards, an
             integer-typed weight, an index that is not a mapping, an empty, truncated or corrupt
             safetensors file (the message names the file).

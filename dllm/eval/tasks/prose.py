@@ -2,14 +2,14 @@
 
 Haystacks (``make_case(..., haystack=...)``), each split into a training and a held-out part:
 
-- ``essays``: the Paul Graham essays of :mod:`dllm.tasks.essays` (40 train / 9 eval essays);
+- ``essays``: the Paul Graham essays of :mod:`dllm.eval.tasks.essays` (40 train / 9 eval essays);
 - ``pydoc``: the English reference prose that CPython ships (``pydoc_data.topics``, the text of
   ``help()`` topics), whitespace collapsed; EVAL is every fifth topic in sorted key order
   (positions 4, 9, ...: :func:`pydoc_topic_names`), TRAIN the others;
 - ``generated``: sentences of 4-18 words drawn from the vocabulary of the two TRAIN parts above
   (a varied vocabulary without the grammar of real prose), the same generator in both splits.
 
-The filler is a stream of words (the units of :func:`~dllm.tasks.haystack.fill_context`), so a
+The filler is a stream of words (the units of :func:`~dllm.eval.tasks.haystack.fill_context`), so a
 needle goes at the word boundary nearest its depth, mid-sentence as often as not. Words holding a
 digit are dropped from every prose haystack, so a digit answer occurs only in its needle.
 
@@ -110,7 +110,7 @@ def prose_units(haystack: str, split: str, rng: random.Random) -> Iterator[str]:
 def filler_units(haystack: str, split: str, rng: random.Random, canonical: bool) -> Iterator[str]:
     """The units of a digit or word-fact haystack: InfiniteBench noise ("filler") or prose words."""
     if haystack == "filler":
-        from .digits import noise_units
+        from .noise import noise_units
 
         return noise_units(rng, canonical)
     return prose_units(haystack, split, rng)
@@ -122,7 +122,7 @@ _WF = WORDING["word_fact"]
 def make_word_fact(
     rng: random.Random, length: int, depth: float, tokenizer: Any, canonical: bool, split: str, haystack: str = "filler"
 ) -> tuple[str, FilledContext, str, str]:
-    """The word_fact generator (the protocol of :data:`dllm.tasks.TASKS` plus ``haystack``)."""
+    """The word_fact generator (the protocol of :data:`dllm.eval.tasks.TASKS` plus ``haystack``)."""
     kind = _WF["kinds"][0] if canonical else rng.choice(_WF["kinds"])
     needle_t, query = pick(rng, tuple(kind["needles"]), canonical), pick(rng, tuple(kind["queries"]), canonical)
     prefix = pick(rng, tuple(_WF["prefixes"]), canonical)

@@ -1,0 +1,21 @@
+"""The settings that the demo and the studies share on the bundled tiny model (dllm/assets/tiny-dream): the
+prefilling configuration it answers with and the cost exponents of the budget estimates.
+
+A module of its own so that the studies (:mod:`bench.selection_recall`, :mod:`bench.e2e_speed`, ...) and
+:mod:`bench.demo`, which runs some of them, import it rather than each other.
+"""
+
+from dllm.prefilling import PrefillingConfig
+
+# Cost growth with the context length L: dense and prefix_cache pay O(L^2) attention
+# (dense at every step, prefix_cache once per block); prefilling pays O(L) for the chunked prefill.
+EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
+
+# The bundled tiny model copies a key reliably over about a thousand tokens (passkey 100% dense at 1024),
+# so K = 4 chunks (the library's default) of C = 256 (+ BOS; the default is 1024) after the prefix,
+# which keeps every position inside its 1536-token window. It scores chunks with s_C - s_P
+# (draft_contrast, our variant): confident in an answer that the context-free draft did not guess.
+# The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
+# bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to
+# filler chunks it is confident about whatever the needle (bench/results/score_terms*.md and bench/results/README.md).
+TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",))

@@ -1,0 +1,72 @@
+"""``python -m dllm encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache` that
+``generate --document`` answers from without encoding the document again.
+
+Imports: the other modules of :mod:`dllm.cli` except the command modules, the public API :mod:`dllm` and
+:mod:`dllm.prefilling`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from dllm.cli.args import (
+    add_chunk_size,
+    add_command,
+    add_common_args,
+    add_prefill_batch_and_snap,
+    input_file,
+)
+from dllm.cli.errors import UserError
+from dllm.cli.files import read_document_to_encode
+from dllm.cli.options import as_flags, chunk_fits, progress_bars, timed_load
+from dllm.prefilling.config import PrefillingConfig
+
+# Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
+EXAMPLES = ("python -m dllm encode --context-file doc.txt --out doc.cache",)
+# what the examples' input files hold
+EXAMPLE_FILES = """\
+doc.txt as for generate. Answer questions from the saved cache without encoding the document again
+(the prompt's {context} slot marks where the document goes; each --question fills its {question} slot):
+  dllm generate --document doc.cache --prompt-file prompt.txt --gen-length 8"""
+HELP = "encode a document once for later questions (a document cache)"  # in python -m dllm --help
+DESCRIPTION = (
+    "Chunked prefill of a document, saved as one safetensors file (a dllm.DocumentCache) that\n"
+    "generate --document answers from without encoding the document again."
+)
+
+
+def cmd_encode(args) -> int:
+    """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache` (under torchrun:
+    one shard per rank and an index, :mod:`dllm.cli.distributed`)."""
+    import dllm
+    from dllm.model.loader import default_model_dir
+
+    text = read_document_to_encode(args)
+    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
+    base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
+    try:
+        cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise UserError(f"encode options: {as_flags(exc)}") from exc
+    chunk_fits(cfg.chunk_size, args)
+
+    model, _ = timed_load(args)
+    doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=progress_bars())
+    doc.save(args.out)
+    print(
+        f"wrote {args.out}: {len(doc)} tokens in {doc.num_chunks} chunks of {doc.chunk_size} "
+        f"({os.path.getsize(args.out) / 2**20:.1f} MiB)"
+    )
+    return 0
+
+
+def add_parser(sub, model_dir: str | None) -> None:
+    """The ``encode`` subcommand of ``sub`` (its help shows the chunk size of ``model_dir``)."""
+    c = add_command(sub, "encode", HELP, DESCRIPTION, EXAMPLES, EXAMPLE_FILES)
+    c.add_argument("--context-file", type=input_file, required=True, help="UTF-8 document text, read as is")
+    c.add_argument("--out", required=True, help="the cache file to write")
+    add_chunk_size(c, model_dir)
+    add_prefill_batch_and_snap(c)
+    add_common_args(c)
+    c.set_defaults(func=cmd_encode)

@@ -1,0 +1,266 @@
+"""``python -m dllm eval``: accuracy on seeded cases of a retrieval task, or on a local LongBench file; one CSV
+row per case (with its provenance) and a table.
+
+Imports: the other modules of :mod:`dllm.cli` except the command modules, :mod:`dllm.eval`, :mod:`dllm.model`
+and :mod:`dllm.prefilling`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from dllm.cli.args import (
+    ALL,
+    add_command,
+    add_common_args,
+    add_decode_args,
+    input_file,
+    positive_int,
+)
+from dllm.cli.errors import UserError
+from dllm.cli.files import check_out
+from dllm.cli.options import (
+    decode_kwargs,
+    decoding_check,
+    fit_top_k,
+    graph_kwargs,
+    prefilling_config,
+    progress_bars,
+    timed_load,
+    window_check,
+)
+from dllm.eval.tasks import HAYSTACKS, TASKS
+from dllm.prefilling.config import PrefillingConfig
+
+# Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
+EXAMPLES = (
+    "python -m dllm eval passkey --method prefilling",
+    "python -m dllm eval passkey --lengths 4096 --depths 0 0.5 1 --samples 1 --method prefilling "
+    "--chunk-size 256 --score-terms draft_contrast",
+    "python -m dllm eval number_string --lengths 1024 --depths 0.5 --samples 2 --method prefix_cache",
+    "python -m dllm eval longbench --data hotpotqa.jsonl --limit 2 --method prefilling",
+)
+# what the examples' input files hold
+EXAMPLE_FILES = """\
+hotpotqa.jsonl is a LongBench file (data/hotpotqa.jsonl of THUDM/LongBench; not bundled, and the
+bundled model does not answer it)."""
+HELP = "accuracy on a seeded retrieval task (CSV + table)"  # in python -m dllm --help
+DESCRIPTION = (
+    "Accuracy on seeded cases of a retrieval task. One untimed warm-up case runs first (its time\n"
+    "and the model's load time are reported apart); then one CSV row per case and a table of accuracy\n"
+    "and mean seconds per case."
+)
+RUNS_DIR = "runs"  # default output folder, relative to the working directory (git-ignored in the repository)
+LONGBENCH = "longbench"  # eval's task for a local LongBench file (--data), beside the seeded tasks
+
+
+def _depth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}")
+    return value
+
+
+def _unique_eval_path(task: str, method: str) -> str:
+    """eval's default CSV: ``runs/eval_TASK_METHOD_YYYYmmdd-HHMMSS.csv`` (UTC), with ``-2``, ``-3``, ... when
+    that name is taken. The name is reserved at once (an empty file created exclusively), so two runs
+    started in the same second never write the same file; :func:`cmd_eval` removes it if the run fails
+    before writing."""
+    import datetime as dt
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(RUNS_DIR, f"eval_{task}_{method}_{stamp}")
+    check_out(base + ".csv", create_folder=True)
+    path, n = base + ".csv", 1
+    while True:
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return path
+        except FileExistsError:
+            n += 1
+            path = f"{base}-{n}.csv"
+
+
+def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
+    """The constant columns of every eval CSV row: provenance (:func:`dllm.eval.provenance.provenance`: device,
+    torch/triton/CUDA versions, git commit, UTC date) and the settings (model, dtype, decoding options, and
+    C, K, B and the score terms of prefilling; empty for the baselines)."""
+    from dllm.eval.provenance import provenance
+
+    def opt(v):
+        return "" if v is None else "all" if v == ALL else v
+
+    return {
+        **provenance(str(model.device)),
+        "device": str(model.device),
+        "model": args.model or "bundled tiny-dream",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "haystack": args.haystack,
+        "gen_length": opt(args.gen_length),
+        "steps": opt(args.steps),
+        "block_length": opt(args.block_length),
+        "alg": opt(args.alg),
+        "temperature": args.temperature,
+        "sampling_seed": opt(args.seed),
+        "chunk_size": cfg.chunk_size if cfg is not None else "",
+        "top_k": ("all" if cfg.top_k is None else cfg.top_k) if cfg is not None else "",
+        "token_budget": ("all" if cfg.token_budget is None else cfg.token_budget) if cfg is not None else "",
+        "score_terms": " ".join(cfg.score_terms) if cfg is not None else "",
+    }
+
+
+def cmd_eval(args) -> int:
+    """``eval``: accuracy on seeded cases of a task (or a local LongBench file), a CSV row per case and a table."""
+    from dllm.model.loader import default_model_dir
+
+    args.method = args.method or "prefilling"  # every task case has a context
+    longbench = args.task == LONGBENCH
+    if longbench != (args.data is not None):
+        raise UserError("--data FILE.jsonl (a local LongBench file) goes with the longbench task, and only with it")
+    if args.limit is not None and not longbench:
+        raise UserError("--limit goes with the longbench task")
+    if args.haystack != "filler":
+        from dllm.eval.tasks import PROSE_TASKS
+
+        if args.task not in PROSE_TASKS:
+            raise UserError(f"--haystack {args.haystack} goes with the tasks {', '.join(PROSE_TASKS)}")
+    decoding_check(args)
+    cfg = prefilling_config(args, args.model or default_model_dir())
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out is empty; give a file name (or leave --out out for the default)")
+    if args.out is not None:
+        check_out(args.out)
+        return _eval(args, cfg, longbench, args.out)
+    out = _unique_eval_path(args.task, args.method)
+    try:
+        return _eval(args, cfg, longbench, out)
+    except BaseException:
+        if os.path.isfile(out) and os.path.getsize(out) == 0:  # the reserved name, never written
+            os.remove(out)
+        raise
+
+
+def _eval(args, cfg, longbench: bool, out: str) -> int:
+    """The rest of :func:`cmd_eval` once the arguments are checked: cases, model, runs, table, CSV ``out``."""
+    from tqdm.auto import tqdm
+
+    from dllm.eval.evaluation import accuracy_table, run_case, run_longbench_case, write_csv
+
+    if longbench:  # the file is read and checked before the model is loaded
+        from dllm.eval.longbench import load_longbench, metric_for
+
+        try:
+            cases = load_longbench(args.data, limit=args.limit)
+        except UnicodeDecodeError:
+            raise UserError(f"--data {args.data}: not UTF-8 text") from None
+        if not cases:
+            raise UserError(f"--data {args.data}: no LongBench examples to score (--limit {args.limit})")
+        for case in cases:
+            metric_for(case.dataset)
+
+    model, load_s = timed_load(args)
+    if longbench:
+        from dllm.model.tokenization import encode_text
+
+        context_tokens = [len(encode_text(model, c.context)) for c in cases] if cfg is not None else None
+        run_one = run_longbench_case
+    else:
+        from dllm.eval.tasks import make_cases
+
+        cases = make_cases(
+            args.task,
+            args.lengths,
+            args.depths,
+            args.samples,
+            args.seed_base,
+            tokenizer=model.tokenizer,
+            haystack=args.haystack,
+        )
+        context_tokens = [c.context_tokens for c in cases]
+        run_one = run_case
+        if args.gen_length is not None:  # the response and the case's own prefix + query must fit the window
+            from dllm.model.tokenization import encode_text
+
+            live = max(len(encode_text(model, c.prefix)) + len(encode_text(model, c.query)) + 1 for c in cases)
+            window_check(model, live, args.gen_length, "prefilling", True)
+    configs = [cfg] * len(cases)
+    if cfg is not None:  # every case is checked before the first one runs
+        configs = [fit_top_k(cfg, n, explicit=args.top_k not in (None, ALL)) for n in context_tokens]
+        fewer = sum(f.top_k is None for f in configs) if cfg.top_k is not None else 0
+        if fewer:
+            print(
+                f"note: {fewer} of {len(cases)} contexts have fewer than the default top_k={cfg.top_k} chunks of "
+                f"{cfg.chunk_size} tokens: they keep every chunk",
+                file=sys.stderr,
+            )
+    kw = decode_kwargs(args, args.gen_length)
+
+    def run(i):
+        extra = {"prefilling": configs[i], **graph_kwargs(args)} if cfg is not None else {}
+        return run_one(model, cases[i], args.method, seed=args.seed, **kw, **extra)
+
+    t0 = time.perf_counter()
+    run(0)  # warm-up: one untimed case absorbs the one-off start-up costs
+    warm_s = time.perf_counter() - t0
+    rows = [run(i) for i in tqdm(range(len(cases)), desc=f"{args.task}/{args.method}", disable=not progress_bars())]
+    write_csv(rows, out, provenance=_eval_columns(args, model, cfg))
+    if longbench:
+        print(accuracy_table(rows, by=("dataset", "method"), value="score"))
+    else:
+        by = ("task", "method", "length", "depth") if args.by_depth else ("task", "method", "length")
+        print(accuracy_table(rows, by=by))
+    print(f"start-up, not in the table: model load {load_s:.1f} s, one warm-up case {warm_s:.1f} s")
+    print(f"wrote {out}")
+    return 0
+
+
+def add_parser(sub, model_dir: str | None) -> None:
+    """The ``eval`` subcommand of ``sub`` (its help shows the prefilling defaults of ``model_dir``)."""
+    e = add_command(sub, "eval", HELP, DESCRIPTION, EXAMPLES, EXAMPLE_FILES)
+    e.add_argument(
+        "task",
+        choices=(*TASKS, LONGBENCH),
+        help="a seeded InfiniteBench-style task (needle: Needle-in-a-Haystack QA), or longbench with --data",
+    )
+    e.add_argument("--lengths", type=positive_int, nargs="+", default=[1024], help="context lengths in tokens")
+    e.add_argument(
+        "--depths", type=_depth, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths in [0, 1]"
+    )
+    e.add_argument("--samples", type=positive_int, default=5, help="cases per (length, depth)")
+    e.add_argument(
+        "--seed-base", type=int, default=0, help="task seed of the first sample; sample i uses seed-base + i"
+    )
+    e.add_argument("--by-depth", action="store_true", help="one table row per depth")
+    e.add_argument(
+        "--haystack",
+        choices=HAYSTACKS,
+        default="filler",
+        help="the text the needle hides in: the task's own filler, or held-out natural prose (essays: the 9 "
+        "evaluation essays; pydoc: every fifth of CPython's pydoc topics; generated: varied-vocabulary "
+        "sentences) for passkey, number_string and word_fact",
+    )
+    e.add_argument(
+        "--data",
+        type=input_file,
+        default=None,
+        help="longbench: a local LongBench JSONL file, e.g. data/hotpotqa.jsonl of THUDM/LongBench (default: none)",
+    )
+    e.add_argument(
+        "--limit", type=positive_int, default=None, help="longbench: score the first N examples (default: all)"
+    )
+    e.add_argument(
+        "--out",
+        default=None,
+        help=f"CSV path, replaced if it exists (default: a new {RUNS_DIR}/eval_TASK_METHOD_DATE-TIME.csv in the "
+        "working directory, UTC, never an earlier run's); every row carries the device, torch/triton versions, git "
+        "commit, date and the settings (model, C, K, B, ...)",
+    )
+    add_common_args(e)
+    add_decode_args(e, None, model_dir=model_dir)
+    e.set_defaults(func=cmd_eval)

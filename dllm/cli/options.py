@@ -1,0 +1,240 @@
+"""From parsed options to the library's settings, checked before the model loads (a mistake costs no load),
+and the checks that need the loaded model before decoding (the trained window).
+
+:func:`prefilling_config` builds the :class:`~dllm.PrefillingConfig` of a command line over the checkpoint's
+``prefilling_config.json``; the messages name the flags, not the fields (:func:`as_flags`).
+
+Imports: :mod:`dllm.cli.errors`, :mod:`dllm.cli.args`, the public API :mod:`dllm`, :mod:`dllm.decode`,
+:mod:`dllm.prefilling` and :mod:`dllm.model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import time
+
+from dllm.cli.args import ALL, PREFILLING_OPTIONS
+from dllm.cli.errors import UserError
+from dllm.decode.unmasking import UnmaskingConfig
+from dllm.prefilling.config import PrefillingConfig
+
+
+def as_flags(exc: Exception) -> str:
+    """A config error in the words of the command line: field names become their flags, None 'all'."""
+    msg = str(exc)
+    for field, flag in {**PREFILLING_OPTIONS, "threshold": "--threshold", "temperature": "--temperature"}.items():
+        msg = re.sub(rf"(?<![\w-]){field}\b", flag, msg)  # not inside a flag already written
+    return re.sub(r"\bor None\b", "or 'all'", msg)
+
+
+def unmasking_check(args, gen_length: int | None) -> None:
+    """Validate the decoding options as :func:`dllm.generate` will, before the model is loaded."""
+    try:
+        cfg = UnmaskingConfig(
+            alg=args.alg or "maskgit_plus",
+            temperature=args.temperature,
+            threshold=args.threshold,
+            confidence_from=args.confidence_from,
+        )
+    except ValueError as exc:
+        raise UserError(f"decoding options: {as_flags(exc)}") from exc
+    if gen_length is None:
+        if args.block_length is not None:
+            raise UserError("--block-length needs --gen-length (the default gen length differs per case)")
+        return
+    block = args.block_length or gen_length
+    if gen_length % block:
+        raise UserError(f"--block-length {block} does not divide --gen-length {gen_length}")
+    steps = args.steps or gen_length
+    if cfg.fixed_steps and steps % (gen_length // block):
+        raise UserError(f"--steps {steps} is not a multiple of the {gen_length // block} blocks")
+
+
+def _model_config(args):
+    """The checkpoint's ``config.json`` (a :class:`dllm.ModelConfig`), read once per command, before the
+    weights load; its errors name the file."""
+    from dllm.model.config import load_config
+    from dllm.model.loader import default_model_dir
+
+    if getattr(args, "_model_config", None) is None:
+        args._model_config = load_config(args.model or default_model_dir())
+    return args._model_config
+
+
+def positions_check(args, gen_length: int | None) -> None:
+    """``--gen-length`` against the positions the checkpoint was trained for: a response longer than the
+    model's whole window is a mistake, not a long answer."""
+    if gen_length is None:
+        return
+    cfg = _model_config(args)
+    if cfg.trained_positions and gen_length > cfg.trained_positions:
+        field = "max_sequence_length" if cfg.family == "llada" else "max_position_embeddings"
+        scaled = (
+            f" x its rope_scaling factor = {cfg.trained_positions}"
+            if cfg.trained_positions != cfg.max_position_embeddings
+            else ""
+        )
+        raise UserError(
+            f"--gen-length {gen_length} exceeds the model's {field}={cfg.max_position_embeddings}{scaled} "
+            "(the positions it was trained for)"
+        )
+
+
+def decoding_check(args) -> None:
+    """The decoding options and ``--gen-length`` checked before the model loads (:func:`unmasking_check`,
+    :func:`positions_check`): generate and eval, in one process or under torchrun."""
+    unmasking_check(args, args.gen_length)
+    positions_check(args, args.gen_length)
+
+
+def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
+    """The PrefillingConfig of the command line, or None for the other methods.
+
+    Base: the checkpoint's tuned settings (``prefilling_config.json``, read by
+    ``PrefillingConfig.from_pretrained``), else the library defaults; the options given override it.
+    """
+    given = {f: getattr(args, f) for f in PREFILLING_OPTIONS if getattr(args, f) is not None}
+    if args.method != "prefilling":
+        if getattr(args, "no_cuda_graph", False):
+            given["no_cuda_graph"] = True
+        if given:
+            names = ", ".join(PREFILLING_OPTIONS.get(f, "--no-cuda-graph") for f in given)
+            raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
+        return None
+    given = {f: None if v == ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
+    base = PrefillingConfig.from_pretrained(model_dir)  # its errors name the file
+    try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
+        cfg = dataclasses.replace(base, **given)
+    except ValueError as exc:
+        raise UserError(f"prefilling options: {as_flags(exc)}") from exc
+    chunk_fits(cfg.chunk_size, args)
+    return cfg
+
+
+def chunk_fits(chunk_size: int, args) -> None:
+    """A chunk is encoded alone at positions 0..C (its BOS anchor first): past the checkpoint's trained
+    positions its keys would be out of distribution, silently."""
+    limit = _model_config(args).trained_positions
+    if limit and chunk_size + 1 > limit:
+        raise UserError(
+            f"--chunk-size {chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than "
+            f"the model's {limit} trained positions"
+        )
+
+
+def fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> PrefillingConfig:
+    """``cfg`` for a context of ``context_tokens``: an explicit K above its chunk count is a user error;
+    a default K above it keeps every chunk (top_k None; :meth:`PrefillingConfig.fit_top_k`)."""
+    fitted = cfg.fit_top_k(context_tokens)
+    if explicit and fitted is not cfg:
+        raise UserError(
+            f"--top-k {cfg.top_k} exceeds the {cfg.chunks_of(context_tokens)} chunk(s) of a {context_tokens}-token "
+            f"context at --chunk-size {cfg.chunk_size}; lower --top-k or --chunk-size, or pass --top-k all"
+        )
+    return fitted
+
+
+def backend_check(args) -> None:
+    """``PREFILLING_DLLM_BACKEND=triton`` on a CPU run needs the Triton interpreter: say so before the model
+    loads (the kernels would raise deep inside the first forward)."""
+    import torch
+
+    if getattr(args, "command", None) not in ("generate", "eval", "encode"):
+        return  # info and the like run no kernel
+    choice = os.environ.get("PREFILLING_DLLM_BACKEND", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "triton", "torch"):
+        raise UserError(f"PREFILLING_DLLM_BACKEND={choice!r}: use triton, torch or auto (or unset it)")
+    device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    if choice != "triton" or str(device).startswith("cuda"):
+        return
+    from triton_kernels._dispatch import is_interpreted
+    from triton_kernels.split_s import _split_s_partial_kernel
+
+    if not is_interpreted(_split_s_partial_kernel):
+        raise UserError(
+            "PREFILLING_DLLM_BACKEND=triton on the CPU needs the Triton interpreter: set TRITON_INTERPRET=1 too "
+            "(slow; for tests), or unset PREFILLING_DLLM_BACKEND"
+        )
+
+
+def window_check(
+    model, live_tokens: int, gen_length: int, method: str, context_given: bool, kept_positions: int = 0
+) -> None:
+    """The tokens that must share the model's trained positions with the response, checked before decoding.
+
+    ``live_tokens``: the whole prompt for dense / prefix_cache, prefix + query for prefilling;
+    ``kept_positions``: prefilling only, the positions its kept chunks take before the query
+    (:func:`kept_positions`). Past the window the response is out of distribution: an error when
+    nothing but the response and the prompt's own text fills it, a note when a long context (or the
+    kept chunks) do (the dense baselines beyond the window are measured on purpose)."""
+    limit = model.config.trained_positions
+    if (
+        limit
+        and method == "prefilling"
+        and live_tokens + gen_length <= limit < live_tokens + kept_positions + gen_length
+    ):
+        total = live_tokens + kept_positions + gen_length
+        line = (
+            f"note: prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
+            f"model's {limit} trained positions: lower --top-k, --chunk-size or --gen-length"
+        )
+        print(line, file=sys.stderr)
+    if not limit or live_tokens + gen_length <= limit:
+        return
+    what = "prefix + query" if method == "prefilling" else "prompt"
+    line = (
+        f"the {what} ({live_tokens} tokens) and --gen-length {gen_length} take {live_tokens + gen_length} "
+        f"positions, more than the model's {limit} trained positions"
+    )
+    if method == "prefilling" or not context_given:
+        raise UserError(f"{line}; shorten the prompt or lower --gen-length")
+    print(f"note: {line}: answers past the window are unreliable (--method prefilling keeps only K chunks)",
+          file=sys.stderr)  # fmt: skip
+
+
+def kept_positions(cfg: PrefillingConfig, context_tokens: int) -> int:
+    """Positions the kept chunks take between the prefix and the query: K chunks with their anchors
+    (``continuous``), one chunk's (``reuse``: all at the same positions) or the whole context
+    (``absolute``)."""
+    from dllm.prefilling import cut_chunks
+
+    n = len(cut_chunks(context_tokens, cfg.chunk_size))
+    width = min(cfg.chunk_size, context_tokens) + 1
+    if cfg.position_mode == "absolute":
+        return context_tokens + 1
+    if cfg.position_mode == "reuse":
+        return width
+    return min(n, cfg.top_k or n) * width
+
+
+def decode_kwargs(args, gen_length) -> dict:
+    return dict(
+        gen_length=gen_length,
+        steps=args.steps,
+        block_length=args.block_length,
+        alg=args.alg,
+        temperature=args.temperature,
+        confidence_from=args.confidence_from,
+        threshold=args.threshold,
+    )
+
+
+def graph_kwargs(args) -> dict:
+    """``cuda_graph=False`` for ``--no-cuda-graph`` (prefilling only; checked by :func:`prefilling_config`)."""
+    return {"cuda_graph": False} if getattr(args, "no_cuda_graph", False) else {}
+
+
+def timed_load(args):
+    import dllm
+
+    t0 = time.perf_counter()
+    model = dllm.load_model(args.model, device=args.device, dtype=args.dtype)
+    return model, time.perf_counter() - t0
+
+
+def progress_bars() -> bool:
+    """Progress bars only on a terminal: piped or redirected stderr gets none (no bar residue in logs)."""
+    return sys.stderr.isatty()
