@@ -190,17 +190,26 @@ PROSE_TASKS = {"passkey": 0.4, "number_string": 0.3, "word_fact": 0.3}
 PROSE_MIX = (("filler", 1 / 3), ("essays", 2 / 9), ("pydoc", 2 / 9), ("generated", 2 / 9))
 
 
+def _prose_layouts(cuts, answer_tasks: dict, digit_share: float) -> tuple[tuple[float, Layout], ...]:
+    """The prose phases' mix from its cumulative thresholds ``(copy, dense, chunked, beside the needle)``:
+    copy strings (``digit_share`` of them digits only, the rest letters, digits and spaces), dense and
+    chunked answers on ``answer_tasks``, then query-only masking beside the needle chunk and beside
+    needle-free chunks (:data:`PROSE_TASKS`); every retrieval layout over :data:`PROSE_MIX`."""
+    copy, dense, chunked, needle = cuts
+    pools = ((data.DIGIT_POOL, digit_share), (data.COPY_POOL, 1 - digit_share))
+    return (
+        (copy, Layout("copy", pools=pools)),
+        (dense, Layout("dense", tasks=answer_tasks, canonical=0.4, prefix=0.6, max_eos=6, haystacks=PROSE_MIX)),
+        (chunked, Layout("chunked", tasks=answer_tasks, haystacks=PROSE_MIX)),
+        (needle, Layout("query", tasks=PROSE_TASKS, needle=True, haystacks=PROSE_MIX)),
+        (1.0, Layout("query", tasks=PROSE_TASKS, haystacks=PROSE_MIX)),
+    )
+
+
 def prose_tune() -> tuple[tuple[float, Layout], ...]:
     """Phase 9's mix: 10% copy strings, 35% dense and 30% chunked answers, 12.5% query-only beside the
     needle chunk and 12.5% beside needle-free chunks, every retrieval layout over :data:`PROSE_MIX`."""
-    pools = ((data.DIGIT_POOL, 0.5), (data.COPY_POOL, 0.5))
-    return (
-        (0.1, Layout("copy", pools=pools)),
-        (0.45, Layout("dense", tasks=PROSE_TASKS, canonical=0.4, prefix=0.6, max_eos=6, haystacks=PROSE_MIX)),
-        (0.75, Layout("chunked", tasks=PROSE_TASKS, haystacks=PROSE_MIX)),
-        (0.875, Layout("query", tasks=PROSE_TASKS, needle=True, haystacks=PROSE_MIX)),
-        (1.0, Layout("query", tasks=PROSE_TASKS, haystacks=PROSE_MIX)),
-    )
+    return _prose_layouts((0.1, 0.45, 0.75, 0.875), PROSE_TASKS, 0.5)
 
 
 COPY_STEPS = 1500
@@ -212,14 +221,7 @@ def copy_tune() -> tuple[tuple[float, Layout], ...]:
     (the layout of Prefilling-dLLM's decode): 10% copy strings (60% digits only), 25% dense and 35% chunked
     answers weighted to number strings and word facts (:data:`COPY_TASKS`), and 15% + 15% query-only
     masking beside chunk sets with and without the needle, so that the selection signal is kept."""
-    pools = ((data.DIGIT_POOL, 0.6), (data.COPY_POOL, 0.4))
-    return (
-        (0.1, Layout("copy", pools=pools)),
-        (0.35, Layout("dense", tasks=COPY_TASKS, canonical=0.4, prefix=0.6, max_eos=6, haystacks=PROSE_MIX)),
-        (0.7, Layout("chunked", tasks=COPY_TASKS, haystacks=PROSE_MIX)),
-        (0.85, Layout("query", tasks=PROSE_TASKS, needle=True, haystacks=PROSE_MIX)),
-        (1.0, Layout("query", tasks=PROSE_TASKS, haystacks=PROSE_MIX)),
-    )
+    return _prose_layouts((0.1, 0.35, 0.7, 0.85), COPY_TASKS, 0.6)
 
 
 # Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new
