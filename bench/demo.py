@@ -102,7 +102,7 @@ def run_demo(
             f"Seconds per case: `generate`'s total, after the warm-up. {startup} {first}\n"
         )
     plot_demo(rows, os.path.join(out_dir, "demo.png"), lengths)
-    write_recall(os.path.join(out_dir, "demo.csv"), cfg.chunk_size)
+    write_recall(os.path.join(out_dir, "demo.csv"), cfg.chunk_size, cfg.boundary_snap)
     print(
         f"timed grid {budget.seconds - budget.left():.0f} s, start-up {load_s + sum(warm.values()):.0f} s; "
         f"wrote {out_dir}/demo.csv, demo.md, demo_recall.md, demo.png"

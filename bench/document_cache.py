@@ -85,7 +85,7 @@ def _phases(res) -> dict:
 def _selection(res, case) -> dict:
     """The kept chunks and whether one of them holds the needle (the answer is copyable at all)."""
     kept = res.stats.extra["selected_chunks"]
-    needle = needle_chunk_ids(case, CONFIG.chunk_size)
+    needle = needle_chunk_ids(case, CONFIG.chunk_size, CONFIG.boundary_snap)
     return {
         "selected_chunks": " ".join(map(str, kept)),
         "needle_chunks": " ".join(map(str, sorted(needle))),

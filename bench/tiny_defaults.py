@@ -18,4 +18,4 @@ EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
 # bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to
 # filler chunks it is confident about whatever the needle (bench/results/score_terms*.md and bench/results/README.md).
-TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",))
+TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",), boundary_snap=64)

@@ -45,7 +45,7 @@ def _prefilling_case(tiny, i):
     case = make_case("passkey", 6000, i / 7, 10**9 + i)
     row = run_case(tiny, case, "prefilling", gen_length=8, steps=8, prefilling=TINY_PREFILLING)
     kept = {int(c) for c in row.selected_chunks.split()}
-    return case, row, needle_chunk_ids(case, TINY_PREFILLING.chunk_size), kept
+    return case, row, needle_chunk_ids(case, TINY_PREFILLING.chunk_size, TINY_PREFILLING.boundary_snap, tiny), kept
 
 
 @pytest.mark.parametrize("i", range(8))

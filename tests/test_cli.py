@@ -16,6 +16,7 @@ import dllm.eval.evaluation
 from dllm.cli import build_parser, main
 from dllm.cli.errors import UserError
 from dllm.cli.files import strip_one_newline as _strip_one_newline
+from tests.tiny_checkpoints import snapped_starts
 
 PROMPT = "There is a pass key hidden in the text below.\n\n{context}\n\nWhat is the pass key? The pass key is "
 FILLER = "The grass is green. The sky is blue. "
@@ -68,7 +69,7 @@ def test_no_cuda_graph_gives_the_same_answer(files, capsys):
 
 @pytest.mark.parametrize("method", ["dense", "prefix_cache", "prefilling"])
 def test_generate_prints_answer_and_stats(files, method, capsys):
-    extra = " --chunk-size 256 --top-k 2" if method == "prefilling" else ""
+    extra = " --chunk-size 256 --top-k 2 --boundary-snap 0" if method == "prefilling" else ""
     cmd = f"generate --prompt-file prompt.txt --context-file doc.txt --method {method} --gen-length 8 --steps 4{extra}"
     cmd += " --stats json"
     rc, out, err = run_cli(capsys, *shlex.split(cmd))
@@ -90,7 +91,9 @@ def test_method_defaults_to_prefilling_with_a_context(files, capsys):
         capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8 --stats json")
     )
     stats = json.loads(err.strip().splitlines()[-1])
-    assert rc == 0 and stats["num_chunks"] == 12 and len(stats["selected_chunks"]) == 4  # the bundled C=256, K=4
+    # the bundled C=256, K=4, boundaries snapped to sentence ends within 64 characters (one token each)
+    n = len(snapped_starts((files / "doc.txt").read_text(), 256, 64))
+    assert rc == 0 and stats["num_chunks"] == n > 12 and len(stats["selected_chunks"]) == 4
     assert "12345" in out
     rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file noslot.txt --gen-length 2 --stats json"))
     assert rc == 0 and "selected_chunks" not in json.loads(err.strip().splitlines()[-1])
@@ -130,7 +133,9 @@ def test_default_top_k_above_the_chunk_count_keeps_every_chunk(files, capsys):
     stats = json.loads(err.strip().splitlines()[-1])
     assert rc == 0 and stats["num_chunks"] == 3 and stats["selected_chunks"] == [0, 1, 2]
     assert "s_I" not in stats  # nothing was scored, so no score is reported
-    rc, _, err = run_cli(capsys, *base, "--gen-length", "4", "--chunk-size", "256", "--top-k", "all")
+    rc, _, err = run_cli(
+        capsys, *base, "--gen-length", "4", "--chunk-size", "256", "--top-k", "all", "--boundary-snap", "0"
+    )
     stats = json.loads(err.strip().splitlines()[-1])
     assert rc == 0 and stats["selected_chunks"] == list(range(12))
 

@@ -329,3 +329,22 @@ def test_single_process_options_are_refused_not_ignored(option):
     cfg = PrefillingConfig(chunk_size=64, top_k=2, **option)
     with pytest.raises(ValueError, match=f"does not support {next(iter(option))}="):
         dd.encode_document(model, ctx, prefilling=cfg)
+
+
+def test_checkpoint_boundary_snap_falls_back_to_fixed_chunks_with_a_warning():
+    """The bundled checkpoint snaps boundaries by default (prefilling_config.json); with no ``prefilling=``
+    the sharded path warns and cuts the fixed chunks a single process cuts with boundary_snap=0."""
+    import dataclasses
+
+    model = _load()
+    base = PrefillingConfig.from_pretrained(MODEL_DIR)
+    assert base.boundary_snap > 0  # the premise: the defaults snap
+    ctx, parts = _inputs(model)
+    with pytest.warns(UserWarning, match=f"boundary_snap={base.boundary_snap} is not sharded yet"):
+        doc = dd.encode_document(model, ctx)
+    want = dllm.encode_document(model, ctx, prefilling=dataclasses.replace(base, boundary_snap=0))
+    n = base.chunk_size
+    assert doc.num_chunks == want.num_chunks == -(-ctx.numel() // n)
+    assert doc.local.chunks.starts == want.chunks.starts == list(range(0, ctx.numel(), n))
+    for a, b in zip(doc.local.chunks.k, want.chunks.k):
+        assert torch.equal(a, b)

@@ -131,3 +131,14 @@ def test_a_chunk_beyond_the_trained_positions_is_a_library_error():
         dllm.generate(tiny, method="prefilling", prompt=parts, prefilling=PrefillingConfig(chunk_size=2000, top_k=None),
                       gen_length=4, steps=4)  # fmt: skip
     dllm.encode_document(tiny, ids, prefilling=PrefillingConfig(chunk_size=1535))  # fits exactly
+
+
+def test_a_chunk_size_override_keeps_the_files_snap_as_the_same_share_of_the_chunk():
+    """The bundled file snaps within 64 of 256 tokens (a quarter): another C keeps a quarter, so a small C
+    (64, below the file's tolerance) is still valid; an explicit boundary_snap wins."""
+    d = dllm.default_model_dir()
+    assert PrefillingConfig.from_pretrained(d).boundary_snap == 64
+    assert PrefillingConfig.from_pretrained(d, chunk_size=64).boundary_snap == 16
+    assert PrefillingConfig.from_pretrained(d, chunk_size=1024).boundary_snap == 256
+    assert PrefillingConfig.from_pretrained(d, chunk_size=64, boundary_snap=0).boundary_snap == 0
+    assert PrefillingConfig.from_pretrained(None, chunk_size=64).boundary_snap == 0  # the paper: no snap

@@ -294,3 +294,17 @@ def write_real_dream_checkpoint(out_dir: str, seed: int = 0, shards: int = 1):
     for name in ("generation_config.json",):
         shutil.copyfile(reference_file("dream-v0-7b", name), os.path.join(out_dir, name))
     return hf
+
+
+def snapped_starts(text: str, size: int, tol: int) -> list[int]:
+    """Chunk starts cut from the text itself: each boundary moved back to just after the last '.', '!', '?'
+    or newline within ``tol`` characters of the fixed cut (the bundled tokenizer is one token per character)."""
+    starts, s = [], 0
+    while s < len(text):
+        starts.append(s)
+        b = s + size
+        if b >= len(text):
+            break
+        ends = [e for e in range(b - tol, b + 1) if e > s and text[e - 1] in ".!?\n"]
+        s = max(ends) if ends else b
+    return starts

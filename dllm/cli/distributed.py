@@ -103,6 +103,14 @@ def _encode(args) -> int:
         raise UserError("--boundary-snap is not supported under torchrun yet: encode in one process")
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
+    if base.boundary_snap:  # the checkpoint snaps by default; the sharded path cuts fixed chunks (said once)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(
+                f"note: the checkpoint's boundary_snap={base.boundary_snap} is not sharded yet: fixed chunks of "
+                f"{args.chunk_size or base.chunk_size} tokens under torchrun",
+                file=sys.stderr,
+            )
+        base = dataclasses.replace(base, boundary_snap=0)
     cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     chunk_fits(cfg.chunk_size, args)
     device = _rank_device(args)

@@ -52,6 +52,7 @@ import hashlib
 import json
 import os
 import traceback
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -605,6 +606,22 @@ def _check_model_fields(index: dict, model, path) -> None:
 # --- encoding -------------------------------------------------------------------------------------------
 
 
+def _checkpoint_config(model, chunk_size: int | None) -> PrefillingConfig:
+    """The checkpoint's prefilling defaults (``prefilling_config.json``) as the sharded path runs them: a
+    ``boundary_snap`` there is dropped to 0 (fixed chunks; snapped boundaries are not sharded yet) with a
+    ``UserWarning``, so that a checkpoint that snaps by default still encodes under ``torchrun``. Asked for
+    explicitly (``prefilling=``), the option is an error instead (:func:`_check_single_stage`)."""
+    cfg = PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
+    if cfg.boundary_snap:
+        warnings.warn(
+            f"dllm.distributed: the checkpoint's boundary_snap={cfg.boundary_snap} is not sharded yet; "
+            f"fixed chunks of {cfg.chunk_size} tokens",
+            stacklevel=3,
+        )
+        cfg = dataclasses.replace(cfg, boundary_snap=0)
+    return cfg
+
+
 def _check_single_stage(cfg: PrefillingConfig) -> None:
     """The issue-23 options (snapped boundaries, redundancy-aware selection, a first stage) are not sharded
     yet: a ``ValueError`` rather than a run that silently ignores them."""
@@ -648,12 +665,13 @@ def encode_document(
         RankError: on every rank when any rank raised (``TypeError``/``ValueError`` of
             :func:`dllm.encode_document`, other ids on some rank, fewer chunks than ranks, or a
             ``prefilling`` with ``boundary_snap``, ``redundancy_threshold`` or ``candidates`` set: not
-            sharded yet); in one process without a group the error itself.
+            sharded yet); in one process without a group the error itself. With ``prefilling=None`` a
+            ``boundary_snap`` of the checkpoint's defaults is dropped to 0 with a ``UserWarning`` instead.
     """
     rank, world = _world(group)
 
     def check():
-        cfg = prefilling or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
+        cfg = prefilling or _checkpoint_config(model, chunk_size)
         if chunk_size is not None and chunk_size != cfg.chunk_size:
             raise ValueError(f"chunk_size={chunk_size} differs from prefilling.chunk_size={cfg.chunk_size}")
         _check_single_stage(cfg)
@@ -810,9 +828,7 @@ def generate(
     doc = document
 
     def setup():
-        cfg = prefilling or PrefillingConfig.from_pretrained(
-            getattr(model, "model_dir", None), chunk_size=doc.chunk_size
-        )
+        cfg = prefilling or _checkpoint_config(model, doc.chunk_size)
         if not isinstance(cfg, PrefillingConfig):
             raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
         if cfg.position_mode == "absolute":

@@ -21,6 +21,13 @@ DEFAULT_TERMS = ("self_info", "pseudo_label")
 CONFIG_NAME = "prefilling_config.json"
 
 
+def snap_for_chunk_size(snap: int, chunk_size: int, new_chunk_size: int) -> int:
+    """A ``boundary_snap`` tolerance tuned for chunks of ``chunk_size`` tokens, carried to chunks of
+    ``new_chunk_size`` as the same share of the chunk (rounded down): a checkpoint's default tolerance stays
+    valid (below C) when a user picks another C. 0 stays 0."""
+    return snap * new_chunk_size // chunk_size
+
+
 @dataclass(frozen=True)
 class PrefillingConfig:
     """Configuration of chunked prefill, predictive chunk scoring and two-level sparsity.
@@ -158,7 +165,9 @@ class PrefillingConfig:
 
         A directory without the file (or ``model_dir=None``) gets the paper's defaults
         (C=1024, K=4, s = s_I + s_P). Keyword overrides win over the file; None values are ignored
-        (so CLI flags that were not given fall through to the file).
+        (so CLI flags that were not given fall through to the file). A ``chunk_size`` override without a
+        ``boundary_snap`` one keeps the file's tolerance as the same share of the chunk
+        (:func:`snap_for_chunk_size`: 64 of 256 becomes 16 of 64).
 
         Args:
             model_dir: checkpoint directory, or None.
@@ -168,7 +177,7 @@ class PrefillingConfig:
             ValueError: invalid JSON, a field name the dataclass does not have, or an invalid value
                 (the message names the file).
         """
-        values = {}
+        values, file_chunk = {}, cls.chunk_size
         path = os.path.join(model_dir, CONFIG_NAME) if model_dir else None
         if path and os.path.isfile(path):
             try:
@@ -182,9 +191,13 @@ class PrefillingConfig:
             unknown = sorted(set(values) - known)
             if unknown:
                 raise ValueError(f"{path}: unknown field(s) {unknown}; known: {sorted(known)}")
+            file_chunk = values.get("chunk_size", cls.chunk_size)
             if "score_terms" in values and isinstance(values["score_terms"], list):
                 values["score_terms"] = tuple(values["score_terms"])
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        values.update(given)
+        if "chunk_size" in given and "boundary_snap" not in given and values.get("boundary_snap"):
+            values["boundary_snap"] = snap_for_chunk_size(values["boundary_snap"], file_chunk, given["chunk_size"])
         try:
             return cls(**values)
         except (TypeError, ValueError) as e:
