@@ -310,3 +310,9 @@ def test_estimator_errors(model):
         masked_diffusion_loglikelihood(model, ctx, torch.tensor([1.0]))
     with pytest.raises(ValueError, match="samples and batch_size"):
         masked_diffusion_loglikelihood(model, ctx, ctx, samples=0)
+
+
+def test_model_args_chunk_size_keeps_the_checkpoints_snap_as_a_share_of_the_chunk():
+    # the bundled file snaps within 64 of 256 tokens; chunk_size=64 alone must not trip boundary_snap < C
+    assert parse_model_args({"chunk_size": 64}).prefilling.boundary_snap == 16
+    assert parse_model_args({"chunk_size": 64, "boundary_snap": 0}).prefilling.boundary_snap == 0

@@ -10,7 +10,6 @@ Imports: :mod:`dllm.cli.errors`, :mod:`dllm.cli.args`, the public API :mod:`dllm
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import sys
@@ -19,7 +18,7 @@ import time
 from dllm.cli.args import ALL, PREFILLING_OPTIONS
 from dllm.cli.errors import UserError
 from dllm.decode.unmasking import UnmaskingConfig
-from dllm.prefilling.config import PrefillingConfig, snap_for_chunk_size
+from dllm.prefilling.config import PrefillingConfig, with_overrides
 
 
 def as_flags(exc: Exception) -> str:
@@ -106,10 +105,8 @@ def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
         return None
     given = {f: None if v == ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
     base = PrefillingConfig.from_pretrained(model_dir)  # its errors name the file
-    if "chunk_size" in given and "boundary_snap" not in given and base.boundary_snap:
-        given["boundary_snap"] = snap_for_chunk_size(base.boundary_snap, base.chunk_size, given["chunk_size"])
     try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
-        cfg = dataclasses.replace(base, **given)
+        cfg = with_overrides(base, given)
     except ValueError as exc:
         raise UserError(f"prefilling options: {as_flags(exc)}") from exc
     chunk_fits(cfg.chunk_size, args)

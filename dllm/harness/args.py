@@ -24,7 +24,14 @@ from typing import Any
 
 from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
 from dllm.generate import METHODS
-from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
+from dllm.prefilling.config import (
+    CACHE_MODES,
+    POSITION_MODES,
+    SCORE_MODES,
+    SCORE_TERMS,
+    PrefillingConfig,
+    with_overrides,
+)
 
 ALL = "all"  # top_k=all / token_budget=all: keep every chunk / token (the library's None)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -307,7 +314,7 @@ def parse_model_args(kwargs: dict, model_dir: str | None = None) -> HarnessSetti
         base = PrefillingConfig.from_pretrained(model_dir or values["pretrained"] or default_model_dir())
         fields = {f: values[f] for f in _PREFILLING_FIELDS if f in given}
         try:  # replace, not from_pretrained's overrides: top_k=all (None) must override the file too
-            cfg = dataclasses.replace(base, **fields)
+            cfg = with_overrides(base, fields)
         except (TypeError, ValueError) as exc:
             raise ModelArgsError(f"model_args: {exc}") from None
     return HarnessSettings(values, frozenset(given), cfg)

@@ -28,6 +28,16 @@ def snap_for_chunk_size(snap: int, chunk_size: int, new_chunk_size: int) -> int:
     return snap * new_chunk_size // chunk_size
 
 
+def with_overrides(base: PrefillingConfig, given: dict) -> PrefillingConfig:
+    """``dataclasses.replace(base, **given)`` for settings given over a checkpoint's defaults (the CLI's flags,
+    the harness's model_args): a ``chunk_size`` given without a ``boundary_snap`` carries ``base``'s snap
+    as the same share of the chunk (:func:`snap_for_chunk_size`). Raises what the replace raises."""
+    given = dict(given)
+    if "chunk_size" in given and "boundary_snap" not in given and base.boundary_snap:
+        given["boundary_snap"] = snap_for_chunk_size(base.boundary_snap, base.chunk_size, given["chunk_size"])
+    return dataclasses.replace(base, **given)
+
+
 @dataclass(frozen=True)
 class PrefillingConfig:
     """Configuration of chunked prefill, predictive chunk scoring and two-level sparsity.
