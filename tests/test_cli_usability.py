@@ -380,3 +380,12 @@ def test_eval_names_are_reserved_so_runs_in_the_same_second_do_not_share_a_file(
     monkeypatch.setattr(cli, "_eval", lambda *a: (_ for _ in ()).throw(cli.UserError("no such thing")))
     rc = main(shlex.split("eval passkey --lengths 300 --depths 0.5 --samples 1"))
     assert rc == 2 and not list((files / "runs").glob("eval_*.csv"))
+
+
+def test_encode_with_a_small_chunk_size_carries_the_snap_as_a_share_of_the_chunk(files, capsys):
+    """The bundled defaults snap within 64 of 256 tokens; --chunk-size 64 alone snaps within 16 (not an error
+    about a tolerance the user never set)."""
+    rc, out, err = run_cli(capsys, *shlex.split("encode --context-file doc.txt --out d.cache --chunk-size 64"))
+    assert rc == 0, err
+    n = len(snapped_starts((files / "doc.txt").read_text(), 64, 16))
+    assert f" in {n} chunks of 64 " in out and n > -(-2996 // 64)

@@ -7,7 +7,6 @@ Imports: the other modules of :mod:`dllm.cli` except the command modules, the pu
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from dllm.cli.args import (
@@ -20,7 +19,7 @@ from dllm.cli.args import (
 from dllm.cli.errors import UserError
 from dllm.cli.files import read_document_to_encode
 from dllm.cli.options import as_flags, chunk_fits, progress_bars, timed_load
-from dllm.prefilling.config import PrefillingConfig
+from dllm.prefilling.config import PrefillingConfig, with_overrides
 
 # Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
 EXAMPLES = ("python -m dllm encode --context-file doc.txt --out doc.cache",)
@@ -46,7 +45,7 @@ def cmd_encode(args) -> int:
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
     try:
-        cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+        cfg = with_overrides(base, {k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
         raise UserError(f"encode options: {as_flags(exc)}") from exc
     chunk_fits(cfg.chunk_size, args)
