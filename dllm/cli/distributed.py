@@ -104,7 +104,7 @@ def _encode(args) -> int:
     given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
     if base.boundary_snap:  # the checkpoint snaps by default; the sharded path cuts fixed chunks (said once)
-        if int(os.environ.get("RANK", "0")) == 0:
+        if _rank_env() == 0:
             print(
                 f"note: the checkpoint's boundary_snap={base.boundary_snap} is not sharded yet: fixed chunks of "
                 f"{args.chunk_size or base.chunk_size} tokens under torchrun",
