@@ -2,13 +2,15 @@
 
     python -m bench.long_context [--out DIR | --record] [--lengths 4096 ... 131072]
                                  [--depths 0.1 0.3 0.5 0.7 0.9] [--haystack filler|essays|pydoc|generated]
-                                 [--model DIR] [--config today|scale] [--threads 1]
+                                 [--model DIR] [--config today|scale] [--questions 4] [--threads 1]
 
 For every length and depth a passkey case is generated in the ``--haystack`` (the task's own filler
 by default, or a natural-prose haystack of :mod:`dllm.eval.tasks.prose`), its context is encoded once as a
 :class:`dllm.DocumentCache` (timed: encode seconds) and the canonical question is answered from the
-cache (timed: seconds per question). Reported per cell: whether a kept chunk holds the needle, whether
-the answer is exact, encode seconds, seconds per question, and the peak resident memory of the process.
+cache (timed: seconds per question), in ``--questions`` wordings (the four of
+:data:`bench.document_cache.QUESTIONS`: the canonical one first). Reported per cell: whether a kept
+chunk holds the needle, whether the answer is exact, encode seconds, seconds per question, and the peak
+resident memory of the process.
 
 ``--config today`` is the bundled model's tuned configuration (:data:`bench.demo.TINY_PREFILLING`,
 32 chunks per forward); ``--config scale`` adds the issue-23 knobs (:data:`SCALE`: boundaries snapped to
@@ -32,6 +34,7 @@ import time
 import torch
 
 from bench.demo import TINY_PREFILLING
+from bench.document_cache import QUESTIONS
 from bench.figures import save_figure
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
@@ -40,6 +43,7 @@ from dllm.eval.tasks import make_case, score
 from dllm.eval.tasks.prose import HAYSTACKS
 from dllm.generate import generate
 from dllm.model.loader import load_model
+from dllm.model.tokenization import encode_text
 from dllm.prefilling import PromptParts, encode_document
 
 GEN, STEPS = 8, 8
@@ -66,40 +70,48 @@ def _needle_chunks(doc, case, parts, model) -> set:
     return {j for j, (s, c) in enumerate(zip(doc.chunks.starts, doc.chunks.sizes())) if s < hi and lo < s + c}
 
 
-def run_cell(model, cfg, length: int, depth: float, haystack: str) -> dict:
+def run_cell(model, cfg, length: int, depth: float, haystack: str, questions: int = 1) -> list[dict]:
+    """One document of ``length`` tokens (needle at ``depth``) encoded once and asked the first ``questions``
+    wordings of :data:`QUESTIONS` from its cache: one row per question."""
     tok = None if model.config.vocab_size <= 256 else model.tokenizer
     case = make_case("passkey", length, depth, SEED, tokenizer=tok, haystack=haystack)
     parts = case_inputs(model, case, "prefilling")["prompt"]
     t0 = time.perf_counter()
     doc = encode_document(model, parts.context, prefilling=cfg)
     enc = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    res = generate(
-        model,
-        method="prefilling",
-        prompt=PromptParts(parts.prefix, None, parts.query),
-        document=doc,
-        prefilling=cfg.fit_top_k(len(doc)),
-        gen_length=GEN,
-        steps=STEPS,
-    )
-    ask = time.perf_counter() - t0
-    kept = res.stats.extra["selected_chunks"]
-    return {
-        "length": length,
-        "tokens": len(doc),
-        "depth": depth,
-        "haystack": haystack,
-        "chunks": doc.num_chunks,
-        "encode_s": round(enc, 3),
-        "question_s": round(ask, 4),
-        "answer": res.text[0],
-        "gold": case.answer,
-        "correct": int(score("passkey", res.text[0], case)),
-        "needle_kept": int(bool(_needle_chunks(doc, case, parts, model) & set(kept))),
-        "selected_chunks": " ".join(map(str, kept)),
-        "peak_rss_gib": round(_peak_rss_gib(), 3),
-    }
+    needle = _needle_chunks(doc, case, parts, model)
+    rows = []
+    for qi, q in enumerate(QUESTIONS[:questions]):
+        query = parts.query if q is None else encode_text(model, q)
+        t0 = time.perf_counter()
+        res = generate(
+            model,
+            method="prefilling",
+            prompt=PromptParts(parts.prefix, None, query),
+            document=doc,
+            prefilling=cfg.fit_top_k(len(doc)),
+            gen_length=GEN,
+            steps=STEPS,
+        )
+        ask = time.perf_counter() - t0
+        kept = res.stats.extra["selected_chunks"]
+        rows.append({
+            "length": length,
+            "tokens": len(doc),
+            "depth": depth,
+            "question": qi,
+            "haystack": haystack,
+            "chunks": doc.num_chunks,
+            "encode_s": round(enc, 3),
+            "question_s": round(ask, 4),
+            "answer": res.text[0],
+            "gold": case.answer,
+            "correct": int(score("passkey", res.text[0], case)),
+            "needle_kept": int(bool(needle & set(kept))),
+            "selected_chunks": " ".join(map(str, kept)),
+            "peak_rss_gib": round(_peak_rss_gib(), 3),
+        })  # fmt: skip
+    return rows
 
 
 def summarize(rows: list) -> str:
@@ -119,8 +131,11 @@ def summarize(rows: list) -> str:
     lines += ["", "| context tokens | " + " | ".join(f"depth {d}" for d in sorted({r["depth"] for r in rows})) + " |"]
     lines.append("|---:|" + "---|" * len({r["depth"] for r in rows}))
     for n in lengths:
-        at = sorted((r for r in rows if r["length"] == n), key=lambda r: r["depth"])
-        cells = [f"{r['answer']!r} {'ok' if r['correct'] else 'wrong'} ({r['selected_chunks']})" for r in at]
+        cells = []
+        for d in sorted({r["depth"] for r in rows}):
+            at = sorted((r for r in rows if r["length"] == n and r["depth"] == d), key=lambda r: r["question"])
+            answers = " ".join(f"{r['answer']!r}" + ("" if r["correct"] else " wrong") for r in at)
+            cells.append(f"{sum(r['correct'] for r in at)}/{len(at)}: {answers} (kept {at[0]['selected_chunks']})")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -147,7 +162,7 @@ def plot(rows: list, path: str, title: str) -> None:
     a.plot(lengths, kept, "s--", label="needle chunk kept")
     a.set_xscale("log", base=2)
     a.set_xlabel("context length (tokens)")
-    a.set_ylabel("share of the 5 depths (%)")
+    a.set_ylabel("share of the questions (%)")
     a.set_ylim(-5, 105)
     a.legend()
     b.plot(lengths, sec, "o-")
@@ -165,8 +180,13 @@ def main(argv=None) -> int:
     p.add_argument("--haystack", choices=HAYSTACKS, default="filler")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled tiny model)")
     p.add_argument("--config", choices=sorted(CONFIGS), default="scale")
+    p.add_argument(
+        "--questions", type=int, default=len(QUESTIONS), help=f"wordings asked per document (1-{len(QUESTIONS)})"
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    if not 1 <= args.questions <= len(QUESTIONS):
+        p.error(f"--questions must lie in 1..{len(QUESTIONS)}, got {args.questions}")
     if not all(0.0 <= d <= 1.0 for d in args.depths):
         p.error(f"--depths must lie in 0..1, got {args.depths}")
     if any(n < 1 for n in args.lengths):
@@ -180,11 +200,11 @@ def main(argv=None) -> int:
     rows = []
     for n in args.lengths:
         for d in args.depths:
-            rows.append(run_cell(model, cfg, n, d, args.haystack))
-            r = rows[-1]
+            cell = run_cell(model, cfg, n, d, args.haystack, args.questions)
+            rows += cell
             print(
-                f"  {n} tokens depth {d}: {r['answer']!r} {'ok' if r['correct'] else 'wrong'}, "
-                f"encode {r['encode_s']:.1f} s, question {r['question_s']:.2f} s",
+                f"  {n} tokens depth {d}: {[r['answer'] for r in cell]} {sum(r['correct'] for r in cell)}/{len(cell)}"
+                f", encode {cell[0]['encode_s']:.1f} s, question {cell[0]['question_s']:.2f} s",
                 flush=True,
             )
     os.makedirs(out, exist_ok=True)
@@ -200,7 +220,9 @@ def main(argv=None) -> int:
         time.perf_counter() - t0,
         [
             f"Model: {args.model or 'bundled tiny-dream'}; haystack: {args.haystack}; configuration `{args.config}`: "
-            f"{cfg}; {GEN} response tokens, {STEPS} steps; one question (the canonical one) per cell; "
+            f"{cfg}; {GEN} response tokens, {STEPS} steps; {args.questions} question(s) per document (wordings of "
+            f"bench.document_cache.QUESTIONS, the canonical one first; depth cells: exact answers, the answers, "
+            f"the first question's kept chunks); "
             f"{args.threads} torch thread(s) on a shared, loaded 2-core machine: seconds are indicative.",
             summarize(rows),
             "![accuracy and seconds per question against context length](long_context.png)",

@@ -6,7 +6,8 @@ the bundled tiny model: speed vs context length, the lost-in-the-middle heatmaps
 the chunk-size trade-off, each under its own time budget (cells that would overrun are
 skipped and listed); each runs one untimed warm-up case first and reports it apart. Then the
 document cache (questions from a cached 16K-token document vs fresh runs, a 128K-token
-document; --scale below 1 shrinks both documents), batching, and the chunk-parallel encoding of a 256K-token
+document; --scale below 1 shrinks both documents), the long-context study (4K to 128K tokens, 5 depths x 4
+questions, in the filler and in the held-out essays), batching, and the chunk-parallel encoding of a 256K-token
 document by 1 vs 2 gloo processes beside its 1-8 H200 prediction (in a process of its own, which starts
 its ranks; --scale below 1 shrinks the document). CSVs (with
 provenance columns), Markdown tables, PNGs and ``SUMMARY.md`` (the tables with the command and
@@ -24,11 +25,21 @@ import time
 
 import torch
 
-from bench import batching, chunk_tradeoff, distributed, document_cache, e2e_speed, lost_in_middle
+from bench import batching, chunk_tradeoff, distributed, document_cache, e2e_speed, long_context, lost_in_middle
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
 
-STUDIES = ("kernels", "e2e_speed", "lost_in_middle", "chunk_tradeoff", "document_cache", "batching", "distributed")
+STUDIES = (
+    "kernels",
+    "e2e_speed",
+    "lost_in_middle",
+    "chunk_tradeoff",
+    "document_cache",
+    "long_context",
+    "batching",
+    "distributed",
+)
+LONG_CONTEXT_LENGTHS = (4096, 16384, 32768, 131072)
 
 
 def main(argv=None) -> int:
@@ -76,6 +87,13 @@ def main(argv=None) -> int:
             + ["--long-length", str(max(4096, int(131072 * shrink)))]
         )
         done.append("document_cache.md")
+    if "long_context" in args.only:
+        shrink = min(1.0, args.scale)
+        lengths = sorted({str(max(2048, int(n * shrink))) for n in LONG_CONTEXT_LENGTHS}, key=int)
+        for haystack in ("filler", "essays"):  # one folder each: the study writes fixed file names
+            sub = os.path.join(out, f"long_context_{haystack}")
+            long_context.main(["--out", sub, "--haystack", haystack, "--lengths", *lengths, "--threads", "2"])
+            done.append(f"long_context_{haystack}/long_context.md")
     if "batching" in args.only:
         shrink = min(1.0, args.scale)
         lengths = [str(max(1024, int(n * shrink))) for n in batching.LENGTHS]

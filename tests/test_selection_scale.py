@@ -352,8 +352,12 @@ def test_benches_write_their_reports(tmp_path):
     assert "Candidate count used: " in md and "| single | 6 |" in md
     out = tmp_path / "l"
     assert (
-        long_context.main(["--out", str(out), "--lengths", "512", "1024", "--depths", "0.5", "--config", "today"]) == 0
+        long_context.main(
+            ["--out", str(out), "--lengths", "512", "1024", "--depths", "0.5", "--config", "today", "--questions", "2"]
+        )
+        == 0
     )
     rows = list(csv.DictReader(open(out / "long_context.csv")))
-    assert [int(r["length"]) for r in rows] == [512, 1024] and all(r["commit"] for r in rows)
+    assert [(int(r["length"]), int(r["question"])) for r in rows] == [(512, 0), (512, 1), (1024, 0), (1024, 1)]
+    assert all(r["commit"] for r in rows) and len({r["encode_s"] for r in rows if r["length"] == "1024"}) == 1
     assert (out / "long_context.png").stat().st_size > 0 and "| 1024 |" in (out / "long_context.md").read_text()

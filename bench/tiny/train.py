@@ -224,6 +224,17 @@ def copy_tune() -> tuple[tuple[float, Layout], ...]:
     return _prose_layouts((0.1, 0.35, 0.7, 0.85), COPY_TASKS, 0.6)
 
 
+WORD_STEPS = 1000
+WORD_TASKS = {"word_fact": 0.6, "number_string": 0.25, "passkey": 0.15}
+
+
+def word_tune() -> tuple[tuple[float, Layout], ...]:
+    """Phase 11's mix: phase 9's layouts on short contexts, weighted to word facts (:data:`WORD_TASKS`):
+    10% copy strings (letters and digits), 45% dense and 25% chunked answers, 10% + 10% query-only masking
+    beside chunk sets with and without the needle."""
+    return _prose_layouts((0.1, 0.55, 0.8, 0.9), WORD_TASKS, 0.3)
+
+
 # Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new
 # shape every step cost 2-4 s of a ~1.5 s step in a probe.
 PHASES: tuple[Phase, ...] = (
@@ -299,6 +310,13 @@ PHASES: tuple[Phase, ...] = (
           "(exact 51%: pass keys and number strings one or two digits off, word facts 0%); from the phase-9 "
           "weights with a fresh optimizer and a lower peak, more chunked answers (the static-KV layout of "
           "the decode) on number strings and word facts, 30% query-only masking kept for the selection signal"),
+    Phase(14000 + PROSE_STEPS + COPY_STEPS, 14000 + PROSE_STEPS + COPY_STEPS + WORD_STEPS, (7e-4, 50),
+          (192, 256, 384, 512), mix=word_tune(), tasks=None, trial=True,
+          why="the word-fact fine-tune (issue 22), run with --phase 11 --init <phase-9 checkpoint>: phases 9-10 "
+          "left word facts at 0% even dense at 1K (2.5 nats per answer character with every answer character "
+          "masked, on training cases: the model never learned to find a word after its anchor phrase). The "
+          "recipe that formed the digit lookup in phase 1: short contexts (the needle near the query), a "
+          "higher peak, most samples on the missing skill"),
 )  # fmt: skip
 assert all(a.end == b.first for a, b in zip(PHASES, PHASES[1:])) and PHASES[0].first == 0 and PHASES[0].lr
 BUNDLED_STEPS = max(p.end for p in PHASES if not p.trial)
