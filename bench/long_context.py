@@ -6,9 +6,9 @@
 
 For every length and depth a passkey case is generated in the ``--haystack`` (the task's own filler
 by default, or a natural-prose haystack of :mod:`dllm.eval.tasks.prose`), its context is encoded once as a
-:class:`dllm.DocumentCache` (timed: encode seconds) and the canonical question is answered from the
-cache (timed: seconds per question), in ``--questions`` wordings (the four of
-:data:`bench.document_cache.QUESTIONS`: the canonical one first). Reported per cell: whether a kept
+:class:`dllm.DocumentCache` (timed: encode seconds) and asked ``--questions`` wordings of the question
+from the cache (timed: seconds per question; the four of :data:`bench.document_cache.QUESTIONS`, the
+canonical one first). Reported per cell: whether a kept
 chunk holds the needle, whether the answer is exact, encode seconds, seconds per question, and the peak
 resident memory of the process.
 

@@ -90,10 +90,11 @@ def main(argv=None) -> int:
     if "long_context" in args.only:
         shrink = min(1.0, args.scale)
         lengths = sorted({str(max(2048, int(n * shrink))) for n in LONG_CONTEXT_LENGTHS}, key=int)
-        for haystack in ("filler", "essays"):  # one folder each: the study writes fixed file names
-            sub = os.path.join(out, f"long_context_{haystack}")
-            long_context.main(["--out", sub, "--haystack", haystack, "--lengths", *lengths, "--threads", "2"])
-            done.append(f"long_context_{haystack}/long_context.md")
+        # the study writes fixed file names: filler beside the others, essays in the folder bench/results uses
+        for haystack, sub in (("filler", ""), ("essays", "long_context_essays")):
+            folder = os.path.join(out, sub)
+            long_context.main(["--out", folder, "--haystack", haystack, "--lengths", *lengths, "--threads", "2"])
+            done.append(os.path.join(sub, "long_context.md"))
     if "batching" in args.only:
         shrink = min(1.0, args.scale)
         lengths = [str(max(1024, int(n * shrink))) for n in batching.LENGTHS]

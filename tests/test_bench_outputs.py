@@ -121,3 +121,19 @@ def test_small_demo_warms_up_and_writes_only_its_folder(tmp_path, monkeypatch):
     md = (out / "demo.md").read_text()
     assert "Start-up, not in the table: model load" in md and "per method: prefilling" in md
     assert "First case / row median:" in md
+
+
+def test_run_all_writes_long_context_where_bench_results_keeps_it(monkeypatch, tmp_path):
+    """make bench's long-context study: filler beside the other reports, essays in long_context_essays/
+    (the layout of bench/results), lengths shrunk by --scale."""
+    import bench.run_all as run_all
+
+    calls = []
+    monkeypatch.setattr(run_all.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(run_all.long_context, "main", lambda argv: calls.append(argv) or 0)
+    assert run_all.main(["--out", str(tmp_path), "--only", "long_context", "--scale", "0.25"]) == 0
+    got = [
+        (a[a.index("--haystack") + 1], Path(a[a.index("--out") + 1]), a[a.index("--lengths") + 1 : -2]) for a in calls
+    ]
+    lengths = ["2048", "4096", "8192", "32768"]  # 4K, 16K, 32K, 128K x 0.25, at least 2048
+    assert got == [("filler", tmp_path, lengths), ("essays", tmp_path / "long_context_essays", lengths)]
