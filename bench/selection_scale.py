@@ -3,13 +3,13 @@ a cheap first stage (issue 23, items 1-3).
 
     python -m bench.selection_scale [--out DIR | --record] [--long-length 131072]
                                     [--depths 0.1 0.3 0.5 0.7 0.9] [--straddle-length 16384]
-                                    [--offsets 2 6 12 16 20 24 32 40 48] [--model DIR]
+                                    [--offsets 2 6 12 16 20 24 32 40 48] [--snap 48] [--model DIR]
 
 Part 1 (``straddle``): passkey documents whose needle starts ``k`` characters before a boundary of
 the fixed C-token cut (tokens are characters for the bundled model), for every ``k`` of
 ``--offsets``, answered fresh with today's configuration (:data:`BASE`) and with chunk boundaries
-snapped to sentence ends (``boundary_snap``, :data:`SNAP`); chunks encoded and tokens encoded are
-reported (the encoding cost).
+snapped to sentence ends (``boundary_snap`` of ``--snap`` tokens, :data:`SNAP` by default); chunks
+encoded and tokens encoded are reported (the encoding cost).
 
 Part 2 (``long``): for each depth, a ``--long-length``-token passkey document is encoded once (fixed
 chunks, and once more with snapped boundaries) and asked four questions with: today's configuration,
@@ -66,10 +66,11 @@ def _ask(model, parts, cfg, document=None, query=None):
     return res, time.perf_counter() - t0
 
 
-def straddle(model, length: int, offsets: list, needles: list | None = None) -> list:
-    """Part 1: the needle starting ``k`` characters before a fixed-cut boundary, today vs snapped."""
+def straddle(model, length: int, offsets: list, needles: list | None = None, snap: int = SNAP_TOL) -> list:
+    """Part 1: the needle starting ``k`` characters before a fixed-cut boundary, today vs snapped by ``snap`` tokens."""
     rows = []
     c = BASE.chunk_size
+    snapped = dataclasses.replace(BASE, boundary_snap=snap)
     for i, (needle_kind, k) in enumerate((n, k) for n in (needles or NEEDLES) for k in offsets):
         case = make_case("passkey", length, 0.5, SEED + 100 + i, tokenizer=None)
         ctx, ns, ne = case.context, case.needle_start, case.needle_end
@@ -82,7 +83,7 @@ def straddle(model, length: int, offsets: list, needles: list | None = None) -> 
         ns, ne = ns - d, ne - d
         case = dataclasses.replace(case, context=ctx[: case.length], needle_start=ns, needle_end=ne)
         parts = case_inputs(model, case, "prefilling")["prompt"]
-        for name, cfg in (("today", BASE), ("snap", SNAP)):
+        for name, cfg in (("today", BASE), ("snap", snapped)):
             res, sec = _ask(model, parts, cfg)
             doc_chunks = res.stats.extra["num_chunks"]
             kept = res.stats.extra["selected_chunks"]
@@ -332,6 +333,7 @@ def main(argv=None) -> int:
     p.add_argument("--straddle-length", type=int, default=16384)
     p.add_argument("--offsets", type=int, nargs="+", default=[2, 6, 12, 16, 20, 24, 32, 40, 48])
     p.add_argument("--needles", nargs="+", choices=sorted(NEEDLES), default=sorted(NEEDLES))
+    p.add_argument("--snap", type=int, default=SNAP_TOL, help="boundary_snap of the straddle part's snapped runs")
     p.add_argument("--skip-long", action="store_true")
     p.add_argument("--skip-straddle", action="store_true")
     p.add_argument("--threads", type=int, default=1)
@@ -345,7 +347,7 @@ def main(argv=None) -> int:
         long_rows, n = long_documents(model, args.long_length, args.depths)
         rows += long_rows
     if not args.skip_straddle:
-        rows += straddle(model, args.straddle_length, args.offsets, args.needles)
+        rows += straddle(model, args.straddle_length, args.offsets, args.needles, args.snap)
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "selection_scale.csv"), rows, "cpu")
     write_report(
@@ -358,7 +360,7 @@ def main(argv=None) -> int:
         time.perf_counter() - t0,
         [
             f"Today's configuration: {BASE}; {GEN} response tokens, {STEPS} steps. "
-            f"New knobs: boundary_snap={SNAP_TOL}, "
+            f"New knobs: boundary_snap={SNAP_TOL} (straddle part: {args.snap}), "
             f"redundancy_threshold={REDUNDANCY}, candidates derived below. Timings on a loaded 2-core machine with "
             f"{args.threads} torch thread(s): indicative; the ratios are side by side.",
             summarize(rows, n),

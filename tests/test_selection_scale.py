@@ -361,3 +361,18 @@ def test_benches_write_their_reports(tmp_path):
     assert [(int(r["length"]), int(r["question"])) for r in rows] == [(512, 0), (512, 1), (1024, 0), (1024, 1)]
     assert all(r["commit"] for r in rows) and len({r["encode_s"] for r in rows if r["length"] == "1024"}) == 1
     assert (out / "long_context.png").stat().st_size > 0 and "| 1024 |" in (out / "long_context.md").read_text()
+
+
+def test_straddle_snap_flag_moves_the_cut_off_the_needle(tmp_path):
+    """--snap sets the straddle part's tolerance: with 64 tokens a needle cut 6 characters after its start is whole."""
+    import csv
+
+    from bench import selection_scale
+
+    out = tmp_path / "s"
+    argv = ["--out", str(out), "--skip-long", "--straddle-length", "1024", "--offsets", "6", "--needles", "single"]
+    assert selection_scale.main([*argv, "--snap", "64"]) == 0
+    rows = {r["config"]: r for r in csv.DictReader(open(out / "selection_scale.csv"))}
+    # the fixed cut falls 6 characters into the needle; a sentence end lies within 64 tokens before it
+    assert rows["today"]["needle_whole_in_a_chunk"] == "0" and rows["snap"]["needle_whole_in_a_chunk"] == "1"
+    assert "(straddle part: 64)" in (out / "selection_scale.md").read_text()
