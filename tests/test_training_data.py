@@ -246,3 +246,36 @@ def test_gpu_train_script_dry_runs_on_cpu_and_resumes(tmp_path):
     assert a.keys() == b.keys()
     diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert 0 < diff < 0.05  # two small warm-up steps away from the phase-7 weights
+
+
+def test_size_flags_train_a_model_of_that_shape_and_init_keeps_its_own(tmp_path):
+    """--hidden-size/--layers/--heads/--kv-heads/--intermediate-size size a model trained from scratch; the
+    checkpoint written says so and loads; a size flag against an --init checkpoint's is an error."""
+    import json
+
+    from dllm.model.loader import load_model
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    size = ["--hidden-size", "96", "--layers", "2", "--heads", "6", "--kv-heads", "3", "--intermediate-size", "160"]
+    small = ["--no-bf16", "--window", "256", "--token-budget", "256", "--threads", "1", "--stop-at", "1"]
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng():  # train seeds torch's global generator and sets its thread count
+            train.main(["--out", str(out), "--work", str(work), *size, *small])
+    finally:
+        torch.set_num_threads(threads)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (96, 2, 6)
+    assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["max_window_layers"]) == (3, 160, 2)
+    model = load_model(str(out))
+    c = model.config
+    assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (96, 2, 6, 3, 16)
+    # parameters of a Dream layer by hand: q/k/v with bias, o without, SwiGLU, two RMSNorms
+    d, f, kv, v = 96, 160, 3 * 16, cfg["vocab_size"]
+    layer = (d * d + d) + 2 * (d * kv + kv) + d * d + 3 * d * f + 2 * d
+    assert sum(p.numel() for p in model.parameters()) == 2 * layer + 2 * v * d + d
+    assert train.arch_of(parse_args(["--init", str(out)]))["hidden_size"] == 96  # --init's size
+    with pytest.raises(SystemExit, match="--layers 4 differs from --init's num_hidden_layers 2"):
+        train.arch_of(parse_args(["--init", str(out), "--layers", "4"]))
+    with pytest.raises(SystemExit, match="must divide"):
+        train.arch_of(parse_args(["--hidden-size", "100", "--heads", "8"]))

@@ -4,7 +4,9 @@
 
 Model: Dream/Qwen2 layout (shifted logits, GQA 8/2 heads, RoPE, q/k/v bias,
 SwiGLU, untied head), 4 layers x 256 wide, ~2.9M parameters, character-level
-vocabulary. Objective (LLaDA / Dream masked diffusion): draw t ~ U(t_min, 1),
+vocabulary; ``--hidden-size``, ``--layers``, ``--heads``, ``--kv-heads`` and
+``--intermediate-size`` size a model trained from scratch (with ``--init`` the checkpoint's
+size is kept: :func:`arch_of`). Objective (LLaDA / Dream masked diffusion): draw t ~ U(t_min, 1),
 mask each eligible token with probability t, predict the masked tokens. Per-sequence
 loss = mean cross-entropy over the sequence's masked tokens, then mean over the batch:
 each sequence weighs the same however few answer tokens it has (a batch-mean loss drowned
@@ -63,7 +65,45 @@ ARCH = dict(
 )
 
 
-def dream_config_json(vocab_size: int, window: int) -> dict:
+# the flags that size a model trained from scratch (--init takes the size of its checkpoint)
+ARCH_FLAGS = {
+    "hidden_size": "--hidden-size",
+    "intermediate_size": "--intermediate-size",
+    "num_hidden_layers": "--layers",
+    "num_attention_heads": "--heads",
+    "num_key_value_heads": "--kv-heads",
+}
+
+
+def arch_of(args) -> dict:
+    """The architecture to train: :data:`ARCH`, then the ``--init`` checkpoint's sizes, then the size flags.
+
+    Raises:
+        SystemExit: a size flag that contradicts the ``--init`` checkpoint, or widths that do not divide
+            (hidden size by query heads, query heads by KV heads).
+    """
+    arch = dict(ARCH)
+    init = {}
+    if getattr(args, "init", None):
+        with open(os.path.join(args.init, "config.json")) as f:
+            init = {k: v for k, v in json.load(f).items() if k in ARCH}
+        arch |= init
+    for key, flag in ARCH_FLAGS.items():
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        if key in init and init[key] != value:
+            raise SystemExit(f"error: {flag} {value} differs from --init's {key} {init[key]}")
+        arch[key] = value
+    if arch["hidden_size"] % arch["num_attention_heads"] or arch["num_attention_heads"] % arch["num_key_value_heads"]:
+        raise SystemExit(
+            f"error: --hidden-size {arch['hidden_size']} must divide into --heads {arch['num_attention_heads']}, "
+            f"which must divide into --kv-heads {arch['num_key_value_heads']}"
+        )
+    return arch
+
+
+def dream_config_json(vocab_size: int, window: int, arch: dict = ARCH) -> dict:
     """config.json in Dream-v0's own format (same fields as tests/data/reference/dream-v0-7b)."""
     return {
         "architectures": ["DreamModel"],
@@ -76,7 +116,7 @@ def dream_config_json(vocab_size: int, window: int) -> dict:
         "hidden_act": "silu",
         "initializer_range": 0.02,
         "max_position_embeddings": window,
-        "max_window_layers": ARCH["num_hidden_layers"],
+        "max_window_layers": arch["num_hidden_layers"],
         "rope_scaling": None,
         "sliding_window": None,
         "tie_word_embeddings": False,
@@ -85,22 +125,22 @@ def dream_config_json(vocab_size: int, window: int) -> dict:
         "use_mrope": False,
         "use_sliding_window": False,
         "vocab_size": vocab_size,
-        **ARCH,
+        **arch,
     }
 
 
-def model_config(vocab_size: int) -> ModelConfig:
+def model_config(vocab_size: int, arch: dict = ARCH) -> ModelConfig:
     return ModelConfig(
         family="dream",
         vocab_size=vocab_size,
-        hidden_size=ARCH["hidden_size"],
-        intermediate_size=ARCH["intermediate_size"],
-        num_layers=ARCH["num_hidden_layers"],
-        num_heads=ARCH["num_attention_heads"],
-        num_kv_heads=ARCH["num_key_value_heads"],
-        head_dim=ARCH["hidden_size"] // ARCH["num_attention_heads"],
-        rope_theta=ARCH["rope_theta"],
-        rms_norm_eps=ARCH["rms_norm_eps"],
+        hidden_size=arch["hidden_size"],
+        intermediate_size=arch["intermediate_size"],
+        num_layers=arch["num_hidden_layers"],
+        num_heads=arch["num_attention_heads"],
+        num_kv_heads=arch["num_key_value_heads"],
+        head_dim=arch["hidden_size"] // arch["num_attention_heads"],
+        rope_theta=arch["rope_theta"],
+        rms_norm_eps=arch["rms_norm_eps"],
         qkv_bias=True,
         tie_word_embeddings=False,
         shift_logits=True,
@@ -536,8 +576,8 @@ def make_batch(samples, modes, gen: torch.Generator, length: int, t_min: float =
 # ---- training -----------------------------------------------------------------------------------------
 
 
-def _init_model(vocab: int) -> DiffusionLM:
-    model = DiffusionLM(model_config(vocab))
+def _init_model(vocab: int, arch: dict = ARCH) -> DiffusionLM:
+    model = DiffusionLM(model_config(vocab, arch))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:
@@ -558,7 +598,9 @@ def train(args):
     tok = save_char_tokenizer(args.out)
     vocab = len(tok)
     assert tok.mask_token_id == data.MASK and tok.bos_token_id == data.BOS, SPECIALS
-    model = _init_model(vocab)
+    args.arch = arch_of(args)
+    model = _init_model(vocab, args.arch)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {args.arch}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     essays = data.EssayStream()
     ckpt = os.path.join(args.work, "train_state.pt")
@@ -631,7 +673,7 @@ def train(args):
 def export(model, args, vocab):
     """Write config.json + model.safetensors (fp32) into args.out (tokenizer files are already there)."""
     with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(dream_config_json(vocab, args.window), f, indent=2)
+        json.dump(dream_config_json(vocab, args.window, args.arch), f, indent=2)
     with open(os.path.join(args.out, "generation_config.json"), "w") as f:
         json.dump(
             {
@@ -690,6 +732,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="train only this phase, over its table steps (its own warm-up and cosine); with --init",
     )  # fmt: skip
     p.add_argument("--init", default=None, help="start from this checkpoint's weights (a fresh optimizer)")
+    size = p.add_argument_group("model size (from scratch; default the bundled model's, or --init's)")
+    for key, flag in ARCH_FLAGS.items():
+        size.add_argument(flag, dest=key, type=int, default=None, help=f"{key} (bundled: {ARCH[key]})")
     return p.parse_args(argv)
 
 
