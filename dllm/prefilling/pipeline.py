@@ -33,9 +33,9 @@ import torch
 
 import triton_kernels
 from dllm.decode.policies import PrefillingPolicy
-from dllm.model.devices import same_device
+from dllm.model.devices import check_ids_for_model
 from dllm.model.kv_cache import Segment, StaticKVCache
-from dllm.prefilling.chunks import ChunkCache, chunk_spans, encode_chunks_rows, encode_segment, pad_token_id
+from dllm.prefilling.chunks import ChunkCache, chunk_spans, encode_chunks_as_configured, encode_segment
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
@@ -215,12 +215,7 @@ def check_parts(model, parts: PromptParts, document: DocumentCache | None) -> Pr
             raise ValueError(f"prompt.{name} must be a 1-D tensor of token ids")
         if t.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"prompt.{name} must hold int64 token ids, got {t.dtype}")
-        if t.numel() and not same_device(t.device, model.device):
-            raise ValueError(f"prompt.{name} is on {t.device} but the model is on {model.device}")
-        if (t == model.mask_token_id).any():
-            raise ValueError(f"prompt.{name} contains the mask token id {model.mask_token_id}")
-        if t.numel() and (t.min() < 0 or t.max() >= model.config.vocab_size):  # as generate.check_prompt
-            raise ValueError(f"prompt.{name} token ids must be in [0, {model.config.vocab_size})")
+        check_ids_for_model(model, t, f"prompt.{name} is", f"prompt.{name} contains", f"prompt.{name}")
         out.append(t.to(model.device).long())
     parts = PromptParts(*out)
     if parts.context is not None and parts.context.numel() == 0:
@@ -295,16 +290,8 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
     chunks, nfe_row = [None] * len(parts), [0] * len(parts)
     nfe = 0
     if fresh:
-        caches, nfe, counts = encode_chunks_rows(
-            model,
-            [parts[b].context for b in fresh],
-            cfg.chunk_size,
-            bos_id=bos,
-            pad_id=pad_token_id(model, bos),
-            batch=cfg.prefill_batch,
-            progress=progress,
-            boundary_snap=cfg.boundary_snap,
-        )
+        contexts = [parts[b].context for b in fresh]
+        caches, nfe, counts = encode_chunks_as_configured(model, contexts, cfg, bos, progress=progress)
         for b, cache, count in zip(fresh, caches, counts):
             chunks[b], nfe_row[b] = cache, count
     for b, doc in enumerate(documents):
