@@ -81,6 +81,31 @@ class Selection:
     pseudo_labels: list[int] | None
     nfe: int
 
+    def write_stats(self, extra: dict) -> None:
+        """Put this selection's entries of ``stats.extra`` into ``extra`` (a request's, or the sharded run's).
+
+        ``pseudo_labels`` (when drafted), ``selected_chunks``; when chunks were scored, the kept chunks'
+        ``chunk_scores``, the score terms that were computed (``s_I``, ``s_P``, ``s_C``; one that was not is
+        removed from ``extra``), ``all_chunk_scores`` (None for the chunks a first stage left out, which were
+        not scored) and then ``candidate_chunks``.
+        """
+        if self.pseudo_labels is not None:
+            extra["pseudo_labels"] = self.pseudo_labels
+        extra["selected_chunks"] = self.kept
+        if self.scores is None:
+            return
+        s = self.scores
+        extra["chunk_scores"] = [round(float(s.total[j]), 4) for j in self.kept]
+        for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
+            if term is not None:
+                extra[name] = [round(float(term[j]), 4) for j in self.kept]
+            else:
+                extra.pop(name, None)
+        extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
+        if s.candidates is not None:
+            extra["all_chunk_scores"] = [None if x == float("-inf") else x for x in extra["all_chunk_scores"]]
+            extra["candidate_chunks"] = s.candidates
+
 
 @dataclass
 class RowCache:
@@ -122,24 +147,16 @@ class RowSetup:
             "anchor_token_id": pre.anchor_token_id,
             "anchor_source": pre.anchor_source,
         }
-        if sel.pseudo_labels is not None:
-            extra["pseudo_labels"] = sel.pseudo_labels
-        extra["selected_chunks"] = sel.kept
-        if sel.scores is not None:
-            s = sel.scores
-            extra["chunk_scores"] = [round(float(s.total[j]), 4) for j in sel.kept]
-            for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
-                if term is not None:
-                    extra[name] = [round(float(term[j]), 4) for j in sel.kept]
-            # chunks the first stage left out were not scored: None
-            extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
-            if s.candidates is not None:  # the chunks the first stage left out were not scored: None
-                extra["all_chunk_scores"] = [None if x == float("-inf") else x for x in extra["all_chunk_scores"]]
-                extra["candidate_chunks"] = s.candidates
+        sel.write_stats(extra)
         extra["cached_tokens"] = cached_tokens
         if pre.from_document:
             extra["document"] = True
         return extra
+
+
+def _first_row(name: str, doc: str) -> property:
+    """``PrefillingSetup.<name>``: ``rows[0].<name>``, read-only (four such views, one definition)."""
+    return property(lambda self: getattr(self.rows[0], name), doc=doc)
 
 
 @dataclass
@@ -158,22 +175,11 @@ class PrefillingSetup:
     policy: PrefillingPolicy
     batched: bool = False
 
-    # the single-request view (the first row)
-    @property
-    def parts(self) -> PromptParts:
-        return self.rows[0].parts
-
-    @property
-    def prefill(self) -> Prefill:
-        return self.rows[0].prefill
-
-    @property
-    def selection(self) -> Selection:
-        return self.rows[0].selection
-
-    @property
-    def row(self) -> RowCache:
-        return self.rows[0].row
+    # the single-request view: the first row's
+    parts = _first_row("parts", "The first row's :class:`PromptParts`.")
+    prefill = _first_row("prefill", "The first row's :class:`Prefill`.")
+    selection = _first_row("selection", "The first row's :class:`Selection`.")
+    row = _first_row("row", "The first row's :class:`RowCache`.")
 
     def row_stats(self) -> list:
         """Each row's ``stats.extra`` (:meth:`RowSetup.stats`)."""
