@@ -393,6 +393,28 @@ def _answer(model, res, case) -> dict:
     }
 
 
+def run_ranks(target, world: int, args: tuple, timeout_s: float) -> tuple[list, int]:
+    """Run ``target(rank, *args)`` for ranks ``0 .. world - 1`` in processes started by :data:`START_METHOD`.
+
+    Waits ``timeout_s`` seconds for all of them together, then kills those still running.
+
+    Returns:
+        (the processes in rank order, all ended: read their ``exitcode``; how many were killed).
+    """
+    ctx = mp.get_context(START_METHOD)
+    procs = [ctx.Process(target=target, args=(r, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+        p.join(5)
+    return procs, len(alive)
+
+
 def run_group(world: int, length: int, rounds: int, timeout_s: float) -> list[dict]:
     """Start ``world`` gloo ranks of :func:`_worker` (fork where available, else spawn), wait for them at most
     ``timeout_s`` seconds (then kill them), and return each rank's result.
@@ -402,20 +424,9 @@ def run_group(world: int, length: int, rounds: int, timeout_s: float) -> list[di
     """
     with tempfile.TemporaryDirectory(prefix="dllm-bench-dist-") as tmp:
         init_file = os.path.join(tmp, "init")
-        ctx = mp.get_context(START_METHOD)
-        args = (world, init_file, tmp, length, rounds, timeout_s)
-        procs = [ctx.Process(target=_worker, args=(r, *args)) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-            p.join(5)
-        if alive:
-            raise RuntimeError(f"{len(alive)} rank(s) still running after {timeout_s:.0f} s: killed")
+        procs, killed = run_ranks(_worker, world, (world, init_file, tmp, length, rounds, timeout_s), timeout_s)
+        if killed:
+            raise RuntimeError(f"{killed} rank(s) still running after {timeout_s:.0f} s: killed")
         results = []
         for r, p in enumerate(procs):
             path = os.path.join(tmp, f"rank{r}.json")

@@ -28,7 +28,7 @@ from dllm.decode.policies import DensePolicy, PrefixCachePolicy
 from dllm.decode.step_graph import cuda_graph_support
 from dllm.decode.timer import PhaseTimer
 from dllm.decode.unmasking import UnmaskingConfig
-from dllm.model.devices import same_device
+from dllm.model.devices import check_ids_for_model
 from dllm.model.tokenization import decode_text
 from dllm.prefilling.pipeline import build_prefilling_policy
 
@@ -102,12 +102,7 @@ def check_prompt(model, input_ids: torch.Tensor) -> torch.Tensor:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be a non-empty [B, L] tensor, got shape {tuple(input_ids.shape)}")
-    if not same_device(input_ids.device, model.device):
-        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}")
-    if (input_ids == model.mask_token_id).any():
-        raise ValueError(f"the prompt contains the mask token id {model.mask_token_id}")
-    if input_ids.min() < 0 or input_ids.max() >= model.config.vocab_size:
-        raise ValueError(f"prompt token ids must be in [0, {model.config.vocab_size})")
+    check_ids_for_model(model, input_ids, "input_ids are", "the prompt contains", "prompt")
     return input_ids.long()
 
 

@@ -18,7 +18,6 @@ import torch
 
 import dllm
 import dllm.prefilling.chunks
-import dllm.prefilling.pipeline
 from dllm.cli import build_parser, main
 from dllm.cli.generate import _chunk_char_spans, _one_line_answer
 from dllm.prefilling import PrefillingConfig
@@ -113,7 +112,6 @@ def _count_chunk_encodings(monkeypatch) -> list:
         return real(*a, **k)
 
     monkeypatch.setattr(dllm.prefilling.chunks, "encode_chunks_rows", counting)
-    monkeypatch.setattr(dllm.prefilling.pipeline, "encode_chunks_rows", counting)
     return calls
 
 

@@ -13,10 +13,10 @@ import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import dllm
 import dllm.distributed as dd
+from bench.distributed import run_ranks
 from dllm.eval.tasks import make_case
 from dllm.prefilling import PrefillingConfig, PromptParts, score_and_select
 
@@ -153,20 +153,11 @@ def _spawn(world, out_dir, timeout=TIMEOUT_S):
     """Run :func:`_worker` on ``world`` gloo ranks (processes started by the test); each rank's results and
     exit code (every rank killed on timeout)."""
     init_file = os.path.join(out_dir, "init")
-    # fork where there is one: a spawned rank imports torch afresh (~5 CPU-seconds each, minutes on a loaded
-    # 2-core machine); a forked one starts with the test's torch and model (one intra-op thread, no CUDA)
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    procs = [ctx.Process(target=_worker, args=(r, world, init_file, str(out_dir))) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-        p.join(5)
-    assert not alive, f"{len(alive)} rank(s) still running after {timeout} s"
+    # forked where fork exists (run_ranks' START_METHOD): a spawned rank imports torch afresh (~5 CPU-seconds
+    # each, minutes on a loaded 2-core machine); a forked one starts with the test's torch and model (one
+    # intra-op thread, no CUDA)
+    procs, killed = run_ranks(_worker, world, (world, init_file, str(out_dir)), timeout)
+    assert not killed, f"{killed} rank(s) still running after {timeout} s"
     results = []
     for r in range(world):
         f = os.path.join(out_dir, f"rank{r}.pt")

@@ -199,24 +199,24 @@ def test_estimator_is_unbiased_for_a_model_that_ignores_the_other_continuation_t
     elbo, var_by_l = _exact_elbo(table, stub.mask_token_id, ctx, cont)
     assert elbo == pytest.approx(exact, abs=1e-6)
     assert var_by_l[len(cont)] == pytest.approx(0.0, abs=1e-9)  # all masked: one value
-    samples = 5 * 40
+    got, se = _estimate(stub, ctx, cont, var_by_l, samples=5 * 40, batch_size=64, seed=1)
+    assert stub.calls == 4  # ceil(200 / 64) forwards
+    assert se > 0.05 and abs(got - exact) < 4.5 * se, (got, exact, se)
+
+
+def _estimate(stub, ctx, cont, var_by_l, *, samples, batch_size, seed):
+    """The estimator on token lists ``ctx``/``cont`` (seeded), and the standard error of the stratified mean
+    (every l drawn samples / L times, weight 1/L each) that it should land within."""
     got = masked_diffusion_loglikelihood(
         stub,
         torch.tensor(ctx),
         torch.tensor(cont),
         samples=samples,
-        batch_size=64,
-        generator=torch.Generator().manual_seed(1),
+        batch_size=batch_size,
+        generator=torch.Generator().manual_seed(seed),
     )
-    assert stub.calls == 4  # ceil(200 / 64) forwards
-    se = _stratified_se(var_by_l, samples)
-    assert se > 0.05 and abs(got - exact) < 4.5 * se, (got, exact, se)
-
-
-def _stratified_se(var_by_l, samples):
-    """Standard error of the stratified mean: every l drawn samples / L times, weight 1/L each."""
     n = len(var_by_l)
-    return math.sqrt(sum(v / n**2 / (samples / n) for v in var_by_l.values()))
+    return got, math.sqrt(sum(v / n**2 / (samples / n) for v in var_by_l.values()))
 
 
 def _interacting_table(vocab, mask_id):
@@ -255,16 +255,8 @@ def test_estimator_matches_the_enumerated_elbo_within_its_standard_error():
     stub.table = _interacting_table(vocab, stub.mask_token_id)
     ctx, cont = [0, 3], [5, 2, 6, 1]
     exact, var_by_l = _exact_elbo(stub.table, stub.mask_token_id, ctx, cont)
-    samples = 4 * 60  # a multiple of L: every l is drawn 60 times (stratified)
-    got = masked_diffusion_loglikelihood(
-        stub,
-        torch.tensor(ctx),
-        torch.tensor(cont),
-        samples=samples,
-        batch_size=48,
-        generator=torch.Generator().manual_seed(0),
-    )
-    se = _stratified_se(var_by_l, samples)
+    # samples: a multiple of L, every l is drawn 60 times (stratified)
+    got, se = _estimate(stub, ctx, cont, var_by_l, samples=4 * 60, batch_size=48, seed=0)
     assert se > 0.01  # the subsets matter: the check below is not vacuous
     assert abs(got - exact) < 4.5 * se, (got, exact, se)
     # a different estimator (mask every token with an independent coin) would miss: the ELBO is not sum log p

@@ -132,37 +132,23 @@ def test_score_terms_sum_into_the_chunk_score(dream, terms):
     assert all(s <= 0 for s in ex["s_C"])  # log-probabilities
 
 
+def _unmasks_all(model, parts, cfg, **kw) -> bool:
+    """A prefilling run of ``parts`` ends with no mask token left (what the rule tests below check)."""
+    res = dllm.generate(model, method="prefilling", prompt=parts, prefilling=cfg, **kw)
+    return bool((res.tokens != model.mask_token_id).all())
+
+
 @pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy", "origin", "confidence_threshold"])
 def test_all_unmasking_rules_run_with_prefilling(dream, alg):
-    parts = _parts(n_ctx=30)
-    res = dllm.generate(
-        dream,
-        method="prefilling",
-        prompt=parts,
-        alg=alg,
-        seed=0,
-        gen_length=4,
-        steps=4,
-        prefilling=PrefillingConfig(chunk_size=8, top_k=2),
-    )
-    assert (res.tokens != dream.mask_token_id).all()
+    cfg = PrefillingConfig(chunk_size=8, top_k=2)
+    assert _unmasks_all(dream, _parts(n_ctx=30), cfg, alg=alg, seed=0, gen_length=4, steps=4)
 
 
 def test_llada_rules_and_blocks_with_prefilling(llada):
     parts = _parts(bos=LLADA_BOS, vocab=90, n_ctx=30)
+    cfg = PrefillingConfig(chunk_size=8, top_k=2, token_budget=3)
     for alg in ("low_confidence", "random"):
-        res = dllm.generate(
-            llada,
-            method="prefilling",
-            prompt=parts,
-            alg=alg,
-            seed=1,
-            gen_length=8,
-            steps=4,
-            block_length=4,
-            prefilling=PrefillingConfig(chunk_size=8, top_k=2, token_budget=3),
-        )
-        assert (res.tokens != llada.mask_token_id).all()
+        assert _unmasks_all(llada, parts, cfg, alg=alg, seed=1, gen_length=8, steps=4, block_length=4)
 
 
 def test_joint_mode_with_token_budget(dream):

@@ -78,6 +78,41 @@ def hf_bidirectional_logits(hf, ids: torch.Tensor, position_ids: torch.Tensor | 
         return hf(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
 
 
+# the transformers config fields the tiny sizes set, and their keys in DREAM_TINY / LLADA_TINY
+_HF_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "rope_theta",
+)
+_SIZE_KEYS = {
+    "dream": _HF_FIELDS,
+    "llada": ("d_model", "mlp_hidden_size", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "rope_theta"),
+}
+
+
+def _hf_random(family: str, config_cls, model_cls, seed: int, sizes: dict, perturbed, **fixed):
+    """The random bidirectional transformers model that hf_dream and hf_llada both build (one recipe, one RNG order)."""
+    cfg = config_cls(
+        **{hf: sizes[ours] for hf, ours in zip(_HF_FIELDS, _SIZE_KEYS[family])},
+        rope_scaling=copy.deepcopy(sizes.get("rope_scaling")),  # transformers 5.x writes into the dict
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+        **fixed,
+    )
+    cfg.is_causal = False
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():  # HF zero-inits biases and sets norms to 1: make them non-trivial
+        for n, p in model.named_parameters():
+            if perturbed(n):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
 def hf_dream(seed: int = 0, **over):
     """A random transformers Qwen2ForCausalLM sized like DREAM_TINY, bidirectional (eager, is_causal=False).
 
@@ -86,28 +121,16 @@ def hf_dream(seed: int = 0, **over):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     sizes = {**DREAM_TINY, **over}
-    cfg = Qwen2Config(
-        hidden_size=sizes["hidden_size"],
-        intermediate_size=sizes["intermediate_size"],
-        num_hidden_layers=sizes["num_hidden_layers"],
-        num_attention_heads=sizes["num_attention_heads"],
-        num_key_value_heads=sizes["num_key_value_heads"],
-        vocab_size=sizes["vocab_size"],
-        rope_theta=sizes["rope_theta"],
-        rope_scaling=copy.deepcopy(sizes.get("rope_scaling")),  # transformers 5.x writes into the dict
+    return _hf_random(
+        "dream",
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        seed,
+        sizes,
+        lambda n: n.endswith("bias") or "norm" in n,
         max_position_embeddings=sizes.get("max_position_embeddings", 32768),
         rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        attn_implementation="eager",
     )
-    cfg.is_causal = False
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # HF zero-inits biases and sets norms to 1: make them non-trivial
-        for n, p in model.named_parameters():
-            if n.endswith("bias") or "norm" in n:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
 
 
 def hf_llada(seed: int = 0, **over):
@@ -116,30 +139,18 @@ def hf_llada(seed: int = 0, **over):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sizes = {**LLADA_TINY, **over}
-    cfg = LlamaConfig(
-        hidden_size=sizes["d_model"],
-        intermediate_size=sizes["mlp_hidden_size"],
-        num_hidden_layers=sizes["n_layers"],
-        num_attention_heads=sizes["n_heads"],
-        num_key_value_heads=sizes["n_kv_heads"],
-        vocab_size=sizes["vocab_size"],
-        rope_theta=sizes["rope_theta"],
-        rope_scaling=copy.deepcopy(sizes.get("rope_scaling")),  # transformers 5.x writes into the dict
+    return _hf_random(
+        "llada",
+        LlamaConfig,
+        LlamaForCausalLM,
+        seed,
+        sizes,
+        lambda n: "norm" in n,
         max_position_embeddings=sizes.get("max_sequence_length", 4096),
         rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,
-        attn_implementation="eager",
     )
-    cfg.is_causal = False
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
 
 
 def write_dream_checkpoint(out_dir: str, seed: int = 0, shards: int = 1, **over):

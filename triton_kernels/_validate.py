@@ -28,34 +28,43 @@ def check_ndim(op: str, name: str, t: torch.Tensor, ndim: int, layout: str) -> N
         raise ValueError(f"{op}: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
 
 
-def check_float(op: str, **tensors: torch.Tensor) -> torch.dtype:
-    """All named tensors share one floating dtype among fp32/fp16/bf16; returns it."""
-    dtype = None
-    first = None
+def _check_float_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """check_float's per-tensor check, run inside :func:`_shared`'s loop to keep the error order."""
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
+
+
+def _shared(op: str, tensors: dict, attr: str, verb: str, exc: type, each=None):
+    """The ``attr`` all non-None tensors share (None if none): one loop for check_float and check_device."""
+    value = first = None
     for name, t in tensors.items():
         if t is None:
             continue
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{op}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
-        if dtype is None:
-            dtype, first = t.dtype, name
-        elif t.dtype != dtype:
-            raise TypeError(f"{op}: dtype mismatch: {first} is {dtype} but {name} is {t.dtype}")
-    return dtype
+        if each is not None:
+            each(op, name, t)
+        if first is None:
+            value, first = getattr(t, attr), name
+        elif getattr(t, attr) != value:
+            raise exc(f"{op}: {attr} mismatch: {first} {verb} {value} but {name} {verb} {getattr(t, attr)}")
+    return value
+
+
+def check_float(op: str, **tensors: torch.Tensor) -> torch.dtype:
+    """All named tensors share one floating dtype among fp32/fp16/bf16; returns it (None when all are None).
+
+    Raises:
+        TypeError: a dtype outside fp32/fp16/bf16, or two tensors of different dtypes.
+    """
+    return _shared(op, tensors, "dtype", "is", TypeError, each=_check_float_dtype)
 
 
 def check_device(op: str, **tensors: torch.Tensor) -> torch.device:
-    """All named tensors live on one device; returns it."""
-    device = None
-    first = None
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if device is None:
-            device, first = t.device, name
-        elif t.device != device:
-            raise ValueError(f"{op}: device mismatch: {first} is on {device} but {name} is on {t.device}")
-    return device
+    """All named tensors live on one device; returns it (None when all are None).
+
+    Raises:
+        ValueError: two tensors on different devices.
+    """
+    return _shared(op, tensors, "device", "is on", ValueError)
 
 
 def check_last_dim_contiguous(op: str, **tensors: torch.Tensor) -> None:

@@ -375,9 +375,7 @@ def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_
     n, t, hq, d = q.shape
     hkv = k.shape[2]
     e = 0 if k_extra is None else k_extra.shape[1]
-    bm, bn, block_d = attention_tiles(d, t)
-    block_m = bm if block_m is None else block_m
-    block_n = bn if block_n is None else block_n
+    block_m, block_n, block_d = attention_tiles(d, t, block_m, block_n)
     out = alloc((n, hkv, t), torch.float32, q.device)
     if out.numel() == 0:
         return out

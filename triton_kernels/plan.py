@@ -157,16 +157,19 @@ def assumed_ctas_per_sm(kernel: str, gpu: GpuSpec, block_m: int, block_d: int, e
 MIN_SPLIT_TILES = 4  # key tiles per split at least: the pipelined key loop needs work to overlap
 
 
-def attention_tiles(d: int, rows: int) -> tuple[int, int, int]:
+def attention_tiles(d: int, rows: int, block_m: int | None = None, block_n: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_D) for ``rows`` packed (token, head) query rows of head dim ``d``.
 
     BLOCK_M is 64 once there are 64 rows (one wgmma warpgroup tile on sm_90), else the
     next power of two (>= 16, the smallest ``tl.dot`` tile); BLOCK_N halves past D = 128
-    to keep the K and V tiles of two pipeline stages in shared memory.
+    to keep the K and V tiles of two pipeline stages in shared memory. A ``block_m`` or
+    ``block_n`` that is not None is returned as given (the launchers' test overrides).
     """
     block_d = next_pow2(d)
-    block_m = min(64, max(16, next_pow2(rows)))
-    block_n = 64 if block_d <= 128 else 32
+    if block_m is None:
+        block_m = min(64, max(16, next_pow2(rows)))
+    if block_n is None:
+        block_n = 64 if block_d <= 128 else 32
     return block_m, block_n, block_d
 
 
@@ -284,9 +287,7 @@ def plan_split_s(
             of BLOCK_N; segs_per_prog < 1, or > 1 together with a split).
     """
     g = hq // hkv
-    bm, bn, block_d = attention_tiles(d, m * g)
-    block_m = bm if block_m is None else block_m
-    block_n = bn if block_n is None else block_n
+    block_m, block_n, block_d = attention_tiles(d, m * g, block_m, block_n)
     m_tiles = cdiv(m * g, block_m)
     tiles = b * hkv * m_tiles
     num_warps = attention_warps(block_m, block_d)
@@ -367,9 +368,7 @@ def plan_chunk_scores(
     grid reaches about one wave, each split keeping at least MIN_SPLIT_TILES key tiles.
     """
     g = hq // hkv
-    bm, bn, block_d = attention_tiles(d, m * g)
-    block_m = bm if block_m is None else block_m
-    block_n = bn if block_n is None else block_n
+    block_m, block_n, block_d = attention_tiles(d, m * g, block_m, block_n)
     m_tiles = cdiv(m * g, block_m)
     tiles = n * hkv * m_tiles
     wave = gpu.sm_count * assumed_ctas_per_sm("row_lse", gpu, block_m, block_d, elt)

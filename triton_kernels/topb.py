@@ -38,6 +38,13 @@ from triton_kernels.plan import cdiv, next_pow2
 
 
 @triton.jit
+def _copy_rows(src, stride_src, dst, stride_dst, tok, offs_b, offs_d, src_mask, dst_mask):
+    """Rows ``tok`` of one (chunk, KV head) of ``src`` to rows ``offs_b`` of ``dst``: the same copy for K and V."""
+    x = tl.load(src + tok[:, None] * stride_src + offs_d[None, :], mask=src_mask, other=0.0)  # [BLOCK_B, BLOCK_D]
+    tl.store(dst + offs_b[:, None] * stride_dst + offs_d[None, :], x, mask=dst_mask)
+
+
+@triton.jit
 def _gather_rows_kernel(
     idx_ptr,  # [N, Hkv, b] int64 selected token per output row, -1 = padding
     k_ptr,  # [N, T, Hkv, D]
@@ -67,26 +74,10 @@ def _gather_rows_kernel(
     d_ok = offs_d[None, :] < HEAD_DIM
     src_mask = sel[:, None] & d_ok  # [BLOCK_B, BLOCK_D]: padding rows read nothing...
     dst_mask = b_ok[:, None] & d_ok  # ...but are written (as zeros)
-    k = tl.load(
-        k_ptr + n * stride_kn + tok[:, None] * stride_kt + h * stride_kh + offs_d[None, :],
-        mask=src_mask,
-        other=0.0,
-    )
-    tl.store(
-        ko_ptr + n * stride_kon + offs_b[:, None] * stride_kob + h * stride_koh + offs_d[None, :],
-        k,
-        mask=dst_mask,
-    )
-    v = tl.load(
-        v_ptr + n * stride_vn + tok[:, None] * stride_vt + h * stride_vh + offs_d[None, :],
-        mask=src_mask,
-        other=0.0,
-    )
-    tl.store(
-        vo_ptr + n * stride_von + offs_b[:, None] * stride_vob + h * stride_voh + offs_d[None, :],
-        v,
-        mask=dst_mask,
-    )
+    src_k, dst_k = k_ptr + n * stride_kn + h * stride_kh, ko_ptr + n * stride_kon + h * stride_koh
+    _copy_rows(src_k, stride_kt, dst_k, stride_kob, tok, offs_b, offs_d, src_mask, dst_mask)
+    src_v, dst_v = v_ptr + n * stride_vn + h * stride_vh, vo_ptr + n * stride_von + h * stride_voh
+    _copy_rows(src_v, stride_vt, dst_v, stride_vob, tok, offs_b, offs_d, src_mask, dst_mask)
 
 
 # ----------------------------------------------------------------------------- launcher

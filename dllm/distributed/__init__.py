@@ -873,18 +873,8 @@ def _restate_selection(
     """Stats of the whole document in ``res.stats`` (the root decoded over the kept chunks only)."""
     extra = res.stats.extra
     extra["num_chunks"] = doc.num_chunks
-    extra["selected_chunks"] = list(sel.kept)
-    if sel.pseudo_labels is not None:
-        extra["pseudo_labels"] = sel.pseudo_labels
+    sel.write_stats(extra)  # the sharded run's scores have no first stage (_check_single_stage)
     if sel.scores is not None:
-        s = sel.scores
-        extra["chunk_scores"] = [round(float(s.total[j]), 4) for j in sel.kept]
-        for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
-            if term is not None:
-                extra[name] = [round(float(term[j]), 4) for j in sel.kept]
-            else:
-                extra.pop(name, None)
-        extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
         res.stats.nfe += 1 + scoring_nfe[root]  # the root's draft and scoring passes
     elt = kept.k[0].element_size()
     sent = sum(1 for j in sel.kept if doc.owner(j) != doc.rank)

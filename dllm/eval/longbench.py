@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dllm.eval.tasks.case import PromptCase
+
 __all__ = [
     "LongBenchCase",
     "load_longbench",
@@ -47,7 +49,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class LongBenchCase:
+class LongBenchCase(PromptCase):
     """One LongBench example, laid out like :class:`~dllm.eval.tasks.case.TaskCase`.
 
     Fields:
@@ -67,11 +69,6 @@ class LongBenchCase:
         language: the ``language`` field ("" if absent).
     """
 
-    task: str
-    prefix: str
-    context: str
-    query: str
-    answer: str
     answers: tuple[str, ...]
     all_classes: tuple[str, ...] | None
     length: int
@@ -79,11 +76,6 @@ class LongBenchCase:
     input: str = ""
     id: str = ""
     language: str = ""
-
-    @property
-    def prompt(self) -> str:
-        """``prefix + context + query``."""
-        return self.prefix + self.context + self.query
 
 
 _REQUIRED = ("input", "context", "answers", "all_classes", "length", "dataset")

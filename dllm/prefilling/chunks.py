@@ -235,6 +235,38 @@ def encode_chunks(
     return caches[0], nfe
 
 
+def encode_chunks_as_configured(model, contexts: list, cfg, anchor: int, *, progress: bool = False):
+    """:func:`encode_chunks_rows` with the chunking of a :class:`~dllm.prefilling.PrefillingConfig`.
+
+    The one encoding that fresh prefilling runs and document caches share (chunk size, boundary snapping,
+    forward batch, anchor and padding alike), so that answers from a cached document equal fresh answers.
+
+    Args:
+        model: the dLLM.
+        contexts: B ``[L_ctx_b]`` int64 token id tensors on the model's device.
+        cfg: the configuration (its ``chunk_size``, ``boundary_snap`` and ``prefill_batch`` are read).
+        anchor: the token put before every chunk (:func:`~dllm.prefilling.config.resolve_anchor_token_id`);
+            a short last chunk is padded with :func:`pad_token_id`.
+        progress: tqdm bar over chunk batches.
+
+    Returns:
+        As :func:`encode_chunks_rows`: (B chunk caches, model forwards, B per-row forward counts).
+
+    Raises:
+        ValueError: as :func:`encode_chunks_rows`.
+    """
+    return encode_chunks_rows(
+        model,
+        contexts,
+        cfg.chunk_size,
+        bos_id=anchor,
+        pad_id=pad_token_id(model, anchor),
+        batch=cfg.prefill_batch,
+        progress=progress,
+        boundary_snap=cfg.boundary_snap,
+    )
+
+
 def encode_chunks_rows(
     model,
     contexts: list,

@@ -40,12 +40,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from dllm.model.devices import same_device
+from dllm.model.devices import check_ids_for_model, same_device
 from dllm.prefilling.chunks import (
     ChunkCache,
     cut_chunks,
-    encode_chunks,
-    pad_token_id,
+    encode_chunks_as_configured,
     sentence_end_table,
     snapped_chunks,
 )
@@ -530,23 +529,9 @@ def encode_document(
         raise TypeError("context_ids must be an int64/int32 tensor of token ids")
     if context_ids.dim() != 1 or context_ids.numel() == 0:
         raise ValueError(f"context_ids must be a non-empty 1-D tensor, got shape {tuple(context_ids.shape)}")
-    if not same_device(context_ids.device, model.device):
-        raise ValueError(f"context_ids are on {context_ids.device} but the model is on {model.device}")
-    if (context_ids == model.mask_token_id).any():
-        raise ValueError(f"context_ids contain the mask token id {model.mask_token_id}")
-    if context_ids.min() < 0 or context_ids.max() >= model.config.vocab_size:
-        raise ValueError(f"context token ids must be in [0, {model.config.vocab_size})")
+    check_ids_for_model(model, context_ids, "context_ids are", "context_ids contain", "context")
     anchor, _source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
-    chunks, _nfe = encode_chunks(
-        model,
-        context_ids.long(),
-        cfg.chunk_size,
-        bos_id=anchor,
-        pad_id=pad_token_id(model, anchor),
-        batch=cfg.prefill_batch,
-        progress=progress,
-        boundary_snap=cfg.boundary_snap,
-    )
+    (chunks,), _nfe, _per_row = encode_chunks_as_configured(model, [context_ids.long()], cfg, anchor, progress=progress)
     return DocumentCache(
         chunks, cfg.chunk_size, anchor, model_fingerprint(model), _package_version(), cfg.boundary_snap
     )

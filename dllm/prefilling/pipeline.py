@@ -33,9 +33,9 @@ import torch
 
 import triton_kernels
 from dllm.decode.policies import PrefillingPolicy
-from dllm.model.devices import same_device
+from dllm.model.devices import check_ids_for_model
 from dllm.model.kv_cache import Segment, StaticKVCache
-from dllm.prefilling.chunks import ChunkCache, chunk_spans, encode_chunks_rows, encode_segment, pad_token_id
+from dllm.prefilling.chunks import ChunkCache, chunk_spans, encode_chunks_as_configured, encode_segment
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
@@ -81,6 +81,31 @@ class Selection:
     pseudo_labels: list[int] | None
     nfe: int
 
+    def write_stats(self, extra: dict) -> None:
+        """Put this selection's entries of ``stats.extra`` into ``extra`` (a request's, or the sharded run's).
+
+        ``pseudo_labels`` (when drafted), ``selected_chunks``; when chunks were scored, the kept chunks'
+        ``chunk_scores``, the score terms that were computed (``s_I``, ``s_P``, ``s_C``; one that was not is
+        removed from ``extra``), ``all_chunk_scores`` (None for the chunks a first stage left out, which were
+        not scored) and then ``candidate_chunks``.
+        """
+        if self.pseudo_labels is not None:
+            extra["pseudo_labels"] = self.pseudo_labels
+        extra["selected_chunks"] = self.kept
+        if self.scores is None:
+            return
+        s = self.scores
+        extra["chunk_scores"] = [round(float(s.total[j]), 4) for j in self.kept]
+        for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
+            if term is not None:
+                extra[name] = [round(float(term[j]), 4) for j in self.kept]
+            else:
+                extra.pop(name, None)
+        extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
+        if s.candidates is not None:
+            extra["all_chunk_scores"] = [None if x == float("-inf") else x for x in extra["all_chunk_scores"]]
+            extra["candidate_chunks"] = s.candidates
+
 
 @dataclass
 class RowCache:
@@ -122,24 +147,16 @@ class RowSetup:
             "anchor_token_id": pre.anchor_token_id,
             "anchor_source": pre.anchor_source,
         }
-        if sel.pseudo_labels is not None:
-            extra["pseudo_labels"] = sel.pseudo_labels
-        extra["selected_chunks"] = sel.kept
-        if sel.scores is not None:
-            s = sel.scores
-            extra["chunk_scores"] = [round(float(s.total[j]), 4) for j in sel.kept]
-            for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
-                if term is not None:
-                    extra[name] = [round(float(term[j]), 4) for j in sel.kept]
-            # chunks the first stage left out were not scored: None
-            extra["all_chunk_scores"] = [round(float(x), 4) for x in s.total.tolist()]
-            if s.candidates is not None:  # the chunks the first stage left out were not scored: None
-                extra["all_chunk_scores"] = [None if x == float("-inf") else x for x in extra["all_chunk_scores"]]
-                extra["candidate_chunks"] = s.candidates
+        sel.write_stats(extra)
         extra["cached_tokens"] = cached_tokens
         if pre.from_document:
             extra["document"] = True
         return extra
+
+
+def _first_row(name: str, doc: str) -> property:
+    """``PrefillingSetup.<name>``: ``rows[0].<name>``, read-only (four such views, one definition)."""
+    return property(lambda self: getattr(self.rows[0], name), doc=doc)
 
 
 @dataclass
@@ -158,22 +175,11 @@ class PrefillingSetup:
     policy: PrefillingPolicy
     batched: bool = False
 
-    # the single-request view (the first row)
-    @property
-    def parts(self) -> PromptParts:
-        return self.rows[0].parts
-
-    @property
-    def prefill(self) -> Prefill:
-        return self.rows[0].prefill
-
-    @property
-    def selection(self) -> Selection:
-        return self.rows[0].selection
-
-    @property
-    def row(self) -> RowCache:
-        return self.rows[0].row
+    # the single-request view: the first row's
+    parts = _first_row("parts", "The first row's :class:`PromptParts`.")
+    prefill = _first_row("prefill", "The first row's :class:`Prefill`.")
+    selection = _first_row("selection", "The first row's :class:`Selection`.")
+    row = _first_row("row", "The first row's :class:`RowCache`.")
 
     def row_stats(self) -> list:
         """Each row's ``stats.extra`` (:meth:`RowSetup.stats`)."""
@@ -215,12 +221,7 @@ def check_parts(model, parts: PromptParts, document: DocumentCache | None) -> Pr
             raise ValueError(f"prompt.{name} must be a 1-D tensor of token ids")
         if t.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"prompt.{name} must hold int64 token ids, got {t.dtype}")
-        if t.numel() and not same_device(t.device, model.device):
-            raise ValueError(f"prompt.{name} is on {t.device} but the model is on {model.device}")
-        if (t == model.mask_token_id).any():
-            raise ValueError(f"prompt.{name} contains the mask token id {model.mask_token_id}")
-        if t.numel() and (t.min() < 0 or t.max() >= model.config.vocab_size):  # as generate.check_prompt
-            raise ValueError(f"prompt.{name} token ids must be in [0, {model.config.vocab_size})")
+        check_ids_for_model(model, t, f"prompt.{name} is", f"prompt.{name} contains", f"prompt.{name}")
         out.append(t.to(model.device).long())
     parts = PromptParts(*out)
     if parts.context is not None and parts.context.numel() == 0:
@@ -295,16 +296,8 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
     chunks, nfe_row = [None] * len(parts), [0] * len(parts)
     nfe = 0
     if fresh:
-        caches, nfe, counts = encode_chunks_rows(
-            model,
-            [parts[b].context for b in fresh],
-            cfg.chunk_size,
-            bos_id=bos,
-            pad_id=pad_token_id(model, bos),
-            batch=cfg.prefill_batch,
-            progress=progress,
-            boundary_snap=cfg.boundary_snap,
-        )
+        contexts = [parts[b].context for b in fresh]
+        caches, nfe, counts = encode_chunks_as_configured(model, contexts, cfg, bos, progress=progress)
         for b, cache, count in zip(fresh, caches, counts):
             chunks[b], nfe_row[b] = cache, count
     for b, doc in enumerate(documents):

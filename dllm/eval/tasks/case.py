@@ -16,7 +16,24 @@ WORDING: dict = json.loads((Path(__file__).parent / "wording.json").read_text(en
 
 
 @dataclass(frozen=True)
-class TaskCase:
+class PromptCase:
+    """The first fields of every evaluation case, :class:`TaskCase` and LongBench's alike (see there), and
+    the :attr:`prompt` they make."""
+
+    task: str
+    prefix: str
+    context: str
+    query: str
+    answer: str
+
+    @property
+    def prompt(self) -> str:
+        """``prefix + context + query``: the text the model continues with the answer."""
+        return self.prefix + self.context + self.query
+
+
+@dataclass(frozen=True)
+class TaskCase(PromptCase):
     """One seeded long-context retrieval case.
 
     The model sees :attr:`prompt` (``prefix + context + query``) and should
@@ -43,11 +60,6 @@ class TaskCase:
         tokenizer: ``"char"`` or the tokenizer's ``name_or_path``.
     """
 
-    task: str
-    prefix: str
-    context: str
-    query: str
-    answer: str
     length: int
     depth: float
     seed: int
@@ -58,11 +70,6 @@ class TaskCase:
     phrasing: str = "canonical"
     split: str = "eval"
     tokenizer: str = "char"
-
-    @property
-    def prompt(self) -> str:
-        """``prefix + context + query``: the text the model continues with the answer."""
-        return self.prefix + self.context + self.query
 
     @property
     def needle(self) -> str:
