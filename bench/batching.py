@@ -1,6 +1,7 @@
 """Batched ragged requests on the bundled tiny model: 8 passkey prompts one by one vs as one batch.
 
     python -m bench.batching [--out DIR | --record] [--lengths 3072 10240 ...] [--rounds 2] [--token-budget B]
+    python -m bench.batching --decode-cpu [--rounds 4] [--out DIR]
 
 Eight passkey prompts of 3K-10K tokens (ragged: each has its own context length, needle depth and
 chunk count) are answered with the demo's prefilling configuration, once one by one
@@ -23,7 +24,9 @@ bound by launches and weight reads, not by this attention: the gain there is pre
 larger, not measured.
 
 An untimed warm-up (one single run and one batch) runs first and is reported apart with the model's
-load time. Writes ``batching.csv`` (provenance columns on every row) and ``batching.md`` (machine line)
+load time. ``--decode-cpu`` times the denoising phase alone in process CPU seconds at 1 torch thread,
+with split-S attention apart, and states what bounds the ratio (``batching_decode_cpu.md``).
+Writes ``batching.csv`` (provenance columns on every row) and ``batching.md`` (machine line)
 to ``runs/bench/`` (git-ignored), to ``--out DIR``, or with ``--record`` to ``bench/results/``.
 """
 
@@ -90,15 +93,16 @@ def batched(model, prompts, cfg) -> tuple:
 
 
 @contextlib.contextmanager
-def attention_timer():
-    """Seconds spent inside ``triton_kernels.split_s_attention`` as the model calls it (a list to sum)."""
+def attention_timer(clock=time.perf_counter):
+    """Seconds spent inside ``triton_kernels.split_s_attention`` as the model calls it (a list to sum),
+    read from ``clock`` (wall by default; ``time.process_time`` for CPU time)."""
     kernels = dllm.model.modeling.triton_kernels
     inner, spent = kernels.split_s_attention, []
 
     def timed(*args, **kwargs):
-        t0 = time.perf_counter()
+        t0 = clock()
         out = inner(*args, **kwargs)
-        spent.append(time.perf_counter() - t0)
+        spent.append(clock() - t0)
         return out
 
     kernels.split_s_attention = timed
@@ -106,6 +110,97 @@ def attention_timer():
         yield spent
     finally:
         kernels.split_s_attention = inner
+
+
+def decode_cpu_time(model, prompts, cfg, rounds: int) -> list[dict]:
+    """The denoising phase alone, 8 single runs vs one batch, in process CPU seconds (call it with 1 torch thread).
+
+    The policies (prefill, scoring, static cache) are built once, untimed; then each round decodes the
+    prompts one by one and as one batch (order alternating between rounds, one untimed decode of each
+    first), timing the whole denoising loop and, inside it, the split-S attention calls
+    (:func:`attention_timer` with ``time.process_time``). CPU time rather than wall time: on a shared
+    machine a descheduled process does not count. Tokens of each batch row are compared with its single run.
+
+    Returns:
+        One dict per round: ``singles_s`` / ``batch_s`` (decode), ``singles_attn_s`` / ``batch_attn_s``
+        (split-S attention inside it), ``equal_rows``, ``rows``.
+    """
+    from dllm.decode.denoise import denoise
+    from dllm.decode.timer import PhaseTimer
+    from dllm.decode.unmasking import UnmaskingConfig
+    from dllm.prefilling import build_prefilling_policy
+
+    def policy(prompt):
+        return build_prefilling_policy(model, None, prompt, cfg, PhaseTimer("cpu"), gen_length=GEN).policy
+
+    def decode(pol):
+        resp = torch.full((pol.batch_size, GEN), model.mask_token_id, dtype=torch.long)
+        with attention_timer(time.process_time) as spent, torch.no_grad():
+            t0 = time.process_time()
+            denoise(
+                pol,
+                resp,
+                mask_id=model.mask_token_id,
+                block_length=GEN,
+                steps_per_block=STEPS,
+                cfg=UnmaskingConfig(alg="maskgit_plus"),
+            )
+            return time.process_time() - t0, sum(spent), resp
+
+    singles, batch = [policy(p) for p in prompts], policy(list(prompts))
+    for pol in [*singles, batch]:  # warm-up
+        decode(pol)
+    rows = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            one = [decode(pol) for pol in singles]
+            bat = decode(batch)
+        else:
+            bat = decode(batch)
+            one = [decode(pol) for pol in singles]
+        equal = sum(int(torch.equal(o[2][0], bat[2][i])) for i, o in enumerate(one))
+        rows.append(
+            {
+                "run": "decode-cpu",
+                "round": r,
+                "singles_s": sum(o[0] for o in one),
+                "batch_s": bat[0],
+                "singles_attn_s": sum(o[1] for o in one),
+                "batch_attn_s": bat[1],
+                "equal_rows": equal,
+                "rows": len(prompts),
+            }
+        )
+        print(f"  round {r}: decode CPU one by one {rows[-1]['singles_s']:.3f} s, batch {bat[0]:.3f} s", flush=True)
+    return rows
+
+
+def summarize_decode_cpu(rows: list[dict], load: tuple) -> str:
+    """Markdown of :func:`decode_cpu_time`: decode, split-S and the rest, one by one vs batch, and what
+    bounds the ratio (the batch's split-S alone against half the single runs' time)."""
+    n = len(rows)
+    mean = {k: sum(r[k] for r in rows) / n for k in ("singles_s", "batch_s", "singles_attn_s", "batch_attn_s")}
+    rest_s, rest_b = mean["singles_s"] - mean["singles_attn_s"], mean["batch_s"] - mean["batch_attn_s"]
+    lines = [
+        f"| denoising phase, CPU s (mean of {n} rounds) | {rows[0]['rows']} runs one by one | one batch "
+        "| one by one / batch |",
+        "|---|---:|---:|---:|",
+        f"| whole phase | {mean['singles_s']:.3f} | {mean['batch_s']:.3f} "
+        f"| {mean['singles_s'] / mean['batch_s']:.2f}x |",
+        f"| split-S attention | {mean['singles_attn_s']:.3f} | {mean['batch_attn_s']:.3f} "
+        f"| {mean['singles_attn_s'] / mean['batch_attn_s']:.2f}x |",
+        f"| the rest (projections, MLP, LM head, unmasking) | {rest_s:.3f} | {rest_b:.3f} | {rest_s / rest_b:.2f}x |",
+        "",
+        "Per round: "
+        + "; ".join(f"{r['singles_s'] / r['batch_s']:.2f}x" for r in rows)
+        + f". Rows equal to their single runs: {sum(r['equal_rows'] for r in rows)}/{n * rows[0]['rows']}. "
+        f"Load average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}.",
+        "",
+        f"Bound: 2x needs the batch's phase at or under {mean['singles_s'] / 2:.3f} s; its split-S attention alone "
+        f"takes {mean['batch_attn_s']:.3f} s. Even if everything else in the batch cost nothing the ratio would be "
+        f"{mean['singles_s'] / mean['batch_attn_s']:.2f}x at most.",
+    ]
+    return "\n".join(lines)
 
 
 def attention_share(model, prompts, cfg) -> dict:
@@ -246,9 +341,17 @@ def main(argv=None) -> int:
         default=None,
         help="B, tokens kept per chunk (default: all): fewer cached keys make the steps' attention cheaper",
     )
+    p.add_argument(
+        "--decode-cpu",
+        action="store_true",
+        help="time the denoising phase alone in process CPU seconds with 1 torch thread, split-S attention "
+        "apart (writes batching_decode_cpu.md)",
+    )
     args = p.parse_args(argv)
     cfg = dataclasses.replace(CONFIG, token_budget=args.token_budget)
     out = str(output_dir(args, "bench"))
+    if args.decode_cpu:
+        return decode_cpu_main(args, argv, cfg, out)
     torch.set_num_threads(2)
     t0 = time.perf_counter()
     model = load_model(args.model, device="cpu")
@@ -269,6 +372,29 @@ def main(argv=None) -> int:
             f"Start-up, not in the table: model load {load_s:.2f} s; untimed warm-up (one single run and one batch) "
             f"{warm:.2f} s.",
             summarize(rows),
+        ],
+    )
+    return 0
+
+
+def decode_cpu_main(args, argv, cfg, out: str) -> int:
+    """``--decode-cpu``: :func:`decode_cpu_time` at 1 torch thread; writes ``batching_decode_cpu.md``."""
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    model = load_model(args.model, device="cpu")
+    _cases, prompts = requests(model, args.lengths)
+    rows = decode_cpu_time(model, prompts, cfg, max(1, args.rounds))
+    os.makedirs(out, exist_ok=True)
+    write_report(
+        os.path.join(out, "batching_decode_cpu.md"),
+        f"Denoising phase in CPU time: {len(args.lengths)} passkey prompts one by one vs one batch (1 thread)",
+        "bench.batching",
+        argv,
+        "cpu",
+        time.perf_counter() - t0,
+        [
+            f"Configuration: {cfg}; {GEN} response tokens, {STEPS} steps; context lengths {args.lengths}.",
+            summarize_decode_cpu(rows, os.getloadavg()),
         ],
     )
     return 0

@@ -34,3 +34,26 @@ def test_batching_writes_to_runs_unless_recording(record, monkeypatch):
     with pytest.raises(SystemExit):
         bench.batching.main(["--record"] if record else [])
     assert Path(seen[0]) == (RESULTS_DIR if record else RUNS_DIR / "bench")
+
+
+def test_decode_cpu_mode_reports_phase_attention_and_bound(tmp_path):
+    """--decode-cpu: the denoising phase alone in CPU time, split-S apart; numbers positive, parts add up,
+    every row equal to its single run, and the bound line (batch attention against half the single runs)."""
+    import torch
+
+    n_threads = torch.get_num_threads()
+    try:
+        args = ["--decode-cpu", "--out", str(tmp_path), "--lengths", "1100", "1500", "--rounds", "1"]
+        assert bench.batching.main(args) == 0
+    finally:
+        torch.set_num_threads(n_threads)
+    md = (tmp_path / "batching_decode_cpu.md").read_text()
+    assert "(1 thread)" in md and "Rows equal to their single runs: 2/2." in md
+    table = {}
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in ("whole phase", "split-S attention"):
+            table[cells[0]] = (float(cells[1]), float(cells[2]), float(cells[3].rstrip("x")))
+    (s, b, ratio), (sa, ba, _) = table["whole phase"], table["split-S attention"]
+    assert 0 < sa < s and 0 < ba < b and ratio == pytest.approx(s / b, abs=0.01)
+    assert f"at or under {s / 2:.3f} s; its split-S attention alone takes {ba:.3f} s" in md

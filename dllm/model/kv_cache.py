@@ -9,7 +9,8 @@ so the pools are never gathered into contiguous memory.
 
 Keys are stored with RoPE already applied at the positions the segment should
 have for decoding. A :class:`Segment` is one such run of tokens before it is packed
-into a pool; :meth:`StaticKVCache.from_rows` packs each batch row's segments.
+into a pool; :meth:`StaticKVCache.from_rows` packs each batch row's segments (a segment shared by
+several rows, e.g. their common prefix, into one slot that every such row names).
 """
 
 from __future__ import annotations
@@ -103,23 +104,38 @@ class StaticKVCache:
 
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[Segment]]) -> StaticKVCache:
-        """Pack each batch row's segments into one pool per layer.
+        """Pack each batch row's segments into one pool per layer, a segment shared by rows stored once.
 
-        Segment ``s`` of row ``b`` goes to its own slot (slots numbered row by row); rows with
-        fewer segments than the longest one get slot -1 (no segment) in the table. The pool's
-        token axis is the longest segment, zero-padded.
+        Every distinct :class:`Segment` object gets its own slot (slots numbered in order of first
+        appearance, row by row); the same object named again, by another row or twice in one row,
+        points to the slot it already has. This is how a prefix shared by the rows of a batch is
+        stored once: the batched prefill (:func:`dllm.prefilling.pipeline.prefill_rows`) encodes equal
+        prefixes (same token ids at the same positions, so identical K/V) once and hands that one
+        segment to every row. Rows with fewer segments than the longest one get slot -1 (no segment)
+        in the table. The pool's token axis is the longest segment, zero-padded.
+
+        Sharing a slot changes no row's attention: a row reads the same keys and values, in the same
+        table order, whichever slot number holds them (the kernels read segments through the
+        ``[B, S]`` table, and two rows may name one slot). Segments that are equal in value but are
+        different objects are not compared (that would read every key) and keep their own slots.
 
         Args:
             rows: B lists of :class:`Segment` (same layers, heads, head dim and dtype).
 
         Returns:
-            A cache with pools ``[P, T, Hkv, D]`` (P = all segments, T = longest length, >= 1) and a
-            ``[B, S]`` segment table (S = most segments in a row).
+            A cache with pools ``[P, T, Hkv, D]`` (P = distinct segments, T = longest length, >= 1)
+            and a ``[B, S]`` int32 segment table (S = most segments in a row).
 
         Raises:
             ValueError: no row, or no segment at all.
         """
-        segments = [seg for row in rows for seg in row]
+        slot_of: dict[int, int] = {}  # id(segment) -> its slot
+        segments = []  # distinct segments, in slot order
+        for row in rows:
+            for seg in row:
+                if id(seg) not in slot_of:
+                    slot_of[id(seg)] = len(segments)
+                    segments.append(seg)
         if not rows or not segments:
             raise ValueError("from_rows needs at least one row holding at least one segment")
         t = max(max(seg.length for seg in segments), 1)
@@ -136,13 +152,16 @@ class StaticKVCache:
         n_seg = max(len(row) for row in rows)
         slots = torch.full((len(rows), n_seg), -1, dtype=torch.int32)
         lens = torch.zeros((len(rows), n_seg), dtype=torch.int32)
-        slot = 0
         for b, row in enumerate(rows):
             for s, seg in enumerate(row):
-                slots[b, s], lens[b, s] = slot, seg.length
-                slot += 1
+                slots[b, s], lens[b, s] = slot_of[id(seg)], seg.length
         dev = ks[0].device
         return cls(ks, vs, slots.to(dev), lens.to(dev))
+
+    @property
+    def num_slots(self) -> int:
+        """``P``, the pool's slot count (distinct segments stored)."""
+        return self.k[0].shape[0]
 
     @classmethod
     def single_segment(cls, k_layers, v_layers, length: int | None = None) -> StaticKVCache:

@@ -19,7 +19,8 @@ Each step returns a typed result that holds one batch row; the static cache is p
 
 Batched requests (``prompt=[PromptParts, ...]``): the steps run once for all rows. The chunked
 prefill stacks the rows' chunks along N (:func:`~dllm.prefilling.chunks.encode_chunks_rows`),
-identical prefixes and drafts are encoded once, chunk scoring stacks every row's chunks with that
+identical prefixes and drafts are encoded once (a shared prefix is also stored once: one slot that
+every row having it names in the segment table), chunk scoring stacks every row's chunks with that
 row's scoring tokens (:func:`~dllm.prefilling.scoring.score_chunks_rows`), and each row keeps its
 own chunks in the segment table; the denoising loop then runs once over live blocks padded to the
 longest row (``live_lens``). Each row's tokens equal its own run (greedy decoding).
@@ -303,7 +304,9 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
     for b, doc in enumerate(documents):
         if doc is not None:
             chunks[b] = doc.chunks
-    prefixes: dict[tuple, Segment] = {}  # prefix token ids -> its segment (encoded once)
+    # prefix token ids -> its segment: encoded once, and the same object in every row that has it, so
+    # StaticKVCache.from_rows stores it in one slot that all those rows name
+    prefixes: dict[tuple, Segment] = {}
     out = []
     for b, pp in enumerate(parts):
         prefix = None
