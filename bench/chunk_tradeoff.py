@@ -21,8 +21,8 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
-from bench.figures import dodge, mark_not_run, save_figure, token_axis, tokens_label
 from bench.outputs import parse_study
+from bench.plotting import dodge, mark_not_run, save_figure, token_axis, tokens_label
 from bench.provenance import write_csv
 from bench.tiny_defaults import TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up

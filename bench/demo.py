@@ -22,8 +22,8 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
-from bench.figures import dodge, mark_not_run, save_figure, token_axis
 from bench.outputs import add_output_args, output_dir
+from bench.plotting import dodge, mark_not_run, save_figure, token_axis
 from bench.provenance import machine_line, write_csv
 from bench.selection_recall import write_recall
 from bench.tiny_defaults import EXPONENT, TINY_PREFILLING

@@ -621,7 +621,7 @@ def plot(results: list[dict], pred: list[dict], path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.figures import save_figure
+    from bench.plotting import save_figure
 
     s = cpu_rows(results)[-1]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))

@@ -25,8 +25,8 @@ import torch
 
 from bench import flop_model
 from bench.budget import TimeBudget
-from bench.figures import dodge, mark_not_run, save_figure, token_axis
 from bench.outputs import parse_study
+from bench.plotting import dodge, mark_not_run, save_figure, token_axis
 from bench.provenance import write_csv
 from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up

@@ -35,8 +35,8 @@ import torch
 
 from bench.demo import TINY_PREFILLING
 from bench.document_cache import QUESTIONS
-from bench.figures import save_figure
 from bench.outputs import add_output_args, output_dir, write_report
+from bench.plotting import save_figure
 from bench.provenance import write_csv
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score

@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
-from bench.figures import save_figure, tokens_label
 from bench.outputs import parse_study
+from bench.plotting import save_figure, tokens_label
 from bench.provenance import write_csv
 from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up

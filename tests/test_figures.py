@@ -10,8 +10,9 @@ import bench.chunk_tradeoff
 import bench.demo
 import bench.e2e_speed
 import bench.lost_in_middle
-from bench.figures import read_csv_rows, redraw, tokens_label
+from bench.figures import redraw
 from bench.outputs import RESULTS_DIR
+from bench.plotting import read_csv_rows, tokens_label
 from bench.provenance import write_csv as bench_write_csv
 from dllm.eval.evaluation import EvalRow, one_line_cell, write_csv
 

@@ -146,11 +146,6 @@ def test_no_import_circle():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bench.figures.redraw imports the studies whose plots it redraws, and they import bench.figures "
-    "(regrouping bench/ was left for a later pass of issue 28); remove this mark once the circle is gone",
-)
 def test_no_import_circle_in_bench():
     cycle = find_cycle(GRAPH)
     assert cycle is None, "import circle: " + " -> ".join(cycle)

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from bench.figures import save_figure
+from bench.plotting import save_figure
 from bench.provenance import machine_line, write_csv
 from dllm.eval.evaluation import EvalRow, accuracy_table, evaluate
 from dllm.model.loader import load_model
