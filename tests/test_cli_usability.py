@@ -63,6 +63,9 @@ def test_help_shows_the_defaults_of_the_chosen_model(tmp_path, capsys, monkeypat
         assert "default: 256, the bundled model's; the library's and the paper's: 1024" in text, (name, text)
     assert "default: draft_contrast, the bundled model's" in _option_help(_subparser("generate"), "--score-terms")
     assert "(default: 4, or every chunk" in _option_help(_subparser("generate"), "--top-k")
+    for name in ("generate", "eval", "encode"):  # the snap that runs is the bundled file's, not 0
+        text = _option_help(_subparser(name), "--boundary-snap BOUNDARY_SNAP")
+        assert "default: 64, the bundled model's; the library's and the paper's: 0" in text, (name, text)
     monkeypatch.chdir(tmp_path)
     bare = Path("ckpt")  # relative: a long path would be wrapped inside the help text
     bare.mkdir()
@@ -387,3 +390,38 @@ def test_encode_with_a_small_chunk_size_carries_the_snap_as_a_share_of_the_chunk
     assert rc == 0, err
     n = len(snapped_starts((files / "doc.txt").read_text(), 64, 16))
     assert f" in {n} chunks of 64 " in out and n > -(-2996 // 64)
+
+
+def test_character_spans_skip_characters_the_tokenizer_drops():
+    """The bundled character-level tokenizer has no token for 'ó', '’' or '—' and drops them (its offset
+    mapping then drifts): each chunk's span still holds exactly the chunk's characters, with the dropped
+    ones inside it, and spans follow each other."""
+    model = dllm.load_model()
+    text = "Krak\u00f3w\u2019s port \u2014 a quay. Caf\u00e9 open. " * 12
+    ids = dllm.encode_text(model, text)
+    kept = [c for c in text if c.isascii()]
+    assert ids.numel() == len(kept)  # one token per ASCII character, the rest dropped
+    spans = _chunk_char_spans(model, text, PrefillingConfig(chunk_size=16))
+    assert len(spans) == -(-len(kept) // 16)
+    for j, (s, e) in enumerate(spans):
+        assert "".join(c for c in text[s:e] if c.isascii()) == "".join(kept[16 * j : 16 * (j + 1)])
+        assert text[s].isascii() and text[e - 1].isascii()  # a span starts and ends on a kept character
+        assert j == 0 or s >= spans[j - 1][1]
+    assert spans[-1][1] == len(text) - (not text[-1].isascii())
+
+
+def test_character_spans_with_a_bpe_tokenizer_and_non_ascii_text():
+    """Dream's byte-level BPE covers every character, so its own offsets are kept: spans tile the text."""
+    if not os.path.isdir(DREAM_TOKENIZER):
+        pytest.skip("the vendored Dream tokenizer is missing")
+    from dllm.model.loader import load_tokenizer
+
+    tok = load_tokenizer(DREAM_TOKENIZER, family="dream")
+    fake = types.SimpleNamespace(tokenizer=tok, device=torch.device("cpu"))
+    text = "Krak\u00f3w\u2019s port \u2014 a quay. Caf\u00e9 open \U0001f600. " * 12
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    spans = _chunk_char_spans(fake, text, PrefillingConfig(chunk_size=16))
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    for j, (s, e) in enumerate(spans):
+        assert j == 0 or s == spans[j - 1][1]
+        assert tok.decode(ids[16 * j : 16 * (j + 1)]) in text[s:e]

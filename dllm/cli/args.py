@@ -305,7 +305,7 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
         f"({default_help(model_dir, 'top_k', lambda k: 'all' if k is None else k)}, or every chunk when the "
         "context has fewer)",
     )
-    add_prefill_batch_and_snap(g)
+    add_prefill_batch_and_snap(g, model_dir)
     g.add_argument(
         "--redundancy-threshold",
         type=non_negative_float,
@@ -379,10 +379,17 @@ def add_chunk_size(g, model_dir: str | None) -> None:
     )
 
 
-def add_prefill_batch_and_snap(g) -> None:
-    """``--prefill-batch`` and ``--boundary-snap``, the options of how a context is encoded: generate, eval, encode."""
+def add_prefill_batch_and_snap(g, model_dir: str | None) -> None:
+    """``--prefill-batch`` and ``--boundary-snap``, the options of how a context is encoded: generate, eval, encode
+    (the snap's default is that of ``model_dir``, as for ``--chunk-size``)."""
     g.add_argument("--prefill-batch", type=positive_int, default=None, help=_PREFILL_BATCH_HELP)
-    g.add_argument("--boundary-snap", type=non_negative_int, default=None, help=_BOUNDARY_SNAP_HELP + " (default: 0)")
+    g.add_argument(
+        "--boundary-snap",
+        type=non_negative_int,
+        default=None,
+        help=f"{_BOUNDARY_SNAP_HELP} ({default_help(model_dir, 'boundary_snap')}; with another --chunk-size it "
+        "keeps the same share of C)",
+    )
 
 
 def examples_text(examples) -> str:

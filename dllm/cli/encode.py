@@ -66,6 +66,6 @@ def add_parser(sub, model_dir: str | None) -> None:
     c.add_argument("--context-file", type=input_file, required=True, help="UTF-8 document text, read as is")
     c.add_argument("--out", required=True, help="the cache file to write")
     add_chunk_size(c, model_dir)
-    add_prefill_batch_and_snap(c)
+    add_prefill_batch_and_snap(c, model_dir)
     add_common_args(c)
     c.set_defaults(func=cmd_encode)

@@ -58,12 +58,45 @@ def _token_ids(tok, text: str) -> torch.Tensor:
 def token_offsets(model, text: str) -> torch.Tensor | None:
     """Character offsets ``[L, 2]`` int32 (start, end exclusive) into ``text`` of each token that
     :func:`encode_text` gives for it (no BOS), from the same tokenizer call (remembered like the ids);
-    None when the model has no tokenizer or a slow (Python) one, which reports no offsets."""
+    None when the model has no tokenizer or a slow (Python) one, which reports no offsets.
+
+    A tokenizer that drops characters it has no token for (a BPE model without an unknown token, such
+    as the bundled character-level one with ``ó`` or ``’``) reports offsets that drift after each dropped
+    character; then the offsets are found again by locating each token's text in order (:func:`_realigned`),
+    or None when that fails: never spans that point at the wrong text."""
     tok = model.tokenizer
     if tok is None:
         return None
-    offsets = _encoding(tok, text)[1]
-    return None if offsets is None else offsets.clone()
+    ids, offsets = _encoding(tok, text)
+    if offsets is None:
+        return None
+    if _covers_text(offsets, text):
+        return offsets.clone()
+    return _realigned(tok, text, ids)
+
+
+def _covers_text(offsets: torch.Tensor, text: str) -> bool:
+    """Whether every non-whitespace character of ``text`` lies in some token's span (nothing was dropped)."""
+    n = len(text)
+    edges = torch.zeros(n + 1, dtype=torch.int32)
+    edges.index_add_(0, offsets[:, 0].long().clamp(0, n), torch.ones(offsets.shape[0], dtype=torch.int32))
+    edges.index_add_(0, offsets[:, 1].long().clamp(0, n), -torch.ones(offsets.shape[0], dtype=torch.int32))
+    covered = edges[:n].cumsum(0) > 0
+    return all(covered[i] or text[i].isspace() for i in (~covered).nonzero().flatten().tolist())
+
+
+def _realigned(tok, text: str, ids: torch.Tensor) -> torch.Tensor | None:
+    """Offsets ``[L, 2]`` found by locating each token's text in ``text`` from where the previous one ended;
+    None when a token's text is not found (a byte-level or marked-up vocabulary: its offsets cannot be
+    rebuilt this way)."""
+    out, pos = [], 0
+    for piece in tok.convert_ids_to_tokens(ids.tolist()):
+        at = text.find(piece, pos) if piece else -1
+        if at < 0:
+            return None
+        out.append((at, at + len(piece)))
+        pos = at + len(piece)
+    return torch.tensor(out, dtype=torch.int32).reshape(-1, 2)
 
 
 def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
