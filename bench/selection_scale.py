@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import time
 
 import torch
@@ -333,11 +334,19 @@ def main(argv=None) -> int:
     p.add_argument("--straddle-length", type=int, default=16384)
     p.add_argument("--offsets", type=int, nargs="+", default=[2, 6, 12, 16, 20, 24, 32, 40, 48])
     p.add_argument("--needles", nargs="+", choices=sorted(NEEDLES), default=sorted(NEEDLES))
-    p.add_argument("--snap", type=int, default=SNAP_TOL, help="boundary_snap of the straddle part's snapped runs")
+    p.add_argument(
+        "--snap",
+        type=int,
+        default=SNAP_TOL,
+        help=f"boundary_snap of the straddle part's snapped runs, 0 to C - 1 (default: {SNAP_TOL})",
+    )
     p.add_argument("--skip-long", action="store_true")
     p.add_argument("--skip-straddle", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    if not 0 <= args.snap < BASE.chunk_size:
+        print(f"error: --snap must be in 0..{BASE.chunk_size - 1} (tokens, below C), got {args.snap}", file=sys.stderr)
+        return 2
     out = str(output_dir(args, "bench"))
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

@@ -408,6 +408,15 @@ def test_character_spans_skip_characters_the_tokenizer_drops():
         assert text[s].isascii() and text[e - 1].isascii()  # a span starts and ends on a kept character
         assert j == 0 or s >= spans[j - 1][1]
     assert spans[-1][1] == len(text) - (not text[-1].isascii())
+    # one dropped character early and whitespace at the end (the drift hid there): the chunk holding the key
+    # starts on the key's first digit, not one character before it
+    text = "Caf\u00e9 notes. " + "The pass key is 71432. Remember it. " * 12 + "\n\n"
+    ids = dllm.encode_text(model, text)
+    from dllm.model.tokenization import token_offsets
+
+    offsets = token_offsets(model, text).tolist()
+    pieces = [model.tokenizer.decode([i]) for i in ids.tolist()]
+    assert [text[s:e] for s, e in offsets] == pieces and offsets[4] == [5, 6]  # 'é' (index 4) dropped
 
 
 def test_character_spans_with_a_bpe_tokenizer_and_non_ascii_text():

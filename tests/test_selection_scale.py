@@ -376,3 +376,4 @@ def test_straddle_snap_flag_moves_the_cut_off_the_needle(tmp_path):
     # the fixed cut falls 6 characters into the needle; a sentence end lies within 64 tokens before it
     assert rows["today"]["needle_whole_in_a_chunk"] == "0" and rows["snap"]["needle_whole_in_a_chunk"] == "1"
     assert "(straddle part: 64)" in (out / "selection_scale.md").read_text()
+    assert selection_scale.main([*argv, "--snap", "256"]) == 2  # C = 256: a snap must stay below it

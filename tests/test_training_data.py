@@ -258,12 +258,16 @@ def test_size_flags_train_a_model_of_that_shape_and_init_keeps_its_own(tmp_path)
     out, work = tmp_path / "out", tmp_path / "work"
     size = ["--hidden-size", "96", "--layers", "2", "--heads", "6", "--kv-heads", "3", "--intermediate-size", "160"]
     small = ["--no-bf16", "--window", "256", "--token-budget", "256", "--threads", "1", "--stop-at", "1"]
-    threads = torch.get_num_threads()
-    try:
-        with torch.random.fork_rng():  # train seeds torch's global generator and sets its thread count
-            train.main(["--out", str(out), "--work", str(work), *size, *small])
-    finally:
-        torch.set_num_threads(threads)
+
+    def run(*extra):
+        threads = torch.get_num_threads()
+        try:
+            with torch.random.fork_rng():  # train seeds torch's global generator and sets its thread count
+                return train.main(["--out", str(out), "--work", str(work), *small, *extra])
+        finally:
+            torch.set_num_threads(threads)
+
+    assert run(*size, "--save-every", "1") == 0
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (96, 2, 6)
     assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["max_window_layers"]) == (3, 160, 2)
@@ -275,7 +279,19 @@ def test_size_flags_train_a_model_of_that_shape_and_init_keeps_its_own(tmp_path)
     layer = (d * d + d) + 2 * (d * kv + kv) + d * d + 3 * d * f + 2 * d
     assert sum(p.numel() for p in model.parameters()) == 2 * layer + 2 * v * d + d
     assert train.arch_of(parse_args(["--init", str(out)]))["hidden_size"] == 96  # --init's size
-    with pytest.raises(SystemExit, match="--layers 4 differs from --init's num_hidden_layers 2"):
+    with pytest.raises(train.SizeError, match="--layers 4 differs from --init's num_hidden_layers 2"):
         train.arch_of(parse_args(["--init", str(out), "--layers", "4"]))
-    with pytest.raises(SystemExit, match="must divide"):
-        train.arch_of(parse_args(["--hidden-size", "100", "--heads", "8"]))
+    for flags, message in (
+        (["--hidden-size", "100", "--heads", "8"], "even head dimension"),  # 100 / 8 is not whole
+        (["--hidden-size", "24", "--heads", "8", "--kv-heads", "2"], "even head dimension"),  # D = 3
+        (["--heads", "8", "--kv-heads", "3"], "--kv-heads 3 must divide --heads 8"),
+        (["--heads", "0"], "--heads must be at least 1"),
+        (["--init", str(tmp_path / "nowhere")], "has no config.json"),
+    ):
+        with pytest.raises(train.SizeError, match=message):
+            train.arch_of(parse_args(flags))
+    # a resumed run keeps the size it was trained at (saved in train_state.pt), flags or none
+    (out / "config.json").unlink()
+    assert run("--resume", "--stop-at", "2") == 0
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 96
+    assert run("--resume", "--stop-at", "3", "--layers", "3") == 2  # against the saved size: one error line

@@ -42,6 +42,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -75,31 +76,44 @@ ARCH_FLAGS = {
 }
 
 
-def arch_of(args) -> dict:
-    """The architecture to train: :data:`ARCH`, then the ``--init`` checkpoint's sizes, then the size flags.
+class SizeError(ValueError):
+    """A model size that cannot be trained (bad widths, or flags against --init's or --resume's size)."""
+
+
+def arch_of(args, saved: dict | None = None) -> dict:
+    """The architecture to train: :data:`ARCH`, then the ``--init`` checkpoint's sizes or the ``saved`` ones of
+    a resumed run (``train_state.pt``), then the size flags, which must agree with those.
 
     Raises:
-        SystemExit: a size flag that contradicts the ``--init`` checkpoint, or widths that do not divide
-            (hidden size by query heads, query heads by KV heads).
+        SizeError: a size flag that contradicts --init's or the resumed run's size, an --init folder without
+            a config.json, a width below 1, a hidden size that the query heads do not divide into an even
+            head dimension (RoPE rotates pairs), or query heads that the KV heads do not divide.
     """
     arch = dict(ARCH)
-    init = {}
-    if getattr(args, "init", None):
-        with open(os.path.join(args.init, "config.json")) as f:
-            init = {k: v for k, v in json.load(f).items() if k in ARCH}
-        arch |= init
+    given, source = {}, ""
+    if saved:
+        given, source = {k: v for k, v in saved.items() if k in ARCH}, "the resumed run's"
+    elif getattr(args, "init", None):
+        path = os.path.join(args.init, "config.json")
+        if not os.path.isfile(path):
+            raise SizeError(f"--init {args.init} has no config.json")
+        with open(path) as f:
+            given, source = {k: v for k, v in json.load(f).items() if k in ARCH}, "--init's"
+    arch |= given
     for key, flag in ARCH_FLAGS.items():
         value = getattr(args, key, None)
         if value is None:
             continue
-        if key in init and init[key] != value:
-            raise SystemExit(f"error: {flag} {value} differs from --init's {key} {init[key]}")
+        if value < 1:
+            raise SizeError(f"{flag} must be at least 1, got {value}")
+        if key in given and given[key] != value:
+            raise SizeError(f"{flag} {value} differs from {source} {key} {given[key]}")
         arch[key] = value
-    if arch["hidden_size"] % arch["num_attention_heads"] or arch["num_attention_heads"] % arch["num_key_value_heads"]:
-        raise SystemExit(
-            f"error: --hidden-size {arch['hidden_size']} must divide into --heads {arch['num_attention_heads']}, "
-            f"which must divide into --kv-heads {arch['num_key_value_heads']}"
-        )
+    d, hq, hkv = arch["hidden_size"], arch["num_attention_heads"], arch["num_key_value_heads"]
+    if d % hq or (d // hq) % 2:
+        raise SizeError(f"--heads {hq} must divide --hidden-size {d} into an even head dimension (RoPE)")
+    if hq % hkv:
+        raise SizeError(f"--kv-heads {hkv} must divide --heads {hq}")
     return arch
 
 
@@ -595,15 +609,16 @@ def train(args):
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)  # samples
     gen = torch.Generator().manual_seed(args.seed)  # masks
+    ckpt = os.path.join(args.work, "train_state.pt")
+    state = torch.load(ckpt, weights_only=False) if args.resume and os.path.exists(ckpt) else None
+    args.arch = arch_of(args, None if state is None else state.get("arch"))  # before anything is written
     tok = save_char_tokenizer(args.out)
     vocab = len(tok)
     assert tok.mask_token_id == data.MASK and tok.bos_token_id == data.BOS, SPECIALS
-    args.arch = arch_of(args)
     model = _init_model(vocab, args.arch)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {args.arch}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     essays = data.EssayStream()
-    ckpt = os.path.join(args.work, "train_state.pt")
     log_path = os.path.join(args.work, "loss.csv")
     os.makedirs(args.work, exist_ok=True)
     runs = schedule(args)
@@ -618,13 +633,12 @@ def train(args):
     if args.stop_at is not None:  # stop early (to resume later); the schedule stays the table's
         end_step = min(end_step, args.stop_at)
     first_step = runs[0].first if args.phase is not None else 0
-    if args.init and not (args.resume and os.path.exists(ckpt)):
+    if args.init and state is None:
         from dllm.model.weights import load_weights_into
 
         load_weights_into(model, args.init, "dream")
         print(f"weights from {args.init}, step {first_step}")
-    if args.resume and os.path.exists(ckpt):
-        state = torch.load(ckpt, weights_only=False)
+    if state is not None:
         model.load_state_dict(state["model"])
         model.to(args.device)  # the optimizer state follows the parameters' device
         opt.load_state_dict(state["opt"])
@@ -663,7 +677,7 @@ def train(args):
                 flush=True,
             )
         if (step + 1) % args.save_every == 0 or step + 1 == end_step:
-            state = {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate()}
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate(), "arch": args.arch}
             state |= {"gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "step": step + 1}
             torch.save(state, ckpt)
             export(model, args, vocab)
@@ -734,13 +748,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--init", default=None, help="start from this checkpoint's weights (a fresh optimizer)")
     size = p.add_argument_group("model size (from scratch; default the bundled model's, or --init's)")
     for key, flag in ARCH_FLAGS.items():
-        size.add_argument(flag, dest=key, type=int, default=None, help=f"{key} (bundled: {ARCH[key]})")
+        size.add_argument(flag, dest=key, type=int, default=None, help=f"{key} (bundled: {ARCH[key]}; at least 1)")
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    train(parse_args(argv))
+def main(argv=None) -> int:
+    """Train; a model size that cannot be trained is one ``error:`` line and exit code 2."""
+    try:
+        train(parse_args(argv))
+    except SizeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

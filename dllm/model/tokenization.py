@@ -61,36 +61,28 @@ def token_offsets(model, text: str) -> torch.Tensor | None:
     None when the model has no tokenizer or a slow (Python) one, which reports no offsets.
 
     A tokenizer that drops characters it has no token for (a BPE model without an unknown token, such
-    as the bundled character-level one with ``ó`` or ``’``) reports offsets that drift after each dropped
-    character; then the offsets are found again by locating each token's text in order (:func:`_realigned`),
-    or None when that fails: never spans that point at the wrong text."""
+    as the bundled character-level one with ``ó``, ``’`` or a tab) reports offsets that drift after each
+    dropped character. So where a tokenizer spells its tokens as the raw text (:func:`_realigned` finds them
+    in order) the offsets are the places of those tokens in the text; a tokenizer whose tokens are not raw
+    text (byte-level BPE such as Qwen's and Dream's, whose offsets are exact) keeps its own."""
     tok = model.tokenizer
     if tok is None:
         return None
     ids, offsets = _encoding(tok, text)
     if offsets is None:
         return None
-    if _covers_text(offsets, text):
+    pieces = tok.convert_ids_to_tokens(ids.tolist())
+    if all(text[s:e] == p for p, (s, e) in zip(pieces, offsets.tolist())):
         return offsets.clone()
-    return _realigned(tok, text, ids)
+    found = _realigned(pieces, text)
+    return offsets.clone() if found is None else found
 
 
-def _covers_text(offsets: torch.Tensor, text: str) -> bool:
-    """Whether every non-whitespace character of ``text`` lies in some token's span (nothing was dropped)."""
-    n = len(text)
-    edges = torch.zeros(n + 1, dtype=torch.int32)
-    edges.index_add_(0, offsets[:, 0].long().clamp(0, n), torch.ones(offsets.shape[0], dtype=torch.int32))
-    edges.index_add_(0, offsets[:, 1].long().clamp(0, n), -torch.ones(offsets.shape[0], dtype=torch.int32))
-    covered = edges[:n].cumsum(0) > 0
-    return all(covered[i] or text[i].isspace() for i in (~covered).nonzero().flatten().tolist())
-
-
-def _realigned(tok, text: str, ids: torch.Tensor) -> torch.Tensor | None:
-    """Offsets ``[L, 2]`` found by locating each token's text in ``text`` from where the previous one ended;
-    None when a token's text is not found (a byte-level or marked-up vocabulary: its offsets cannot be
-    rebuilt this way)."""
+def _realigned(pieces: list[str], text: str) -> torch.Tensor | None:
+    """Offsets ``[L, 2]`` of tokens spelled ``pieces``, each located in ``text`` from where the previous one
+    ended; None when a piece is not found there (tokens that are not raw text: byte-level or marked-up)."""
     out, pos = [], 0
-    for piece in tok.convert_ids_to_tokens(ids.tolist()):
+    for piece in pieces:
         at = text.find(piece, pos) if piece else -1
         if at < 0:
             return None
