@@ -112,6 +112,28 @@ def attention_timer(clock=time.perf_counter):
         kernels.split_s_attention = inner
 
 
+def timed_denoise(model, policy, clock=time.perf_counter) -> tuple[float, float, torch.Tensor]:
+    """One whole denoising loop of ``policy`` (maskgit_plus, :data:`GEN` tokens in :data:`STEPS` steps) from an
+    all-mask response: its seconds, the seconds inside split-S attention (:func:`attention_timer`), both read
+    from ``clock``, and the response tokens ``[B, GEN]``."""
+    from dllm.decode.denoise import denoise
+    from dllm.decode.unmasking import UnmaskingConfig
+
+    resp = torch.full((policy.batch_size, GEN), model.mask_token_id, dtype=torch.long)
+    with attention_timer(clock) as spent, torch.no_grad():
+        t0 = clock()
+        denoise(
+            policy,
+            resp,
+            mask_id=model.mask_token_id,
+            block_length=GEN,
+            steps_per_block=STEPS,
+            cfg=UnmaskingConfig(alg="maskgit_plus"),
+        )
+        total = clock() - t0
+    return total, sum(spent), resp
+
+
 def decode_cpu_time(model, prompts, cfg, rounds: int) -> list[dict]:
     """The denoising phase alone, 8 single runs vs one batch, in process CPU seconds (call it with 1 torch thread).
 
@@ -125,27 +147,14 @@ def decode_cpu_time(model, prompts, cfg, rounds: int) -> list[dict]:
         One dict per round: ``singles_s`` / ``batch_s`` (decode), ``singles_attn_s`` / ``batch_attn_s``
         (split-S attention inside it), ``equal_rows``, ``rows``.
     """
-    from dllm.decode.denoise import denoise
     from dllm.decode.timer import PhaseTimer
-    from dllm.decode.unmasking import UnmaskingConfig
     from dllm.prefilling import build_prefilling_policy
 
     def policy(prompt):
         return build_prefilling_policy(model, None, prompt, cfg, PhaseTimer("cpu"), gen_length=GEN).policy
 
     def decode(pol):
-        resp = torch.full((pol.batch_size, GEN), model.mask_token_id, dtype=torch.long)
-        with attention_timer(time.process_time) as spent, torch.no_grad():
-            t0 = time.process_time()
-            denoise(
-                pol,
-                resp,
-                mask_id=model.mask_token_id,
-                block_length=GEN,
-                steps_per_block=STEPS,
-                cfg=UnmaskingConfig(alg="maskgit_plus"),
-            )
-            return time.process_time() - t0, sum(spent), resp
+        return timed_denoise(model, pol, time.process_time)
 
     singles, batch = [policy(p) for p in prompts], policy(list(prompts))
     for pol in [*singles, batch]:  # warm-up
@@ -207,28 +216,15 @@ def attention_share(model, prompts, cfg) -> dict:
     """Share of the denoising phase spent in split-S attention: the longest prompt alone and the batch
     (one instrumented run each, after the timed rounds; the attention of the scoring passes is excluded
     by timing the decode phase only: the policy is built first)."""
-    from dllm.decode.denoise import denoise
     from dllm.decode.timer import PhaseTimer
-    from dllm.decode.unmasking import UnmaskingConfig
     from dllm.prefilling import build_prefilling_policy
 
     longest = max(range(len(prompts)), key=lambda i: prompts[i].context.numel())
     out = {}
     for name, prompt in (("single", prompts[longest]), ("batch", list(prompts))):
         policy = build_prefilling_policy(model, None, prompt, cfg, PhaseTimer("cpu"), gen_length=GEN).policy
-        resp = torch.full((policy.batch_size, GEN), model.mask_token_id, dtype=torch.long)
-        with attention_timer() as spent, torch.no_grad():
-            t0 = time.perf_counter()
-            denoise(
-                policy,
-                resp,
-                mask_id=model.mask_token_id,
-                block_length=GEN,
-                steps_per_block=STEPS,
-                cfg=UnmaskingConfig(alg="maskgit_plus"),
-            )
-            total = time.perf_counter() - t0
-        out[name] = sum(spent) / total
+        total, attention, _ = timed_denoise(model, policy)
+        out[name] = attention / total
     return out
 
 
