@@ -134,7 +134,7 @@ def _sharded(tmp_path):
 @pytest.mark.parametrize(
     "index, message",
     [
-        ([1, 2], "a JSON list, not an object"),
+        ([1, 2], "must hold a JSON object, got a JSON array"),
         ({"metadata": {}}, "no 'weight_map'"),
         ({"weight_map": ["a", "b"]}, "'weight_map' that is a list"),
         ({"weight_map": {"model.norm.weight": 7}}, "are not file names"),

@@ -291,10 +291,12 @@ class ShardedDocument:
 
     @property
     def chunk_size(self) -> int:
+        """C, tokens per chunk (every rank's share uses the same)."""
         return self.local.chunk_size
 
     @property
     def anchor_token_id(self) -> int:
+        """Id of the BOS anchor at the head of every chunk."""
         return self.local.anchor_token_id
 
     @property

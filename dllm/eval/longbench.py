@@ -18,7 +18,6 @@ dureader, vcsum) need the jieba word segmenter and are not supported.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 import string
 from collections import Counter
@@ -26,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dllm.eval.tasks.case import PromptCase
+from dllm.model.json_files import parse_json
 
 __all__ = [
     "LongBenchCase",
@@ -118,12 +118,7 @@ def load_longbench(
                 break
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            rec = parse_json(line, f"{path}:{lineno}")
             missing = [k for k in _REQUIRED if k not in rec]
             if missing:
                 raise ValueError(f"{path}:{lineno}: missing LongBench field(s) {missing}")

@@ -15,10 +15,11 @@ is read as well. RoPE scaling: the static variants of :mod:`dllm.model.rope`.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
+
+from .json_files import read_json
 
 FAMILIES = ("dream", "llada")
 
@@ -335,18 +336,7 @@ def read_raw_config(model_dir: str) -> dict:
         raise ConfigError(f"model directory {model_dir!r} does not exist")
     if not os.path.isfile(path):
         raise ConfigError(f"{model_dir!r} has no config.json")
-    raw = _read_json(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
-    return raw
-
-
-def _read_json(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path} is not valid JSON: {e}") from e
+    return read_json(path, ConfigError)
 
 
 def read_generation_config(model_dir: str) -> dict:
@@ -358,7 +348,7 @@ def read_generation_config(model_dir: str) -> dict:
     path = os.path.join(model_dir, "generation_config.json")
     if not os.path.isfile(path):
         return {}
-    raw = _read_json(path)
+    raw = read_json(path, ConfigError, require_object=False)
     return raw if isinstance(raw, dict) else {}
 
 

@@ -142,22 +142,28 @@ class DiffusionLM(nn.Module):
     # --- identity -----------------------------------------------------------------
     @property
     def family(self) -> str:
+        """``"dream"`` or ``"llada"`` (from the checkpoint's ``config.json``)."""
         return self.config.family
 
     @property
     def mask_token_id(self) -> int:
+        """Id of the mask token that fills the response before it is unmasked."""
         return self.config.mask_token_id
 
     @property
     def shift_logits(self) -> bool:
+        """True where position i predicts token i + 1 (Dream, adapted from an AR model), False where it predicts
+        token i (LLaDA)."""
         return self.config.shift_logits
 
     @property
     def device(self) -> torch.device:
+        """Device of the weights."""
         return self.embed_tokens.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """Floating dtype of the weights."""
         return self.embed_tokens.weight.dtype
 
     # --- forward ------------------------------------------------------------------

@@ -14,13 +14,14 @@ library's own ``SafetensorError``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError, safe_open
+
+from .json_files import parse_json
 
 # LLaDA (OLMo "llama" block) -> our names. ff_proj is the SwiGLU gate (activated),
 # up_proj the linear branch, ff_out the down projection; the top-level ff_out is the LM head.
@@ -112,14 +113,8 @@ def module_to_checkpoint_name(name: str, family: str) -> str:
 
 def _read_index(index: str) -> dict[str, str]:
     """``weight_map`` of a safetensors index: tensor name -> shard file name."""
-    try:
-        with open(index, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WeightError(f"{index} is not a valid safetensors index ({e})") from e
-    if not isinstance(raw, dict):
-        raise WeightError(f"{index} is not a valid safetensors index (a JSON {type(raw).__name__}, not an object)")
-    weight_map = raw.get("weight_map")
+    with open(index, "rb") as f:
+        weight_map = parse_json(f.read(), f"safetensors index {index}", WeightError).get("weight_map")
     if not isinstance(weight_map, dict):
         what = "no 'weight_map'" if weight_map is None else f"a 'weight_map' that is a {type(weight_map).__name__}"
         raise WeightError(f"{index} is not a valid safetensors index ({what}, not a mapping of tensor -> file)")

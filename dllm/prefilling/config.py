@@ -13,6 +13,8 @@ import numbers
 import os
 from dataclasses import asdict, dataclass, fields
 
+from dllm.model.json_files import read_json
+
 POSITION_MODES = ("reuse", "continuous", "absolute")
 CACHE_MODES = ("independent", "joint")
 SCORE_MODES = ("dllm", "causal")
@@ -190,13 +192,7 @@ class PrefillingConfig:
         values, file_chunk = {}, cls.chunk_size
         path = os.path.join(model_dir, CONFIG_NAME) if model_dir else None
         if path and os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    values = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"{path} is not valid JSON: {e}") from e
-            if not isinstance(values, dict):
-                raise ValueError(f"{path} must hold a JSON object")
+            values = read_json(path)
             known = {f.name for f in fields(cls)}
             unknown = sorted(set(values) - known)
             if unknown:

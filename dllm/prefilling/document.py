@@ -41,6 +41,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dllm.model.devices import check_ids_for_model, same_device
+from dllm.model.json_files import parse_json
 from dllm.prefilling.chunks import (
     ChunkCache,
     cut_chunks,
@@ -288,12 +289,7 @@ class DocumentCache:
             raise ValueError(f"{path} is not a dllm document cache (not a safetensors file: {exc})") from None
         if raw is None:
             raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
-        try:
-            head = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is damaged: its {HEADER_KEY!r} header is not JSON ({exc})") from None
-        if not isinstance(head, dict):
-            raise ValueError(f"{path} is damaged: its {HEADER_KEY!r} header is not a JSON object")
+        head = parse_json(raw, f"{path} is damaged: its {HEADER_KEY!r} header")
         if head.get("format") not in READABLE_FORMATS:
             raise ValueError(
                 f"format mismatch: {path} has format {head.get('format')!r}, this version reads "
