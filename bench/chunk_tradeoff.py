@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
-from bench.outputs import parse_study
+from bench.outputs import parse_study, write_report
 from bench.plotting import dodge, mark_not_run, save_figure, token_axis, tokens_label
 from bench.provenance import write_csv
 from bench.tiny_defaults import TINY_PREFILLING
@@ -154,12 +154,13 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="+", default=["passkey", "needle"])
     p.add_argument("--budget", type=float, default=240.0, help="seconds of the timed grid")
     args, out = parse_study(p, argv)
+    t0 = time.perf_counter()
     rows, startup = run(args.chunk_sizes, args.top_k, args.lengths, args.depths, args.tasks, args.budget, str(out))
     first = first_case_line(first_case_ratios(rows, key=("chunk_size", "top_k", "length")))
-    table = f"{summarize(rows, args.chunk_sizes, args.top_k, args.lengths)}\n{startup} {first}"
-    print(table)
-    with open(out / "chunk_tradeoff.md", "w") as f:
-        f.write(table + "\n")
+    title = "Chunk size C x top-K: accuracy and seconds per case on the bundled tiny model"
+    paragraphs = [summarize(rows, args.chunk_sizes, args.top_k, args.lengths), f"{startup} {first}"]
+    seconds = time.perf_counter() - t0
+    write_report(out / "chunk_tradeoff.md", title, "bench.chunk_tradeoff", argv, "cpu", seconds, paragraphs)
     plot(rows, args.chunk_sizes, args.top_k, args.lengths, str(out / "chunk_tradeoff.png"))
     return 0
 

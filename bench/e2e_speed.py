@@ -25,7 +25,7 @@ import torch
 
 from bench import flop_model
 from bench.budget import TimeBudget
-from bench.outputs import parse_study
+from bench.outputs import parse_study, write_report
 from bench.plotting import dodge, mark_not_run, save_figure, token_axis
 from bench.provenance import write_csv
 from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
@@ -239,12 +239,12 @@ def main(argv=None) -> int:
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--budget", type=float, default=420.0, help="seconds of the timed grid")
     args, out = parse_study(p, argv)
+    t0 = time.perf_counter()
     rows, startup = run(args.lengths, args.depths, args.budget, str(out))
     ok = [r for r in rows if r["status"] == "ok" and r["method"] in METHODS]
-    table = f"{summarize(rows)}\n\n{startup} {first_case_line(first_case_ratios(ok, seconds='total_s'))}"
-    print(table)
-    with open(out / "e2e_speed.md", "w") as f:
-        f.write(table + "\n")
+    title = "End-to-end speed vs context length: passkey on the bundled tiny model, three methods side by side"
+    paragraphs = [summarize(rows), f"{startup} {first_case_line(first_case_ratios(ok, seconds='total_s'))}"]
+    write_report(out / "e2e_speed.md", title, "bench.e2e_speed", argv, "cpu", time.perf_counter() - t0, paragraphs)
     plot(rows, str(out / "e2e_speed.png"))
     return 0
 

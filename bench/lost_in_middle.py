@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
-from bench.outputs import parse_study
+from bench.outputs import parse_study, write_report
 from bench.plotting import save_figure, tokens_label
 from bench.provenance import write_csv
 from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
@@ -115,18 +115,18 @@ def main(argv=None) -> int:
     p.add_argument("--depths", type=int, default=DEFAULTS["depths"], help="number of depths in 0..1")
     p.add_argument("--budget", type=float, default=300.0, help="seconds of the timed grid")
     args, out = parse_study(p, argv)
+    t0 = time.perf_counter()
     depths = [i / (args.depths - 1) for i in range(args.depths)]
     rows, skipped, startup = run(args.tasks, args.lengths, depths, args.budget, str(out))
-    table = summarize(rows, args.tasks, args.lengths)
-    print(table)
     first = first_case_line(first_case_ratios(rows, key=("task", "method", "length")))
-    with open(out / "lost_in_middle.md", "w") as f:
-        f.write(
-            table
-            + "\n\nSkipped: "
-            + ("; ".join(f"{m}@{ln}: {why}" for (m, ln), why in skipped.items()) or "none")
-            + f"\n\n{startup} {first}\n"
-        )
+    paragraphs = [
+        summarize(rows, args.tasks, args.lengths),
+        "Skipped: " + ("; ".join(f"{m}@{ln}: {why}" for (m, ln), why in skipped.items()) or "none"),
+        f"{startup} {first}",
+    ]
+    title = "Lost in the middle: needle depth x context length on the bundled tiny model"
+    seconds = time.perf_counter() - t0
+    write_report(out / "lost_in_middle.md", title, "bench.lost_in_middle", argv, "cpu", seconds, paragraphs)
     plot(rows, args.tasks, args.lengths, depths, str(out / "lost_in_middle.png"))
     return 0
 
