@@ -1,0 +1,28 @@
+"""bench.chunk_tradeoff on the bundled model: every C of the grid runs with the bundled defaults (the snap
+tolerance carried to each C), and the report carries its command and machine line."""
+
+import csv
+
+import bench.chunk_tradeoff
+
+
+def test_grid_runs_every_chunk_size_with_the_snap_scaled_to_it(tmp_path, monkeypatch):
+    seen = {}
+    real = bench.chunk_tradeoff.run_case
+
+    def spy(model, case, method, prefilling):
+        seen[prefilling.chunk_size] = prefilling.boundary_snap
+        return real(model, case, method, prefilling=prefilling)
+
+    monkeypatch.setattr(bench.chunk_tradeoff, "run_case", spy)
+    argv = ["--chunk-sizes", "64", "256", "--top-k", "1", "--lengths", "1024", "--depths", "0.5"]
+    argv += ["--tasks", "passkey", "--budget", "60", "--out", str(tmp_path)]
+    assert bench.chunk_tradeoff.main(argv) == 0
+    # the bundled default is 64 of 256 tokens: a quarter of every chunk (64 would be invalid at C = 64)
+    assert seen == {64: 16, 256: 64}
+    with open(tmp_path / "chunk_tradeoff.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(int(r["chunk_size"]) for r in rows) == [64, 256]
+    md = (tmp_path / "chunk_tradeoff.md").read_text()
+    assert md.startswith("# Chunk size C x top-K") and "Command: `python -m bench.chunk_tradeoff --chunk-sizes 64" in md
+    assert "Machine: CPU" in md and "| 64 | " in md and "| 256 | " in md
