@@ -20,9 +20,9 @@ import os
 
 import torch
 
-from bench.demo import TINY_PREFILLING
 from bench.outputs import RESULTS_DIR, RUNS_DIR
 from bench.provenance import machine_line
+from bench.tiny_defaults import TINY_PREFILLING
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case
 from dllm.model.loader import load_model
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         "",
         f"Most often in the top 4 here: {' + '.join(SHORT[t] for t in best)} ({hits[best]}/{len(ranks[best])}). "
         f"The demo and benchmarks score chunks with {' + '.join(SHORT[t] for t in TINY_PREFILLING.score_terms)} "
-        "(`bench.demo.TINY_PREFILLING`; why: the comment there and `bench/results/README.md`).",
+        "(`bench.tiny_defaults.TINY_PREFILLING`; why: the comment there and `bench/results/README.md`).",
     ]
     table = "\n".join(lines)
     print(table)

@@ -16,6 +16,8 @@ EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # which keeps every position inside its 1536-token window. It scores chunks with s_C - s_P
 # (draft_contrast, our variant): confident in an answer that the context-free draft did not guess.
 # The paper's s_I + s_P fails on this model, since its s_P ranks the needle chunk at or near the
-# bottom (the draft is a guessed key that the needle chunk contradicts), and s_C alone is drawn to
-# filler chunks it is confident about whatever the needle (bench/results/score_terms*.md and bench/results/README.md).
+# bottom (the draft is a guessed key that the needle chunk contradicts). s_C alone was drawn to filler
+# chunks with the phase-7 weights that chose this; with today's (phase 9) it ranks the needle chunk as well
+# or better at fixed cuts, and s_C - s_P stays the default because every accuracy study is recorded with it
+# (bench/results/score_terms*.md and bench/results/README.md).
 TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",), boundary_snap=64)

@@ -285,9 +285,9 @@ phases, because one mix from step 0 did not learn to copy (Curriculum above); ph
 copy strings among other changes) fixed the digit order (passkey 59% -> 97%, number_string 17% ->
 84%) and phase 7 took them to 100% and 90%. Its chunk scores are skewed too: s_P ranks the needle
 chunk at or near the bottom (the context-free draft is a guessed key, which the needle chunk
-contradicts), so the demo and benchmarks score chunks with s_C - s_P
-(`bench/results/score_terms*.md`, measured on the phase-7 weights). The phases train on different
-data (the random-string copies cannot be predicted at high mask rates), so loss levels are not
+contradicts), so the demo and benchmarks score chunks with s_C - s_P (chosen on the phase-7 weights; on
+these, s_C alone ranks the needle chunk as well or better: `bench/results/score_terms*.md`). The phases
+train on different data (the random-string copies cannot be predicted at high mask rates), so loss levels are not
 comparable across phases. Treat the accuracy figures made with this model as a property of the
 model, and the speed figures as the package's. A digit-focused fine-tune (phase 8 of `train.py`,
 not in these weights) took dense number_string to 100% but kept the needle chunk less often, so
