@@ -36,7 +36,14 @@ def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=200
     t0 = time.perf_counter()
     model = load_model()
     load_s = time.perf_counter() - t0
-    warm = warm_up(model, ("prefilling",), lengths[0], prefilling=TINY_PREFILLING)
+    # the warm-up decodes the grid's first cell (TINY_PREFILLING's K=4 of C=256 does not fit a short first length)
+    first = next(((c, k) for c, k in itertools.product(chunk_sizes, top_ks) if k * c <= lengths[0]), None)
+    warm_cfg = (
+        with_overrides(TINY_PREFILLING, {"chunk_size": first[0], "top_k": first[1]})
+        if first
+        else with_overrides(TINY_PREFILLING, {"top_k": None})
+    )
+    warm = warm_up(model, ("prefilling",), lengths[0], prefilling=warm_cfg)
     startup = startup_line(load_s, warm, lengths[0])
     print(startup, flush=True)
     budget = TimeBudget(budget_s)

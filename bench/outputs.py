@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def write_report(path, title: str, module: str, argv, device: str, seconds: floa
     """
     args = sys.argv[1:] if argv is None else argv
     # paths inside the repository as a user would type them (not this machine's absolute prefix)
-    cmd = " ".join([f"python -m {module}", *(str(a).replace(f"{REPO_ROOT}/", "") for a in args)])
+    cmd = f"python -m {module} " + shlex.join(str(a).replace(f"{REPO_ROOT}/", "") for a in args)
     head = [f"# {title}", "", f"Command: `{cmd}`  ", f"{machine_line(device)}; {seconds:.0f} s in all."]
     text = "\n\n".join(["\n".join(head), *paragraphs])
     with open(path, "w") as f:

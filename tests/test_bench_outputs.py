@@ -137,3 +137,24 @@ def test_run_all_writes_long_context_where_bench_results_keeps_it(monkeypatch, t
     ]
     lengths = ["2048", "4096", "8192", "32768"]  # 4K, 16K, 32K, 128K x 0.25, at least 2048
     assert got == [("filler", tmp_path, lengths), ("essays", tmp_path / "long_context_essays", lengths)]
+
+
+def test_a_reports_command_can_be_pasted_back(tmp_path, capsys):
+    """write_report: the command line quotes what a shell would split, and drops this checkout's own path."""
+    import shlex
+
+    from bench.outputs import write_report
+
+    argv = ["--out", str(tmp_path / "a dir"), "--model", f"{REPO_ROOT}/dllm/assets/tiny-dream", "--lengths", "8"]
+    text = write_report(tmp_path / "r.md", "Title", "bench.study", argv, "cpu", 3.2, ["para one", "para two"])
+    command = text.splitlines()[2]
+    assert command.startswith("Command: `") and command.endswith("`  ")
+    words = shlex.split(command[len("Command: `") : -len("`  ")])
+    assert words == ["python", "-m", "bench.study", "--out", str(tmp_path / "a dir")] + [
+        "--model",
+        "dllm/assets/tiny-dream",
+        "--lengths",
+        "8",
+    ]
+    assert text.splitlines()[3].startswith("Machine: ") and text.endswith("para one\n\npara two")
+    assert (tmp_path / "r.md").read_text() == text + "\n" and text in capsys.readouterr().out

@@ -26,3 +26,13 @@ def test_grid_runs_every_chunk_size_with_the_snap_scaled_to_it(tmp_path, monkeyp
     md = (tmp_path / "chunk_tradeoff.md").read_text()
     assert md.startswith("# Chunk size C x top-K") and "Command: `python -m bench.chunk_tradeoff --chunk-sizes 64" in md
     assert "Machine: CPU" in md and "| 64 | " in md and "| 256 | " in md
+
+
+def test_a_first_length_too_short_for_the_bundled_k_still_runs_the_grid(tmp_path):
+    """The warm-up decodes the grid's own first cell: the bundled K=4 of C=256 does not fit 512 tokens, C=64 K=1
+    does."""
+    argv = ["--chunk-sizes", "64", "--top-k", "1", "--lengths", "512", "--depths", "0.5", "--tasks", "passkey"]
+    assert bench.chunk_tradeoff.main([*argv, "--budget", "60", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "chunk_tradeoff.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["chunk_size"], r["top_k"], r["length"]) for r in rows] == [("64", "1", "512")]

@@ -345,6 +345,8 @@ DAMAGE = {  # what is wrong -> (tensor edit, header edit)
     "ids without the anchor": (lambda t: t["ids"][:, 0].fill_(7), None),
     "ids outside the vocabulary": (lambda t: t["ids"][2, 3].fill_(10**6), None),
     "a K of a layer the model lacks": (lambda t: _set(t, "k.99", t["k.0"].clone()), None),
+    # checked from the numbers alone: listing 10**12 chunk spans first would take minutes and gigabytes
+    "header claims 10**13 tokens": (None, lambda h: h.update(num_tokens=10**13, num_chunks=10**13 // 8)),
 }
 
 

@@ -49,6 +49,31 @@ def test_bad_files_name_the_file(tmp_path, content, match):
     assert CONFIG_NAME in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('{"chunk_size": "256", "boundary_snap": 64}', "chunk_size"),
+        ('{"chunk_size": true, "boundary_snap": 64}', "chunk_size"),
+        ('{"chunk_size": 256, "boundary_snap": "64"}', "boundary_snap"),
+        ('{"score_terms": {"draft_contrast": 1}}', "score_terms must be a JSON array"),
+    ],
+)
+def test_a_bad_field_in_the_file_is_named_also_under_an_override(tmp_path, content, match):
+    """With a chunk_size given, the file's snap is carried to it: a wrong-typed field in the file is still the
+    file's own error (not a TypeError of the carrying arithmetic, nor a value the user never wrote)."""
+    (tmp_path / CONFIG_NAME).write_text(content)
+    for overrides in ({}, {"chunk_size": 128}):
+        with pytest.raises(ValueError, match=match) as e:
+            PrefillingConfig.from_pretrained(str(tmp_path), **overrides)
+        assert CONFIG_NAME in str(e.value)
+
+
+def test_the_files_snap_is_carried_to_an_overriding_chunk_size(tmp_path):
+    (tmp_path / CONFIG_NAME).write_text(json.dumps({"chunk_size": 256, "boundary_snap": 64}))
+    assert PrefillingConfig.from_pretrained(str(tmp_path), chunk_size=128).boundary_snap == 32  # 64/256 of 128
+    assert PrefillingConfig.from_pretrained(str(tmp_path), chunk_size=128, boundary_snap=5).boundary_snap == 5
+
+
 def test_save_pretrained_round_trip(tmp_path):
     cfg = PrefillingConfig(chunk_size=128, top_k=2, token_budget=64, score_terms=("draft_contrast",))
     path = cfg.save_pretrained(str(tmp_path))

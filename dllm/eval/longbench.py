@@ -112,7 +112,7 @@ def load_longbench(
     Source: LongBench data format (THUDM/LongBench).
     """
     cases: list[LongBenchCase] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a BOM before the first line is skipped
         for lineno, line in enumerate(f, 1):
             if limit is not None and len(cases) >= limit:
                 break
@@ -126,6 +126,19 @@ def load_longbench(
             if not isinstance(answers, list) or not answers:
                 raise ValueError(f"{path}:{lineno}: 'answers' must be a non-empty list")
             classes = rec["all_classes"]
+            bad = [
+                f"{k}={rec[k]!r}"
+                for k, ok in (
+                    ("context", isinstance(rec["context"], str)),
+                    ("input", rec["input"] is None or isinstance(rec["input"], str)),
+                    ("dataset", isinstance(rec["dataset"], str)),
+                    ("all_classes", classes is None or isinstance(classes, list)),
+                    ("length", isinstance(rec["length"], int) and not isinstance(rec["length"], bool)),
+                )
+                if not ok
+            ]
+            if bad:
+                raise ValueError(f"{path}:{lineno}: LongBench field(s) of the wrong type: {'; '.join(bad)[:200]}")
             question = str(rec["input"] or "")
             query = query_template.format(input=question) if question.strip() else empty_input_query
             cases.append(

@@ -343,13 +343,12 @@ def read_generation_config(model_dir: str) -> dict:
     """``generation_config.json`` of a checkpoint as a dict ({} when absent).
 
     Raises:
-        ConfigError: invalid JSON.
+        ConfigError: invalid JSON, or JSON that is not an object.
     """
     path = os.path.join(model_dir, "generation_config.json")
     if not os.path.isfile(path):
         return {}
-    raw = read_json(path, ConfigError, require_object=False)
-    return raw if isinstance(raw, dict) else {}
+    return read_json(path, ConfigError)
 
 
 def load_config(model_dir: str, *, rope_theta: float | None = None) -> ModelConfig:

@@ -16,7 +16,7 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = ValueErro
     """Parse ``text`` as JSON.
 
     Args:
-        text: the JSON text (bytes are decoded as UTF-8).
+        text: the JSON text (bytes: UTF-8, or UTF-16/32 as :func:`json.loads` detects them; a BOM is skipped).
         where: what the text is, for the message (a path, ``path:line``, ``path's header``).
         error: the exception class to raise (the caller's own error type, e.g. ``ConfigError``).
         require_object: the value must be a JSON object (a ``dict``).
@@ -25,12 +25,18 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = ValueErro
         the parsed value (a ``dict`` when ``require_object``).
 
     Raises:
-        error: invalid UTF-8 or JSON, or (``require_object``) a value that is not an object.
+        error: invalid UTF-8 or JSON (also an integer longer than Python converts, or nesting deeper than
+            the recursion limit), or (``require_object``) a value that is not an object.
     """
+    if isinstance(text, str):
+        text = text.removeprefix("\ufeff")  # a BOM, as json.loads already skips in bytes
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise error(f"{where} is not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        # ValueError: JSONDecodeError, UnicodeDecodeError and an integer of more than 4300 digits;
+        # RecursionError: arrays/objects nested deeper than the interpreter's recursion limit
+        reason = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise error(f"{where} is not valid JSON ({reason})") from None
     if require_object and not isinstance(value, dict):
         raise error(f"{where} must hold a JSON object, got a JSON {_JSON_KINDS.get(type(value), 'value')}")
     return value

@@ -189,7 +189,7 @@ class PrefillingConfig:
             ValueError: invalid JSON, a field name the dataclass does not have, or an invalid value
                 (the message names the file).
         """
-        values, file_chunk = {}, cls.chunk_size
+        values = {}
         path = os.path.join(model_dir, CONFIG_NAME) if model_dir else None
         if path and os.path.isfile(path):
             values = read_json(path)
@@ -197,15 +197,18 @@ class PrefillingConfig:
             unknown = sorted(set(values) - known)
             if unknown:
                 raise ValueError(f"{path}: unknown field(s) {unknown}; known: {sorted(known)}")
-            file_chunk = values.get("chunk_size", cls.chunk_size)
-            if "score_terms" in values and isinstance(values["score_terms"], list):
+            if "score_terms" in values:
+                if not isinstance(values["score_terms"], list):
+                    raise ValueError(f"{path}: score_terms must be a JSON array, got {values['score_terms']!r}")
                 values["score_terms"] = tuple(values["score_terms"])
-        given = {k: v for k, v in overrides.items() if v is not None}
-        values.update(given)
-        if "chunk_size" in given and "boundary_snap" not in given and values.get("boundary_snap"):
-            values["boundary_snap"] = snap_for_chunk_size(values["boundary_snap"], file_chunk, given["chunk_size"])
+        # the file's values are checked alone first: its snap is carried to an overriding chunk_size only
+        # once both are known to be valid integers (a "256" or true in the file is its own error)
         try:
-            return cls(**values)
+            base = cls(**values)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path or 'PrefillingConfig'}: {e}") from e
+        try:
+            return with_overrides(base, {k: v for k, v in overrides.items() if v is not None})
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path or 'PrefillingConfig'}: {e}") from e
 

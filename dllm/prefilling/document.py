@@ -383,7 +383,7 @@ def _check_header(head: dict, path) -> None:
         raise ValueError(f"{path} is damaged: header field tensor_sha256 is not a mapping of name -> SHA-256")
     if head["boundary_snap"] >= head["chunk_size"]:
         raise ValueError(f"{path} is damaged: boundary_snap={head['boundary_snap']} is not below its chunk_size")
-    n = len(cut_chunks(head["num_tokens"], head["chunk_size"]))
+    n = -(-head["num_tokens"] // head["chunk_size"])  # len(cut_chunks(...)) without building the list
     if head["boundary_snap"] and not n <= head["num_chunks"] <= head["num_tokens"]:
         raise ValueError(
             f"{path} is damaged: {head['num_tokens']} tokens in chunks of at most {head['chunk_size']} cannot be "

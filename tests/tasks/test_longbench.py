@@ -55,6 +55,28 @@ def test_load_errors(tmp_path):
         load_longbench(str(tmp_path / "missing.jsonl"))
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("length", None), ("length", [1]), ("length", True), ("length", "abc"), ("all_classes", 5),
+     ("all_classes", "abc"), ("context", None), ("context", ["a"]), ("input", 3), ("dataset", 1)],
+)  # fmt: skip
+def test_a_field_of_the_wrong_type_names_the_line(tmp_path, field, value):
+    good = DATA.read_text().splitlines()[0]
+    rec = json.loads(good)
+    assert rec[field] != value
+    rec[field] = value
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good + "\n" + json.dumps(rec) + "\n")  # line 1 loads, line 2 is named
+    with pytest.raises(ValueError, match=rf"bad.jsonl:2: LongBench field\(s\) of the wrong type: {field}="):
+        load_longbench(str(bad))
+
+
+def test_a_bom_before_the_first_line_is_skipped(tmp_path):
+    with_bom = tmp_path / "bom.jsonl"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + DATA.read_bytes())
+    assert load_longbench(str(with_bom)) == load_longbench(str(DATA))
+
+
 def test_normalize_answer():
     assert normalize_answer("The  Cat, sat!") == "cat sat"
     assert normalize_answer("An apple a day") == "apple day"
