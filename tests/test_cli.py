@@ -51,6 +51,7 @@ def files(tmp_path, monkeypatch, request):
     (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
     (tmp_path / "slot_last.txt").write_text("Read this: {context}")
     (tmp_path / "latin1.jsonl").write_bytes('{"input": "caf\xe9"}\n'.encode("latin-1"))
+    (tmp_path / "deep.jsonl").write_text('{"input": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     os.mkfifo(tmp_path / "pipe.fifo")  # a named pipe nobody writes to (only stat-ed)
     return tmp_path
 
@@ -226,6 +227,7 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "max_position_embeddings=1536",
     ),
     "longbench file not UTF-8": ("eval longbench --data latin1.jsonl", "latin1.jsonl: not UTF-8 text"),
+    "longbench line nested too deeply": ("eval longbench --data deep.jsonl", "deep.jsonl:1 is not valid JSON (nested"),
     "context file is /dev/zero": (
         "generate --prompt-file prompt.txt --context-file /dev/zero",
         "'/dev/zero': a device, not a file, pipe or terminal",
