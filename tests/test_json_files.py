@@ -48,3 +48,17 @@ def test_a_checkpoints_generation_config_that_is_not_an_object_is_an_error(tmp_p
     (tmp_path / "generation_config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match=r"generation_config.json must hold a JSON object, got a JSON array"):
         read_generation_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("content, reason", [("{oops", "is not valid JSON"), ('["x"]', "must hold a JSON object")])
+def test_a_bad_tokenizer_config_is_a_config_error_naming_it(tmp_path, content, reason):
+    import shutil
+
+    from dllm.model.loader import default_model_dir, load_tokenizer
+
+    d = tmp_path / "tok"
+    shutil.copytree(default_model_dir(), d)
+    (d / "tokenizer_config.json").write_text(content)
+    with pytest.raises(ConfigError, match=reason) as e:
+        load_tokenizer(str(d))
+    assert str(d / "tokenizer_config.json") in str(e.value)

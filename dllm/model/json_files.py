@@ -1,7 +1,8 @@
 """JSON read as a user's file should be: an invalid file or a value of the wrong kind is one clear error.
 
-Every JSON this package reads (a checkpoint's ``config.json``, a safetensors index, ``prefilling_config.json``, a
-document cache's header, a LongBench line) goes through these two functions, so their messages read alike:
+The JSON a user hands this package (a checkpoint's ``config.json``, ``generation_config.json`` and
+``tokenizer_config.json``, a safetensors index, ``prefilling_config.json``, a document cache's header, a LongBench
+line) goes through these two functions, so their messages read alike:
 ``<where> is not valid JSON (<reason>)`` and ``<where> must hold a JSON object, got a JSON <kind>``.
 """
 

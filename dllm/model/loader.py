@@ -9,7 +9,6 @@ transformers class its ``tokenizer_config.json`` names, with ``trust_remote_code
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 
@@ -17,6 +16,7 @@ import torch
 
 from dllm.model.config import ConfigError, load_config
 from dllm.model.hf import quiet_transformers
+from dllm.model.json_files import read_json
 from dllm.model.modeling import DiffusionLM
 from dllm.model.weights import check_checkpoint_shapes, checkpoint_index, checkpoint_num_layers, load_weights_into
 
@@ -119,11 +119,7 @@ def load_tokenizer(path: str, *, family: str | None = None):
     name = None
     cfg_path = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_path):
-        try:
-            with open(cfg_path, encoding="utf-8") as f:
-                name = json.load(f).get("tokenizer_class")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-            raise ConfigError(f"{cfg_path} is not a valid tokenizer config: {e}") from e
+        name = read_json(cfg_path, ConfigError).get("tokenizer_class")
     cls = _tokenizer_class(name, path, family)
     with quiet_transformers():
         return cls.from_pretrained(path, trust_remote_code=False)
