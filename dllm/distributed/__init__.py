@@ -22,9 +22,11 @@ the draft (a few integers), ``N`` first-stage and ``3 N`` predictive fp32 scores
 ``redundancy_threshold``, once per document) and the K kept chunks' K/V:
 ``2 * layers * (C + 1) * Hkv * D * elt`` bytes each (:func:`kept_kv_bytes`).
 
-Equality with one process: a chunk's K/V and its scores depend on that chunk alone, and the chunks of
-one forward do not interact (a chunk is one batch row), so on the CPU the sharded cache, the scores
-and the generated tokens equal a single-process run bit for bit (tests/test_distributed.py; one exception:
+Equality with one process: every rank cuts the same chunks (the boundaries, snapped or not, are those of
+the whole token sequence), a chunk's K/V and its scores depend on that chunk alone, and the chunks of
+one forward do not interact (a chunk is one batch row), so on the CPU the sharded cache, the first-stage and
+predictive scores, the kept chunks and the generated tokens equal a single-process run bit for bit, at the
+bundled defaults too (tests/test_distributed.py: 2 and 3 gloo ranks; one exception:
 a rank holding a single chunk scores it in a one-row forward, whose scores agree to ~1e-7, not bits); on GPUs
 a different batch composition may change them at round-off level (cuBLAS picks kernels by shape).
 
@@ -37,6 +39,7 @@ an initialised process group everything runs in this one process)::
     res = dllm.distributed.generate(model, doc, PromptParts(prefix, None, query), prefilling=cfg)
     # res: the GenerationResult on the root rank, None elsewhere
     full = doc.gather()                          # the whole DocumentCache on the root, None elsewhere
+    whole = dllm.distributed.load_document("doc.idx", model)  # one process, no group: the whole DocumentCache
 
 Errors: every collective step runs under :func:`run_on_all`: an exception on any rank is exchanged
 and every rank raises the same :class:`RankError` naming the first failing rank, so no rank waits

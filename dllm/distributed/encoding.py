@@ -11,6 +11,7 @@ import torch
 from dllm.distributed.group import all_gather, run_on_all, world
 from dllm.distributed.sharded_document import ShardedDocument
 from dllm.distributed.shares import shard_bounds
+from dllm.model.devices import check_ids_for_model
 from dllm.prefilling.chunks import chunk_spans, pad_token_id
 from dllm.prefilling.config import PrefillingConfig
 from dllm.prefilling.document import encode_document as encode_one_process
@@ -91,6 +92,7 @@ def encode_document(
             raise ValueError(
                 "this rank was given other context token ids than rank 0: every rank passes the whole document"
             )
+        check_ids_for_model(model, context_ids, "context_ids are", "context_ids contain", "context")
         spans = chunk_spans(model, context_ids, cfg.chunk_size, cfg.boundary_snap)  # the whole document's
         bounds = shard_bounds(len(spans), size)
         lo, hi = bounds[rank]
