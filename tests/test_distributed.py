@@ -403,3 +403,22 @@ def test_snapped_index_read_in_one_process(runs, ref):
     for read in (lambda: dllm.DocumentCache.load(shard, model), lambda: dd.load_document(shard, model)):
         with pytest.raises(ValueError, match="one shard of a sharded document.*'snapped3.idx'"):
             read()
+
+
+def test_a_share_of_snapped_chunks_is_cut_again_the_same_from_its_own_tokens():
+    """Why a sharded encoding (and a shard's check on load) may snap a share alone: the greedy cut of any
+    contiguous share of the whole document's chunks, run on the share's tokens only, gives the same chunks
+    (3000 random cases, every tolerance below C)."""
+    from dllm.prefilling.chunks import snapped_chunks
+
+    gen = torch.Generator().manual_seed(0)
+    for case in range(3000):
+        c = int(torch.randint(2, 40, (1,), generator=gen))
+        tol = int(torch.randint(0, c, (1,), generator=gen))
+        n = int(torch.randint(1, 400, (1,), generator=gen))
+        ends = torch.rand(n, generator=gen) < float(torch.rand(1, generator=gen))
+        spans = snapped_chunks(ends, c, tol)
+        lo = int(torch.randint(0, len(spans), (1,), generator=gen))
+        hi = int(torch.randint(lo + 1, len(spans) + 1, (1,), generator=gen))
+        a, b = spans[lo][0], spans[hi - 1][0] + spans[hi - 1][1]
+        assert [(s + a, size) for s, size in snapped_chunks(ends[a:b], c, tol)] == spans[lo:hi], (case, c, tol)

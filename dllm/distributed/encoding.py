@@ -1,6 +1,11 @@
 """Sharded encoding: every rank cuts the whole document into the chunks one process would cut (fixed, or
 snapped to sentence ends: the boundaries depend on the whole token sequence, which every rank holds), takes
-its contiguous share of them and encodes it with :func:`dllm.encode_document`."""
+its contiguous share of them and encodes it with :func:`dllm.encode_document`.
+
+A share's snapped chunks are cut again, the same, from the share's tokens alone (so a shard file checks its own
+boundaries when loaded): the greedy cut ends a chunk at the last sentence end in ``[s + C - tol, s + C]`` (else
+at ``s + C``), so the next chunk of the whole document ends past ``s + C``, and a share's cut never runs out of
+tokens before its last chunk (tests/test_distributed.py checks it on random cases)."""
 
 from __future__ import annotations
 
@@ -19,19 +24,6 @@ from dllm.prefilling.document import encode_document as encode_one_process
 
 def _ids_digest(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.detach().long().cpu().contiguous().numpy().tobytes()).hexdigest()
-
-
-def check_snap_shardable(cfg: PrefillingConfig, world_size: int) -> None:
-    """Snapped chunks can be sharded when ``2 * boundary_snap < chunk_size``: each shard's boundaries are then
-    found again, the same, from its own tokens alone (a shard is checked that way when loaded; a snapped chunk
-    other than the last holds at least ``C - boundary_snap`` tokens, so a share's greedy cut never reaches its
-    end before the whole document's does). Raises ``ValueError`` otherwise (with more than one rank)."""
-    if world_size > 1 and cfg.boundary_snap and 2 * cfg.boundary_snap >= cfg.chunk_size:
-        raise ValueError(
-            f"boundary_snap={cfg.boundary_snap} is half of chunk_size={cfg.chunk_size} or more: a sharded encoding "
-            "needs boundary_snap < chunk_size / 2 (each shard's boundaries are found again from its own tokens); "
-            "lower it or encode in one process"
-        )
 
 
 @torch.no_grad()
@@ -65,8 +57,7 @@ def encode_document(
 
     Raises:
         RankError: on every rank when any rank raised (``TypeError``/``ValueError`` of
-            :func:`dllm.encode_document`, other ids on some rank, fewer chunks than ranks, a ``boundary_snap``
-            of half the chunk size or more with several ranks: :func:`check_snap_shardable`); in one process
+            :func:`dllm.encode_document`, other ids on some rank, fewer chunks than ranks); in one process
             without a group the error itself.
     """
     rank, size = world(group)
@@ -77,7 +68,6 @@ def encode_document(
             raise ValueError(f"chunk_size={chunk_size} differs from prefilling.chunk_size={cfg.chunk_size}")
         if not isinstance(cfg, PrefillingConfig):
             raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
-        check_snap_shardable(cfg, size)
         if not torch.is_tensor(context_ids) or context_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError("context_ids must be an int64/int32 tensor of token ids")
         if context_ids.dim() != 1 or context_ids.numel() == 0:
