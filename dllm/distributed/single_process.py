@@ -15,10 +15,12 @@ from dllm.prefilling.document import DocumentCache
 def is_index(path) -> bool:
     """``path`` looks like a sharded document's JSON index rather than a safetensors document cache: its first
     byte (after a UTF-8 BOM and blanks) is ``{``, where a safetensors file starts with an 8-byte header length
-    followed by ``{``."""
+    followed by ``{``. Only a regular file is opened (a FIFO would block)."""
+    if not os.path.isfile(path):
+        return False
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
+            head = f.read(4096)
     except OSError:
         return False
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 40:
