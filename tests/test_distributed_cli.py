@@ -39,6 +39,9 @@ def _rank(rank, world, ports, workdir, stdin_fd):
             ["encode", "--context-file", "ctx.fifo", "--out", "book.idx", "--device", "cpu", "--chunk-size", "128"],
             ["generate", "--document", "book.idx", "--prompt-file", "prompt.txt", "--questions-file", "-",
              "--device", "cpu", "--gen-length", "8", "--top-k", "2", "--stats", "none"],
+            # stdin is now at its end: rank 0 reads no question, every rank ends with status 2, one error line
+            ["generate", "--document", "book.idx", "--prompt-file", "prompt.txt", "--questions-file", "-",
+             "--device", "cpu"],
         )):  # fmt: skip
             os.environ["MASTER_PORT"] = str(port)
             codes.append(main(argv))
@@ -63,12 +66,16 @@ def test_rank0_reads_a_fifo_and_stdin_and_broadcasts(tmp_path, capsys, monkeypat
 
     writer = threading.Thread(target=write_fifo, daemon=True)
     writer.start()
-    procs, killed = run_ranks(_rank, 2, (2, (_free_port(), _free_port()), str(tmp_path), read_fd), TIMEOUT_S)
+    ports = (_free_port(), _free_port(), _free_port())
+    procs, killed = run_ranks(_rank, 2, (2, ports, str(tmp_path), read_fd), TIMEOUT_S)
     os.close(read_fd)
     logs = {f: (tmp_path / f).read_text() for f in sorted(os.listdir(tmp_path)) if f.startswith("rank")}
     assert not killed, f"{killed} rank(s) still running after {TIMEOUT_S} s: {logs}"
-    assert [logs.get(f"rank{r}.rc") for r in range(2)] == ["0 0", "0 0"], logs
-    assert logs["rank1.out"] == "", logs  # rank 0 speaks
+    assert [logs.get(f"rank{r}.rc") for r in range(2)] == ["0 0 2", "0 0 2"], logs
+    assert logs["rank1.out"] == logs["rank1.err"] == "", logs  # rank 0 speaks
+    assert logs["rank0.err"].splitlines() == [
+        "error: rank 0: --questions-file -: no questions (one per line; blank lines are skipped)"
+    ], logs
     # one process answers the same questions from the same index (its shards re-split onto it)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.chdir(tmp_path)
