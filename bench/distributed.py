@@ -83,7 +83,8 @@ TARGET_RATIO = 1.6  # issue 27: 2 processes encode >= 1.6x faster than 1 on this
 QUIET_LOAD = 0.3  # a 1-minute load average above this at the start marks the run as made on a loaded machine
 # The bundled model's configuration with a fixed prefill batch, so that one process and each rank run
 # forwards of the same shape (the default batch follows the free memory, which differs between them).
-# fixed chunks: the sharded path does not snap boundaries yet (the bundled defaults do)
+# fixed chunks, as the recorded figure was measured (the sharded path snaps boundaries too since issue 36: with
+# snapping the chunk count, and so the shares, follow the text; the needle-chunk arithmetic below assumes C-token cuts)
 CONFIG = dataclasses.replace(TINY_PREFILLING, prefill_batch=32, boundary_snap=0)
 
 # --- the prediction's assumptions (H200 SXM, bf16) -----------------------------------------------------

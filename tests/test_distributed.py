@@ -6,6 +6,7 @@ CPU a chunk's K/V and scores do not depend on which other chunks share its forwa
 results must be bit-equal (``torch.equal``), not merely close.
 """
 
+import dataclasses
 import datetime
 import functools
 import os
@@ -17,8 +18,10 @@ import torch
 import dllm
 import dllm.distributed as dd
 from bench.distributed import run_ranks
+from dllm.distributed.group import world as group_world
+from dllm.distributed.index_file import shard_path
 from dllm.eval.tasks import make_case
-from dllm.prefilling import PrefillingConfig, PromptParts, score_and_select
+from dllm.prefilling import PrefillingConfig, PromptParts, cut_chunks, score_and_select
 
 MODEL_DIR = os.path.join(os.path.dirname(dllm.__file__), "assets", "tiny-dream")
 GEN = dict(gen_length=8)
@@ -28,6 +31,8 @@ CONFIGS = {
     "A": PrefillingConfig(chunk_size=128, top_k=2, score_terms=("draft_contrast",)),
     "B": PrefillingConfig(chunk_size=128, top_k=3, token_budget=32, cache_mode="joint", position_mode="reuse"),
 }
+# the checkpoint's defaults with a first stage of 9 candidates and redundancy-aware top-K
+STAGED = dataclasses.replace(PrefillingConfig.from_pretrained(MODEL_DIR), candidates=9, redundancy_threshold=0.3)
 SHORT = PrefillingConfig(chunk_size=384, top_k=2, score_terms=("draft_contrast",))  # 3 chunks, the last of 131 tokens
 GLOO_TIMEOUT_S = 300  # a rank waits this long for a peer (rank 2 waits through the 2-rank steps)
 TIMEOUT_S = 600  # the whole group, spawn and imports included (seconds on an idle machine; minutes when loaded)
@@ -36,6 +41,14 @@ TIMEOUT_S = 600  # the whole group, spawn and imports included (seconds on an id
 def _inputs(model):
     """A passkey case of 899 tokens (8 chunks of 128, the last of 3 tokens), its prefix and query."""
     case = make_case("passkey", 900, 0.6, 3)
+    ctx = dllm.encode_text(model, case.context)
+    parts = PromptParts(dllm.encode_text(model, case.prefix, bos=True), None, dllm.encode_text(model, case.query))
+    return ctx, parts
+
+
+def _long_inputs(model):
+    """A passkey case of ~2700 tokens: 11-12 chunks of at most 256 snapped to sentence ends (the defaults)."""
+    case = make_case("passkey", 2700, 0.4, 5)
     ctx = dllm.encode_text(model, case.context)
     parts = PromptParts(dllm.encode_text(model, case.prefix, bos=True), None, dllm.encode_text(model, case.query))
     return ctx, parts
@@ -67,7 +80,9 @@ def _worker(rank, world, init_file, out_dir):
     out = {}
     model = _load()
     pair = dist.new_group([0, 1])  # the 2-rank steps run on ranks 0 and 1 while rank 2 waits
-    for step, fn, group in (("two", _fresh, pair), ("three", _reload, None), ("fails", _fails, None)):
+    steps = (("two", _fresh, pair), ("three", _reload, None), ("fails", _fails, None),
+             ("defaults2", _defaults, pair), ("defaults3", _defaults, None))  # fmt: skip
+    for step, fn, group in steps:
         if group is not pair or rank < 2:
             try:
                 out[step] = fn(model, rank, out_dir, group)
@@ -139,6 +154,25 @@ def _reload(model, rank, out_dir, group):
     return out
 
 
+def _defaults(model, rank, out_dir, group):
+    """The bundled defaults (boundary_snap, K=4) and the first stage with redundancy-aware selection, sharded:
+    the snapped chunks, the gathered cache, the kept chunks and the tokens (compared with one process)."""
+    ctx, parts = _long_inputs(model)
+    root = parts if rank == 0 else None
+    doc = dd.encode_document(model, ctx, group=group)  # prefilling=None: the checkpoint's defaults
+    out = {"spans": doc.spans, "bounds": doc.bounds, "snap": doc.boundary_snap}
+    full = doc.gather()
+    if full is not None:
+        c = full.chunks
+        out["full"] = {"k": c.k, "v": c.v, "ids": c.ids, "lens": c.lens, "starts": c.starts}
+    for name, cfg in (("defaults", None), ("staged", STAGED)):
+        res = dd.generate(model, doc, root, prefilling=cfg, **GEN)
+        if res is not None:
+            out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
+    doc.save(os.path.join(out_dir, f"snapped{group_world(group)[1]}.idx"))
+    return out
+
+
 def _fails(model, rank, out_dir, group):
     """Rank 1 is given other token ids: every rank must raise the same RankError, and nothing hangs."""
     ctx, _parts = _inputs(model)
@@ -181,6 +215,11 @@ def ref():
         out[f"kept_{name}"], out[f"scores_{name}"] = sel.kept, _terms(sel)
         res = dllm.generate(model, method="prefilling", prompt=parts, document=doc, prefilling=cfg, **GEN)
         out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
+    ctx, parts = _long_inputs(model)
+    doc = out["doc_defaults"] = dllm.encode_document(model, ctx)  # the bundled defaults, in one process
+    for name, cfg in (("defaults", None), ("staged", STAGED)):
+        res = dllm.generate(model, method="prefilling", prompt=parts, document=doc, prefilling=cfg, **GEN)
+        out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
     return out
 
 
@@ -191,6 +230,8 @@ def runs(tmp_path_factory):
     results, codes = _spawn(3, d)
     assert all(r is not None for r in results), results
     return {
+        "defaults2": [r["defaults2"] for r in results[:2]],
+        "defaults3": [r["defaults3"] for r in results],
         "two": [r["two"] for r in results[:2]],
         "three": [r["three"] for r in results],
         "fails": [r["fails"] for r in results],
@@ -209,7 +250,7 @@ def _equal_terms(got, want):
 
 
 def test_every_step_succeeded_on_every_rank(runs):
-    for r in runs["two"] + runs["three"]:
+    for r in runs["two"] + runs["three"] + runs["defaults2"] + runs["defaults3"]:
         assert r is not None and "rank_error" not in r, r
 
 
@@ -311,31 +352,73 @@ def test_a_rank_that_dies_does_not_hang_its_peers(runs):
     assert runs["dies"]["seconds"] < GLOO_TIMEOUT_S / 2  # the backend saw the closed connection: no timeout
 
 
-@pytest.mark.parametrize("option", [{"boundary_snap": 16}, {"redundancy_threshold": 0.8}, {"candidates": 2}])
-def test_single_process_options_are_refused_not_ignored(option):
-    """Snapped boundaries, redundancy-aware selection and the first stage are not sharded: one process
-    without a group gets the ValueError itself (under a group every rank gets it as a RankError)."""
+@pytest.mark.parametrize("world", [2, 3])
+def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
+    """Issue 36: the bundled defaults snap chunk boundaries to sentence ends; 2 and 3 ranks cut the same chunks
+    as one process, hold the same K/V, keep the same chunks and decode the same tokens, with the defaults and
+    with a first stage (candidates) and redundancy-aware selection."""
+    got = runs[f"defaults{world}"]
+    want = ref["doc_defaults"].chunks
+    assert ref["doc_defaults"].boundary_snap > 0 and got[0]["snap"] == ref["doc_defaults"].boundary_snap
+    spans = list(zip(want.starts, want.sizes()))
+    assert spans != cut_chunks(len(ref["doc_defaults"]), ref["doc_defaults"].chunk_size)  # the snap moved them
+    assert [r["spans"] for r in got] == [spans] * world
+    assert got[0]["bounds"] == dd.shard_bounds(len(spans), world)
+    full = got[0]["full"]
+    assert full["starts"] == want.starts and torch.equal(full["lens"], want.lens) and torch.equal(full["ids"], want.ids)
+    for layer in range(len(want.k)):
+        for g, w in ((full["k"][layer], want.k[layer]), (full["v"][layer], want.v[layer])):
+            for j, n in enumerate(want.lens.tolist()):
+                assert torch.equal(g[j, :n], w[j, :n]), (layer, j)
+    for name in ("defaults", "staged"):
+        e, w = got[0][f"extra_{name}"], ref[f"extra_{name}"]
+        assert torch.equal(got[0][f"tokens_{name}"], ref[f"tokens_{name}"]), name
+        for key in ("num_chunks", "selected_chunks", "all_chunk_scores", "chunk_scores", "pseudo_labels"):
+            assert e[key] == w[key], (name, key)
+    assert got[0]["extra_staged"]["candidate_chunks"] == ref["extra_staged"]["candidate_chunks"]
+    assert len(ref["extra_staged"]["candidate_chunks"]) == 9 < ref["extra_staged"]["num_chunks"]
+    # the redundancy threshold changed the choice against plain top-K over the same scores
+    total = torch.tensor([float("-inf") if x is None else x for x in ref["extra_staged"]["all_chunk_scores"]])
+    assert ref["extra_staged"]["selected_chunks"] != sorted(torch.topk(total, 4).indices.tolist())
+    assert all(f"tokens_{n}" not in r for r in got[1:] for n in ("defaults", "staged"))
+    answer = dllm.decode_text(_load(), got[0]["tokens_defaults"])[0].strip()
+    assert answer == make_case("passkey", 2700, 0.4, 5).answer  # the tokens are the answer, not a constant
+
+
+def test_snapped_index_read_in_one_process(runs, ref):
+    """Issue 38: the sharded index of a snapped document, read by one process (its shards re-split onto it),
+    is the single-process document; one shard alone is refused, naming its index."""
     model = _load()
-    ctx, _ = _inputs(model)
-    cfg = PrefillingConfig(chunk_size=64, top_k=2, **option)
-    with pytest.raises(ValueError, match=f"does not support {next(iter(option))}="):
-        dd.encode_document(model, ctx, prefilling=cfg)
+    idx = os.path.join(runs["dir"], "snapped3.idx")
+    index = dd.read_index(idx)
+    assert index["format"] == 2 and index["boundary_snap"] > 0 and index["world_size"] == 3
+    whole = dd.load_document(idx, model)
+    want = ref["doc_defaults"]
+    assert whole.chunks.starts == want.chunks.starts and torch.equal(whole.chunks.lens, want.chunks.lens)
+    assert whole.boundary_snap == want.boundary_snap
+    for j, n in enumerate(want.chunks.lens.tolist()):
+        assert torch.equal(whole.chunks.k[0][j, :n], want.chunks.k[0][j, :n])
+    assert dd.read_document_header(idx)["num_chunks"] == want.num_chunks
+    shard = shard_path(idx, 1, 3)
+    for read in (lambda: dllm.DocumentCache.load(shard, model), lambda: dd.load_document(shard, model)):
+        with pytest.raises(ValueError, match="one shard of a sharded document.*'snapped3.idx'"):
+            read()
 
 
-def test_checkpoint_boundary_snap_falls_back_to_fixed_chunks_with_a_warning():
-    """The bundled checkpoint snaps boundaries by default (prefilling_config.json); with no ``prefilling=``
-    the sharded path warns and cuts the fixed chunks a single process cuts with boundary_snap=0."""
-    import dataclasses
+def test_a_share_of_snapped_chunks_is_cut_again_the_same_from_its_own_tokens():
+    """Why a sharded encoding (and a shard's check on load) may snap a share alone: the greedy cut of any
+    contiguous share of the whole document's chunks, run on the share's tokens only, gives the same chunks
+    (3000 random cases, every tolerance below C)."""
+    from dllm.prefilling.chunks import snapped_chunks
 
-    model = _load()
-    base = PrefillingConfig.from_pretrained(MODEL_DIR)
-    assert base.boundary_snap > 0  # the premise: the defaults snap
-    ctx, parts = _inputs(model)
-    with pytest.warns(UserWarning, match=f"boundary_snap={base.boundary_snap} is not sharded yet"):
-        doc = dd.encode_document(model, ctx)
-    want = dllm.encode_document(model, ctx, prefilling=dataclasses.replace(base, boundary_snap=0))
-    n = base.chunk_size
-    assert doc.num_chunks == want.num_chunks == -(-ctx.numel() // n)
-    assert doc.local.chunks.starts == want.chunks.starts == list(range(0, ctx.numel(), n))
-    for a, b in zip(doc.local.chunks.k, want.chunks.k):
-        assert torch.equal(a, b)
+    gen = torch.Generator().manual_seed(0)
+    for case in range(3000):
+        c = int(torch.randint(2, 40, (1,), generator=gen))
+        tol = int(torch.randint(0, c, (1,), generator=gen))
+        n = int(torch.randint(1, 400, (1,), generator=gen))
+        ends = torch.rand(n, generator=gen) < float(torch.rand(1, generator=gen))
+        spans = snapped_chunks(ends, c, tol)
+        lo = int(torch.randint(0, len(spans), (1,), generator=gen))
+        hi = int(torch.randint(lo + 1, len(spans) + 1, (1,), generator=gen))
+        a, b = spans[lo][0], spans[hi - 1][0] + spans[hi - 1][1]
+        assert [(s + a, size) for s, size in snapped_chunks(ends[a:b], c, tol)] == spans[lo:hi], (case, c, tol)

@@ -13,6 +13,9 @@ any number of ranks up to its chunk count (each rank scores its own chunks, rank
 ``--device cpu`` runs gloo. ``PREFILLING_DLLM_DIST_TIMEOUT`` (seconds, default 1800) bounds how long a
 rank waits for a silent peer.
 
+Inputs: ``--context-file``, ``--prompt-file`` and ``--questions-file`` (``-``: stdin) are read by rank 0 only
+and broadcast (:func:`dllm.distributed.read_on_root`), so a pipe or FIFO is read once.
+
 Errors: a user error on any rank (bad option, unreadable file, a document of another model) ends every
 rank; rank 0 alone prints one ``error: rank R: ...`` line (``rank R`` when it arose on one rank only),
 and every rank exits with status 2 (1 for a bug, whose traceback ``--debug`` prints on rank 0).
@@ -33,6 +36,7 @@ from dllm.cli.errors import UserError
 from dllm.cli.files import read_document_to_encode
 from dllm.cli.generate import collect_questions, document_config, print_answer, print_stats, prompt_templates
 from dllm.cli.options import (
+    as_flags,
     chunk_fits,
     decode_kwargs,
     decoding_check,
@@ -91,37 +95,42 @@ def cmd_encode(args) -> int:
     return _on_every_rank(_encode, args)
 
 
-def _encode(args) -> int:
-    import dataclasses
+def _read_on_rank0(fn):
+    """``fn()`` (reading the command's input files) on rank 0 only, its value broadcast: stdin and a FIFO are
+    read once, and every rank works on the same text. A :class:`UserError` there is every rank's one error."""
 
+    def guarded():
+        try:
+            return fn()
+        except UserError as exc:
+            raise ValueError(str(exc)) from None  # a user error for run_on_all (RankError.user_error)
+
+    return dd.read_on_root(guarded)
+
+
+def _encode(args) -> int:
     from dllm.model.loader import default_model_dir
     from dllm.model.tokenization import encode_text
-    from dllm.prefilling import PrefillingConfig
+    from dllm.prefilling.config import PrefillingConfig, with_overrides
 
-    text = read_document_to_encode(args)
-    if args.boundary_snap:
-        raise UserError("--boundary-snap is not supported under torchrun yet: encode in one process")
-    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch}
+    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
     base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
-    if base.boundary_snap:  # the checkpoint snaps by default; the sharded path cuts fixed chunks (said once)
-        if _rank_env() == 0:
-            print(
-                f"note: the checkpoint's boundary_snap={base.boundary_snap} is not sharded yet: fixed chunks of "
-                f"{args.chunk_size or base.chunk_size} tokens under torchrun",
-                file=sys.stderr,
-            )
-        base = dataclasses.replace(base, boundary_snap=0)
-    cfg = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    try:
+        cfg = with_overrides(base, {k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise UserError(f"encode options: {as_flags(exc)}") from exc
     chunk_fits(cfg.chunk_size, args)
     device = _rank_device(args)
+    text = _read_on_rank0(lambda: read_document_to_encode(args))
     model = _load_model(args, device)
     doc = dd.encode_document(model, encode_text(model, text), prefilling=cfg, progress=progress_bars())
     doc.save(args.out)
     if doc.rank == 0:
         size = sum(os.path.getsize(doc.shard_path(args.out, r)) for r in range(doc.world_size))
+        snapped = f", boundaries snapped within {doc.boundary_snap}" if doc.boundary_snap else ""
         print(
             f"wrote {args.out} and {doc.world_size} shard(s) beside it: {len(doc)} tokens in {doc.num_chunks} chunks "
-            f"of {doc.chunk_size} ({size / 2**20:.1f} MiB)"
+            f"of at most {doc.chunk_size}{snapped} ({size / 2**20:.1f} MiB)"
         )
     return 0
 
@@ -144,8 +153,13 @@ def _generate(args) -> int:
         raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
     args.method = "prefilling"
     header = dd.read_index(args.document)  # before the model loads
-    questions = collect_questions(args)
-    templates = prompt_templates(args, questions)
+    device = _rank_device(args)
+
+    def inputs():
+        questions = collect_questions(args)
+        return questions, prompt_templates(args, questions)
+
+    questions, templates = _read_on_rank0(inputs)
     for template in templates:
         if template.count("{context}") > 1:
             raise UserError("the prompt must hold at most one {context} slot for --document")
@@ -156,16 +170,11 @@ def _generate(args) -> int:
             )
     decoding_check(args)
     cfg = document_config(args, header)
-    if cfg.redundancy_threshold is not None or cfg.candidates is not None:
-        raise UserError(
-            "--redundancy-threshold and --candidates are not supported under torchrun yet: answer in one process"
-        )
     if cfg.position_mode == "absolute":
         raise UserError(
             "--position-mode absolute is not supported under torchrun (rank 0 holds only the kept chunks); "
             "use continuous or reuse"
         )
-    device = _rank_device(args)
     model = _load_model(args, device)
     doc = dd.ShardedDocument.load(args.document, model)
     kw = decode_kwargs(args, args.gen_length)

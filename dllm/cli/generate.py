@@ -331,6 +331,7 @@ def cmd_generate(args) -> int:
     """``generate``: answer one prompt, or each question, from a context file, a document cache or the prompt alone
     (under torchrun: :func:`dllm.cli.distributed.cmd_generate`)."""
     import dllm
+    from dllm.distributed.single_process import load_document, read_document_header
     from dllm.model.loader import default_model_dir
 
     header = None
@@ -340,7 +341,7 @@ def cmd_generate(args) -> int:
         if args.method not in (None, "prefilling"):
             raise UserError(f"--document answers with --method prefilling, not --method {args.method}")
         args.method = "prefilling"
-        header = dllm.DocumentCache.read_header(args.document)  # before the model loads
+        header = read_document_header(args.document)  # before the model loads; a cache file or a sharded index
     # the product with a context; a prompt alone (nothing to chunk) decodes densely
     args.method = args.method or ("prefilling" if args.context_file is not None else "dense")
     questions = collect_questions(args)
@@ -362,7 +363,7 @@ def cmd_generate(args) -> int:
     kw = {"gen": gen, "decode": decode_kwargs(args, args.gen_length)}
     document = context_tokens = None
     if args.document is not None:
-        document, context_tokens = dllm.DocumentCache.load(args.document, model), header["num_tokens"]
+        document, context_tokens = load_document(args.document, model), header["num_tokens"]
     elif cfg is not None and context is not None and len(templates) > 1:
         document, cfg, context_tokens = _encode_context_once(model, args, context, cfg)
     spans = None  # ("chars" | "tokens", [(start, end)] per chunk), for the stats

@@ -274,14 +274,20 @@ class DocumentCache:
         os.chmod(path, 0o666 & ~_current_umask())  # safetensors creates the file 0600
 
     @staticmethod
-    def read_header(path) -> dict:
+    def read_header(path, *, shard: bool = False) -> dict:
         """The JSON header of a cache file (:data:`HEADER_FIELDS`), without reading its tensors.
 
+        Args:
+            shard: accept one shard of a sharded document (:mod:`dllm.distributed`; its header has a ``shard``
+                field), refused otherwise: its chunks are a part of a document, not the whole.
+
         Raises:
-            FileNotFoundError: no such file.
-            ValueError: not a document cache of a known format, or a header with missing or ill-typed
-                fields (the message names the file).
+            FileNotFoundError: no such file. IsADirectoryError: a directory (naming it).
+            ValueError: not a document cache of a known format (an integer), one shard of a sharded document,
+                or a header with missing or ill-typed fields (the message names the file).
         """
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a document cache", str(path))
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 raw = (f.metadata() or {}).get(HEADER_KEY)
@@ -290,10 +296,17 @@ class DocumentCache:
         if raw is None:
             raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
         head = parse_json(raw, f"{path} is damaged: its {HEADER_KEY!r} header")
-        if head.get("format") not in READABLE_FORMATS:
+        fmt = head.get("format")
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt not in READABLE_FORMATS:
             raise ValueError(
                 f"format mismatch: {path} has format {head.get('format')!r}, this version reads "
                 f"{' and '.join(map(str, READABLE_FORMATS))}; encode the document again with this version"
+            )
+        if "shard" in head and not shard:
+            of = head["shard"] if isinstance(head["shard"], dict) else {}
+            raise ValueError(
+                f"{path} is one shard of a sharded document, not a whole document: load its index "
+                f"{of.get('index', '')!r} beside it (dllm.distributed.ShardedDocument.load; generate --document INDEX)"
             )
         for name, since in FIELDS_SINCE.items():
             if head["format"] < since and name not in head:
@@ -302,7 +315,7 @@ class DocumentCache:
         return head
 
     @classmethod
-    def load(cls, path, model, *, verify: bool = True) -> DocumentCache:
+    def load(cls, path, model, *, verify: bool = True, shard: bool = False) -> DocumentCache:
         """Open a cache written by :meth:`save` for ``model``.
 
         On CPU the tensors are memory-mapped; on another device they are copied there. Before any
@@ -316,6 +329,7 @@ class DocumentCache:
                 0.19 s for 258 MiB (a 128K-token cache of the bundled model) on one core of
                 the 2-core CI machine, i.e. ~1.4 GB/s, plus the disk read. False maps the file
                 lazily (pages read when first used) and checks only layout and token ids.
+            shard: accept one shard of a sharded document (:meth:`read_header`).
 
         Raises:
             FileNotFoundError: no such file.
@@ -326,7 +340,7 @@ class DocumentCache:
                 the header's token count, token ids that are not the anchor or lie outside the
                 vocabulary, with ``verify``: a tensor whose bytes differ from the recorded hash).
         """
-        head = DocumentCache.read_header(path)
+        head = DocumentCache.read_header(path, shard=shard)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             _check_fields({k: head.get(k) for k in MODEL_FIELDS}, model_fingerprint(model), str(path))
             _check_tensor_layout(f, head, model, path)
