@@ -27,7 +27,7 @@ from dllm.decode.denoise import denoise
 from dllm.decode.policies import DensePolicy, PrefixCachePolicy
 from dllm.decode.step_graph import cuda_graph_support
 from dllm.decode.timer import PhaseTimer
-from dllm.decode.unmasking import UnmaskingConfig
+from dllm.decode.unmasking import UnmaskingConfig, integer
 from dllm.model.devices import check_ids_for_model
 from dllm.model.tokenization import decode_text
 from dllm.prefilling.pipeline import build_prefilling_policy
@@ -84,6 +84,27 @@ class GenerationResult:
 def default_alg(model) -> str:
     """Dream -> ``maskgit_plus``; LLaDA -> ``low_confidence`` (each project's greedy default)."""
     return "low_confidence" if model.family == "llada" else "maskgit_plus"
+
+
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits
+
+
+def _count(name: str, value) -> int:
+    """A count argument (``gen_length``, ``steps``...) as a Python int >= 1: an int or numpy integer; a bool or
+    float is a TypeError (``steps=2.7`` would run 2 steps), a value < 1 a ValueError; both name the argument."""
+    value = integer(name, value)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _seed(value) -> int:
+    """A seed: an int (or numpy integer) in ``[0, 2**64)``, the range of ``torch.Generator.manual_seed``; a
+    negative one is refused (to many tools -1 means "unseeded": leave ``seed`` None for that)."""
+    value = integer("seed", value)
+    if not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {value} (seed=None: unseeded)")
+    return value
 
 
 def check_prompt(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -180,7 +201,13 @@ def generate(
         :class:`GenerationResult` (tokens ``[B, gen_length]``, stats, decoded text).
 
     Raises:
-        ValueError: unknown method/alg/confidence_from, ``gen_length % block_length != 0``, ``steps < 1``,
+        TypeError: ``gen_length``, ``steps``, ``block_length``, ``live_window``, ``top_k`` or ``seed`` not an
+            integer (ints and numpy integers are accepted; a bool or a float such as ``8.0`` is refused),
+            ``cuda_graph`` not None or a bool, ``progress`` not a bool,
+            ``temperature``, ``top_p``, ``alg_temp``, ``eps`` or ``threshold`` not a real number; a prompt
+            list or document of the wrong type. Every argument is checked before any work.
+        ValueError: unknown method/alg/confidence_from, a count < 1, ``gen_length % block_length != 0``,
+            temperature or alg_temp NaN, infinite or < 0, top_p outside (0, 1], a seed outside [0, 2**64),
             steps not divisible by the number of blocks, a prompt containing the mask id,
             prompt on another device than the model, options of another method; with a
             document: a context too, or a chunk size, model, dtype or anchor other than the
@@ -188,18 +215,19 @@ def generate(
             NaN logits at a position being decoded (the message names the denoising step, row and
             position; a NaN never becomes a token). The mask token is never returned: its logit is
             excluded before tokens are chosen (:mod:`dllm.decode.unmasking`).
-        TypeError: a prompt list or document of the wrong type.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-    if gen_length < 1:
-        raise ValueError(f"gen_length must be >= 1, got {gen_length}")
-    block_length = gen_length if block_length is None else int(block_length)
-    if block_length < 1 or gen_length % block_length:
+    gen_length = _count("gen_length", gen_length)
+    block_length = gen_length if block_length is None else _count("block_length", block_length)
+    if gen_length % block_length:
         raise ValueError(f"gen_length ({gen_length}) must be a positive multiple of block_length ({block_length})")
-    steps = gen_length if steps is None else int(steps)
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    steps = gen_length if steps is None else _count("steps", steps)
+    live_window = _count("live_window", live_window)
+    seed = None if seed is None else _seed(seed)
+    for name, flag, allowed in (("cuda_graph", cuda_graph, (bool, type(None))), ("progress", progress, (bool,))):
+        if not isinstance(flag, allowed):
+            raise TypeError(f"{name} must be {' or '.join(t.__name__ for t in allowed)}, got {flag!r}")
     n_blocks = gen_length // block_length
     cfg = UnmaskingConfig(
         alg=alg or default_alg(model),
@@ -226,7 +254,7 @@ def generate(
         use_graph = ("auto" if supported else False) if cuda_graph is None else bool(cuda_graph)
     generator = None
     if seed is not None:
-        generator = torch.Generator(device=model.device).manual_seed(int(seed))
+        generator = torch.Generator(device=model.device).manual_seed(seed)
 
     timer = PhaseTimer(model.device)
     extra, row_extra = {}, None

@@ -64,6 +64,9 @@ and sampled outputs differ from the same request decoded alone (and from the ref
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -73,6 +76,22 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 LLADA_ALGS = ("low_confidence", "random")
 ALGS = DREAM_ALGS + LLADA_ALGS + ("confidence_threshold",)
 CONFIDENCE_SOURCES = ("tempered", "logits")
+
+
+def integer(name: str, value) -> int:
+    """``value`` as a Python int: an int or a numpy integer; a bool or a float (even ``8.0``) is a TypeError
+    naming ``name`` (a float count would be truncated or fail deep inside torch)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    return operator.index(value)
+
+
+def real_number(name: str, value) -> float:
+    """``value`` as a Python float: an int, float or numpy real; a bool, a string or a tensor is a TypeError
+    naming ``name``. Range checks (NaN, inf) are the caller's."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 def default_confidence_from(alg: str) -> str:
@@ -97,8 +116,11 @@ class UnmaskingConfig:
             rule's reference (:func:`default_confidence_from`).
 
     Raises:
-        ValueError: unknown alg or confidence source, temperature < 0, top_p outside (0, 1],
-            top_k < 1, eps outside (0, 1), threshold outside (0, 1].
+        TypeError: temperature, top_p, alg_temp, eps or threshold not a real number, top_k not an
+            integer (a bool is neither; numpy scalars are accepted).
+        ValueError: unknown alg or confidence source, temperature not finite or < 0, top_p outside
+            (0, 1], top_k < 1, alg_temp not finite or < 0, eps outside (0, 1), threshold outside (0, 1]
+            (NaN is outside every range).
     """
 
     alg: str = "maskgit_plus"
@@ -117,12 +139,21 @@ class UnmaskingConfig:
             object.__setattr__(self, "confidence_from", default_confidence_from(self.alg))
         if self.confidence_from not in CONFIDENCE_SOURCES:
             raise ValueError(f"confidence_from must be one of {CONFIDENCE_SOURCES}, got {self.confidence_from!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        for name in ("temperature", "top_p", "alg_temp", "eps", "threshold"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, real_number(name, value))
+        if self.top_k is not None:
+            object.__setattr__(self, "top_k", integer("top_k", self.top_k))
+        # written as "not (in range)" so that NaN, which fails every comparison, is refused too
+        if not 0 <= self.temperature < math.inf:  # inf: every tempered distribution is NaN
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.alg_temp is not None and not 0 <= self.alg_temp < math.inf:
+            raise ValueError(f"alg_temp must be a finite number >= 0 (0 or None: top-k positions), got {self.alg_temp}")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
         if not 0 < self.threshold <= 1:
