@@ -127,6 +127,26 @@ def check_prompt(model, input_ids: torch.Tensor) -> torch.Tensor:
     return input_ids.long()
 
 
+def _response_start(policy) -> int:
+    """The response's first position in the sequence (its RoPE position: the prompt length for ``dense`` and
+    ``prefix_cache``), where the official loops' whole-sequence draws put it.
+
+    Raises:
+        ValueError: rows whose responses start at different positions (the official loops decode rows of
+            one prompt length).
+    """
+    live = getattr(policy, "live", None)
+    if live is None:
+        return 0
+    starts = live.positions.gather(1, live.resp_cols[:, :1]).flatten().tolist()
+    if len(set(starts)) > 1:
+        raise ValueError(
+            f"draw_order='official' needs rows whose responses start at one position (got {sorted(set(starts))}): "
+            "the official loops decode prompts of one length"
+        )
+    return starts[0]
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -144,6 +164,7 @@ def generate(
     eps: float = 1e-3,
     threshold: float = 0.9,
     confidence_from: str | None = None,
+    draw_order: str = "batched",
     seed: int | None = None,
     live_window: int = 1,
     cache_refresh: str = "block",
@@ -169,12 +190,18 @@ def generate(
         temperature, top_p, top_k, alg_temp, eps, threshold: rule parameters. ``top_k`` None
             filters nothing, as Dream's ``generation_config.json`` says; the official
             ``diffusion_generate`` under transformers 4.46 inherits ``top_k=50`` from the model
-            config instead, so pass ``top_k=50`` to reproduce its outputs. Sampling draws
-            (temperature > 0, ``origin``, ``random``) follow our generator's order: the same seed
-            gives other draws than the official loops (the same distribution).
+            config instead: pass ``top_k=50`` (and ``draw_order="official"``) to reproduce its outputs.
         confidence_from: ``"tempered"`` (rank positions by the tempered, filtered distribution the
             tokens are drawn from: Dream's reference) or ``"logits"`` (by ``softmax(logits)``: LLaDA's
             and Fast-dLLM's); None = the rule's reference (see :mod:`dllm.decode.unmasking`).
+        draw_order: the random draws of sampling rules (temperature > 0, ``origin``, ``random``,
+            ``alg_temp``). ``"batched"`` (default): fixed-shape draws for the whole batch, no host-device
+            synchronisation; same seed -> same output, but other draws than the official loops (the same
+            distribution). ``"official"``: the draws of the official Dream / LLaDA / Fast-dLLM loops run
+            after ``torch.manual_seed(seed)`` on the same device: same seed and logits -> the same tokens
+            as those loops (dense decoding over prompt + response, rows of one prompt length); one host read
+            per step, and LLaDA's sampled tokens draw ``[B, L_p + L_d, V]`` float64 uniforms per step, as
+            the official loop does (see :mod:`dllm.decode.unmasking`).
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
             :class:`dllm.decode.policies.PrefixCachePolicy`).
@@ -206,7 +233,7 @@ def generate(
             ``cuda_graph`` not None or a bool, ``progress`` not a bool,
             ``temperature``, ``top_p``, ``alg_temp``, ``eps`` or ``threshold`` not a real number; a prompt
             list or document of the wrong type. Every argument is checked before any work.
-        ValueError: unknown method/alg/confidence_from, a count < 1, ``gen_length % block_length != 0``,
+        ValueError: unknown method/alg/confidence_from/draw_order, a count < 1, ``gen_length % block_length != 0``,
             temperature or alg_temp NaN, infinite or < 0, top_p outside (0, 1], a seed outside [0, 2**64),
             steps not divisible by the number of blocks, a prompt containing the mask id,
             prompt on another device than the model, options of another method; with a
@@ -238,6 +265,7 @@ def generate(
         eps=eps,
         threshold=threshold,
         confidence_from=confidence_from,
+        draw_order=draw_order,
     )
     if cfg.fixed_steps and steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
@@ -290,6 +318,7 @@ def generate(
         batch = policy.batch_size
         resp = torch.full((batch, gen_length), model.mask_token_id, dtype=torch.long, device=model.device)
         row_steps = []
+        seq_start = _response_start(policy) if cfg.draw_order == "official" else 0
         n_steps = denoise(
             policy,
             resp,
@@ -301,6 +330,7 @@ def generate(
             generator=generator,
             progress=progress,
             row_steps=row_steps,
+            seq_start=seq_start,
         )
     stats = GenerationStats(nfe=policy.nfe, steps=n_steps, seconds=timer.seconds, extra=extra)
     stats.extra["gen_tokens"] = batch * gen_length
