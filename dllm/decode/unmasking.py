@@ -456,7 +456,7 @@ def _official_dream_step(logits, candidates, cfg: UnmaskingConfig, step, steps, 
     tokens = torch.zeros(b, n_pos, dtype=torch.long, device=logits.device)
     if cfg.alg == "origin":
         # Dream's p_transfer: 1 - s/t of float32 linspace(1, eps, steps + 1), 1 at the last step
-        t = torch.linspace(1, cfg.eps, steps + 1)
+        t = torch.linspace(1, cfg.eps, steps + 1, device=logits.device)  # (on the device, as Dream)
         ratio = 1.0 if step >= steps - 1 else float(1 - t[step + 1] / t[step])
         move = torch.rand(sub.shape[0], generator=generator, device=logits.device) < ratio
         x0, _, bad = _official_tokens(sub[move], cfg, mask_id, generator)
