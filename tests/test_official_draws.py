@@ -156,3 +156,19 @@ def test_cli_draw_order_reaches_generate():
         args = parser.parse_args([*cmd, "--gen-length", "8", "--draw-order", "official"])
         assert decode_kwargs(args, 8)["draw_order"] == "official"
         assert decode_kwargs(parser.parse_args([*cmd, "--gen-length", "8"]), 8)["draw_order"] == "batched"
+
+
+def test_official_alg_temp_reveals_only_candidates_when_weights_underflow():
+    """softmax(conf / alg_temp) can underflow to 0 for all but one position; torch.multinomial then returns
+    zero-weight columns (prompt positions, revealed tokens), which must never be revealed."""
+    from dllm.decode.unmasking import unmask_batch
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 9, generator=g) * 4
+    cand = torch.tensor([[True, False, True, True, False, True], [False, True, True, False, True, True]])
+    cfg = UnmaskingConfig(alg="entropy", alg_temp=1e-4, draw_order="official")
+    for seed in range(5):
+        got = unmask_batch(logits, cand, cfg, 3, 4, generator=torch.Generator().manual_seed(seed), seq_span=(7, 13))
+        assert not (got.reveal & ~cand).any()
+        best = torch.where(cand, (lambda p: (p * (p + 1e-10).log()).sum(-1))(logits.softmax(-1)), -torch.inf)
+        assert got.reveal.gather(1, best.argmax(1, keepdim=True)).all()  # the one position with weight

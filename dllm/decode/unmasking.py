@@ -481,11 +481,12 @@ def _official_dream_step(logits, candidates, cfg: UnmaskingConfig, step, steps, 
         row = torch.full((b, total), float("-inf"), dtype=logits.dtype, device=logits.device)
         row[:, start : start + n_pos] = conf.to(logits.dtype)
         chosen = torch.multinomial(torch.softmax(row / cfg.alg_temp, dim=-1), k_max, generator=generator) - start
-        col = chosen.clamp(0, n_pos - 1)
         keep = torch.arange(k_max, device=logits.device)[None, :] < k[:, None]  # a row's first k draws
         # a draw off the candidates is possible only when a candidate's weight underflowed to 0: not revealed
-        keep &= (chosen >= 0) & (chosen < n_pos) & candidates.gather(1, col)
-        reveal.scatter_(1, col, keep)
+        keep &= (chosen >= 0) & (chosen < n_pos) & candidates.gather(1, chosen.clamp(0, n_pos - 1))
+        col = torch.where(keep, chosen, n_pos)  # the rest go to a spare column (no write conflicts)
+        spare = torch.zeros(b, n_pos + 1, dtype=torch.bool, device=logits.device)
+        reveal = spare.scatter_(1, col, True)[:, :n_pos]
     return StepChoice(tokens, reveal, invalid)
 
 
