@@ -27,7 +27,7 @@ from dllm.decode.denoise import denoise
 from dllm.decode.policies import DensePolicy, PrefixCachePolicy
 from dllm.decode.step_graph import cuda_graph_support
 from dllm.decode.timer import PhaseTimer
-from dllm.decode.unmasking import UnmaskingConfig
+from dllm.decode.unmasking import UnmaskingConfig, integer
 from dllm.model.devices import check_ids_for_model
 from dllm.model.tokenization import decode_text
 from dllm.prefilling.pipeline import build_prefilling_policy
@@ -86,6 +86,27 @@ def default_alg(model) -> str:
     return "low_confidence" if model.family == "llada" else "maskgit_plus"
 
 
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits
+
+
+def _count(name: str, value) -> int:
+    """A count argument (``gen_length``, ``steps``...) as a Python int >= 1: an int or numpy integer; a bool or
+    float is a TypeError (``steps=2.7`` would run 2 steps), a value < 1 a ValueError; both name the argument."""
+    value = integer(name, value)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _seed(value) -> int:
+    """A seed: an int (or numpy integer) in ``[0, 2**64)``, the range of ``torch.Generator.manual_seed``; a
+    negative one is refused (to many tools -1 means "unseeded": leave ``seed`` None for that)."""
+    value = integer("seed", value)
+    if not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {value} (seed=None: unseeded)")
+    return value
+
+
 def check_prompt(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Validate a prompt tensor and return it as ``[B, L]``.
 
@@ -106,6 +127,26 @@ def check_prompt(model, input_ids: torch.Tensor) -> torch.Tensor:
     return input_ids.long()
 
 
+def _response_start(policy) -> int:
+    """The response's first position in the sequence (its RoPE position: the prompt length for ``dense`` and
+    ``prefix_cache``), where the official loops' whole-sequence draws put it.
+
+    Raises:
+        ValueError: rows whose responses start at different positions (the official loops decode rows of
+            one prompt length).
+    """
+    live = getattr(policy, "live", None)
+    if live is None:
+        return 0
+    starts = live.positions.gather(1, live.resp_cols[:, :1]).flatten().tolist()
+    if len(set(starts)) > 1:
+        raise ValueError(
+            f"draw_order='official' needs rows whose responses start at one position (got {sorted(set(starts))}): "
+            "the official loops decode prompts of one length"
+        )
+    return starts[0]
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -123,6 +164,7 @@ def generate(
     eps: float = 1e-3,
     threshold: float = 0.9,
     confidence_from: str | None = None,
+    draw_order: str = "batched",
     seed: int | None = None,
     live_window: int = 1,
     cache_refresh: str = "block",
@@ -148,12 +190,18 @@ def generate(
         temperature, top_p, top_k, alg_temp, eps, threshold: rule parameters. ``top_k`` None
             filters nothing, as Dream's ``generation_config.json`` says; the official
             ``diffusion_generate`` under transformers 4.46 inherits ``top_k=50`` from the model
-            config instead, so pass ``top_k=50`` to reproduce its outputs. Sampling draws
-            (temperature > 0, ``origin``, ``random``) follow our generator's order: the same seed
-            gives other draws than the official loops (the same distribution).
+            config instead: pass ``top_k=50`` (and ``draw_order="official"``) to reproduce its outputs.
         confidence_from: ``"tempered"`` (rank positions by the tempered, filtered distribution the
             tokens are drawn from: Dream's reference) or ``"logits"`` (by ``softmax(logits)``: LLaDA's
             and Fast-dLLM's); None = the rule's reference (see :mod:`dllm.decode.unmasking`).
+        draw_order: the random draws of sampling rules (temperature > 0, ``origin``, ``random``,
+            ``alg_temp``). ``"batched"`` (default): fixed-shape draws for the whole batch, no host-device
+            synchronisation; same seed -> same output, but other draws than the official loops (the same
+            distribution). ``"official"``: the draws of the official Dream / LLaDA / Fast-dLLM loops run
+            after ``torch.manual_seed(seed)`` on the same device: same seed and logits -> the same tokens
+            as those loops (dense decoding over prompt + response, rows of one prompt length); one host read
+            per step, and LLaDA's sampled tokens draw ``[B, L_p + L_d, V]`` float64 uniforms per step, as
+            the official loop does (see :mod:`dllm.decode.unmasking`).
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
             :class:`dllm.decode.policies.PrefixCachePolicy`).
@@ -180,7 +228,13 @@ def generate(
         :class:`GenerationResult` (tokens ``[B, gen_length]``, stats, decoded text).
 
     Raises:
-        ValueError: unknown method/alg/confidence_from, ``gen_length % block_length != 0``, ``steps < 1``,
+        TypeError: ``gen_length``, ``steps``, ``block_length``, ``live_window``, ``top_k`` or ``seed`` not an
+            integer (ints and numpy integers are accepted; a bool or a float such as ``8.0`` is refused),
+            ``cuda_graph`` not None or a bool, ``progress`` not a bool,
+            ``temperature``, ``top_p``, ``alg_temp``, ``eps`` or ``threshold`` not a real number; a prompt
+            list or document of the wrong type. Every argument is checked before any work.
+        ValueError: unknown method/alg/confidence_from/draw_order, a count < 1, ``gen_length % block_length != 0``,
+            temperature or alg_temp NaN, infinite or < 0, top_p outside (0, 1], a seed outside [0, 2**64),
             steps not divisible by the number of blocks, a prompt containing the mask id,
             prompt on another device than the model, options of another method; with a
             document: a context too, or a chunk size, model, dtype or anchor other than the
@@ -188,18 +242,19 @@ def generate(
             NaN logits at a position being decoded (the message names the denoising step, row and
             position; a NaN never becomes a token). The mask token is never returned: its logit is
             excluded before tokens are chosen (:mod:`dllm.decode.unmasking`).
-        TypeError: a prompt list or document of the wrong type.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-    if gen_length < 1:
-        raise ValueError(f"gen_length must be >= 1, got {gen_length}")
-    block_length = gen_length if block_length is None else int(block_length)
-    if block_length < 1 or gen_length % block_length:
+    gen_length = _count("gen_length", gen_length)
+    block_length = gen_length if block_length is None else _count("block_length", block_length)
+    if gen_length % block_length:
         raise ValueError(f"gen_length ({gen_length}) must be a positive multiple of block_length ({block_length})")
-    steps = gen_length if steps is None else int(steps)
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    steps = gen_length if steps is None else _count("steps", steps)
+    live_window = _count("live_window", live_window)
+    seed = None if seed is None else _seed(seed)
+    for name, flag, allowed in (("cuda_graph", cuda_graph, (bool, type(None))), ("progress", progress, (bool,))):
+        if not isinstance(flag, allowed):
+            raise TypeError(f"{name} must be {' or '.join(t.__name__ for t in allowed)}, got {flag!r}")
     n_blocks = gen_length // block_length
     cfg = UnmaskingConfig(
         alg=alg or default_alg(model),
@@ -210,6 +265,7 @@ def generate(
         eps=eps,
         threshold=threshold,
         confidence_from=confidence_from,
+        draw_order=draw_order,
     )
     if cfg.fixed_steps and steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
@@ -226,7 +282,7 @@ def generate(
         use_graph = ("auto" if supported else False) if cuda_graph is None else bool(cuda_graph)
     generator = None
     if seed is not None:
-        generator = torch.Generator(device=model.device).manual_seed(int(seed))
+        generator = torch.Generator(device=model.device).manual_seed(seed)
 
     timer = PhaseTimer(model.device)
     extra, row_extra = {}, None
@@ -262,6 +318,7 @@ def generate(
         batch = policy.batch_size
         resp = torch.full((batch, gen_length), model.mask_token_id, dtype=torch.long, device=model.device)
         row_steps = []
+        seq_start = _response_start(policy) if cfg.draw_order == "official" else 0
         n_steps = denoise(
             policy,
             resp,
@@ -273,6 +330,7 @@ def generate(
             generator=generator,
             progress=progress,
             row_steps=row_steps,
+            seq_start=seq_start,
         )
     stats = GenerationStats(nfe=policy.nfe, steps=n_steps, seconds=timer.seconds, extra=extra)
     stats.extra["gen_tokens"] = batch * gen_length

@@ -373,3 +373,65 @@ def test_nan_logits_are_an_error_naming_step_and_position():
     # a NaN outside the block being decoded is not read: block 0 (positions 0-1) decodes, block 1 raises
     with pytest.raises(ValueError, match=r"step 2, batch row 0, response position 2"):
         dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, block_length=2, alg="maskgit_plus")
+
+
+# --- issue 38 item 14: every argument of generate is checked up front, naming the argument --------------
+
+
+@pytest.mark.parametrize(
+    "kw,error,match",
+    [
+        ({"steps": 2.7}, TypeError, "steps must be an integer, got float 2.7"),  # main ran 2 steps
+        ({"block_length": 4.9}, TypeError, "block_length must be an integer"),  # main ran blocks of 4
+        ({"gen_length": True}, TypeError, "gen_length must be an integer, got bool"),  # main: one token
+        ({"gen_length": 8.0}, TypeError, "gen_length must be an integer, got float 8.0"),  # main: torch's error
+        ({"steps": False}, TypeError, "steps must be an integer, got bool"),
+        ({"gen_length": 0}, ValueError, "gen_length must be >= 1, got 0"),
+        ({"block_length": -2}, ValueError, "block_length must be >= 1, got -2"),
+        ({"live_window": 1.5}, TypeError, "live_window must be an integer"),
+        ({"top_k": 2.0}, TypeError, "top_k must be an integer"),
+        ({"top_k": True}, TypeError, "top_k must be an integer"),
+        ({"temperature": math.nan}, ValueError, "temperature must be a finite number >= 0, got nan"),
+        # main: greedy for nan, a "NaN logits" error for inf
+        ({"temperature": math.inf}, ValueError, "temperature must be a finite number >= 0, got inf"),
+        ({"temperature": -0.5}, ValueError, "temperature must be a finite number >= 0"),
+        ({"temperature": "0.7"}, TypeError, "temperature must be a real number, got str"),
+        ({"temperature": True}, TypeError, "temperature must be a real number, got bool"),
+        ({"top_p": math.nan}, ValueError, "top_p must be in \\(0, 1\\], got nan"),
+        ({"top_p": 1.5}, ValueError, "top_p must be in \\(0, 1\\]"),
+        ({"alg_temp": -1}, ValueError, "alg_temp must be a finite number >= 0"),  # main accepted it
+        ({"alg_temp": math.inf}, ValueError, "alg_temp must be a finite number >= 0"),
+        ({"alg_temp": math.nan}, ValueError, "alg_temp must be a finite number >= 0"),
+        ({"eps": math.nan}, ValueError, "eps must be in \\(0, 1\\)"),
+        ({"threshold": math.nan}, ValueError, "threshold must be in \\(0, 1\\]"),
+        ({"seed": -1}, ValueError, "seed must be an integer in \\[0, 2\\*\\*64\\), got -1"),  # main accepted it
+        ({"seed": 2**64}, ValueError, "seed must be an integer in \\[0, 2\\*\\*64\\)"),
+        ({"seed": 1.0}, TypeError, "seed must be an integer, got float"),
+        ({"seed": True}, TypeError, "seed must be an integer, got bool"),
+        ({"cuda_graph": 1}, TypeError, "cuda_graph must be bool or NoneType"),
+        ({"progress": None}, TypeError, "progress must be bool"),
+    ],
+)
+def test_generate_refuses_each_bad_argument_by_name(kw, error, match):
+    m = StubModel()
+    with pytest.raises(error, match=match):
+        dllm.generate(m, torch.tensor([[0, 1, 2]]), **{"gen_length": 4, **kw})
+    assert m.history == []  # refused before any forward
+
+
+def test_generate_takes_numpy_integers_and_reals():
+    np = pytest.importorskip("numpy")
+    want = run("maskgit_plus")[1]
+    m = StubModel()
+    res = dllm.generate(
+        m,
+        torch.tensor([[0, 1, 2]]),
+        gen_length=np.int64(4),
+        steps=np.int32(4),
+        block_length=np.int64(4),
+        temperature=np.float32(0.0),
+        seed=np.uint64(2**64 - 1),
+        alg="maskgit_plus",
+    )
+    assert res.tokens[0].tolist() == want and res.stats.steps == 4
+    assert UnmaskingConfig(temperature=np.float64(0.5), top_k=np.int16(3), alg_temp=0).top_k == 3

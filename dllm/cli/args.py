@@ -16,7 +16,7 @@ import os
 import stat
 
 from dllm.cli.errors import UserError
-from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES
+from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, DRAW_ORDERS
 from dllm.generate import METHODS
 from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
 
@@ -282,6 +282,13 @@ def add_decode_args(p, gen_length_default: int | None, document: bool = False, m
     p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
     p.add_argument(
         "--seed", type=_seed, default=None, help="seeds the sampling RNG, an integer in [0, 2**64) (default: unseeded)"
+    )
+    p.add_argument(
+        "--draw-order",
+        default="batched",
+        choices=DRAW_ORDERS,
+        help="random draws of sampled runs: batched (default: no host-device sync) or official (the official "
+        "Dream/LLaDA/Fast-dLLM loops' draws: same seed, same tokens as those loops)",
     )
     _add_prefilling_args(p, model_dir)
 

@@ -218,6 +218,7 @@ def decode_kwargs(args, gen_length) -> dict:
         temperature=args.temperature,
         confidence_from=args.confidence_from,
         threshold=args.threshold,
+        draw_order=args.draw_order,
     )
 
 

@@ -20,6 +20,9 @@ nothing from the device. Between steps the loop reads:
 - one scalar at the end of each block: the first step with a NaN distribution at a candidate
   position (raised as a ``ValueError`` naming step, row and position; a NaN never becomes a token);
 - before the loop, whether ``resp`` is all masks; after it, the per-row step counts (``row_steps``).
+
+That budget is the default draw order's; the opt-in ``draw_order="official"`` (the official loops' draws,
+:mod:`dllm.decode.unmasking`) gathers a step's candidates by boolean indexing, one more read per step.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def denoise(
     generator: torch.Generator | None = None,
     progress: bool = False,
     row_steps: list | None = None,
+    seq_start: int = 0,
 ) -> int:
     """Fill the masked positions of ``resp`` in place; returns the number of denoising steps run.
 
@@ -60,11 +64,16 @@ def denoise(
         progress: show a tqdm bar over denoising steps.
         row_steps: if given, a list that receives B ints: the steps in which each row still had a
             masked position in the current block (what that row decoded alone would run).
+        seq_start: the response's first position in the sequence the official loops decode (the prompt
+            length); read by ``cfg.draw_order == "official"`` only, whose draws cover that whole sequence.
 
     A block ends early when it has no masks left (those steps would reveal nothing): for LLaDA's
     rules after ``min(steps_per_block, block_length)`` steps (later quotas are 0), for ``origin``
     and ``confidence_threshold`` when a check between steps finds no mask (the host reads of the
-    module docstring); Dream's fixed-count rules reveal the rest at their last step.
+    module docstring); Dream's fixed-count rules reveal the rest at their last step. With
+    ``draw_order="official"`` LLaDA's rules run every step of the budget when they draw (temperature > 0,
+    ``random``), as the official loop does (its draws shift the next block's), and each step reads the
+    candidate count (boolean indexing of Dream's draws).
 
     Raises:
         ValueError: ``resp`` is not all ``mask_id``; a candidate position's distribution is NaN (a
@@ -84,8 +93,8 @@ def denoise(
     # confidence_threshold reveals >= 1 token per step, so block_length steps always suffice; LLaDA's
     # quotas are 0 after block_length steps (n // steps = 0, the remainder to the first n).
     budget = steps_per_block if cfg.fixed_steps else block_length
-    if cfg.alg in LLADA_ALGS:
-        budget = min(budget, block_length)
+    if cfg.alg in LLADA_ALGS and not (cfg.draw_order == "official" and cfg.draws):
+        budget = min(budget, block_length)  # (the official loop draws at every step: the official order too)
     block_masks = torch.full((batch,), block_length, dtype=torch.long, device=resp.device)
     try:
         for blk_i in range(n_blocks):
@@ -108,6 +117,7 @@ def denoise(
                         block_masks=block_masks,
                         mask_id=mask_id,
                         generator=generator,
+                        seq_span=(seq_start + blk.start, seq_start + gen_length),
                     )
                     view.copy_(torch.where(choice.reveal, choice.tokens, view))  # no boolean indexing: no sync
                     nan_step.masked_fill_(choice.invalid & (nan_step < 0), steps_run)

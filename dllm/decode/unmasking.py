@@ -48,7 +48,9 @@ synchronisation. A position is chosen by its rank among its row's candidates (a 
 masked confidences, then ``rank < k``). Greedy decoding (temperature 0, no ``alg_temp``) chooses
 exactly what the per-row formulation chooses (tested against it, ``tests/unmasking_reference.py``).
 
-Random draws (one ``torch.Generator`` for the batch, fixed shapes, in this order within a step):
+Random draws, two orders (``UnmaskingConfig.draw_order``); same seed and shapes give the same output in both.
+
+``batched`` (the default; one ``torch.Generator`` for the batch, fixed shapes, in this order within a step):
   1. tokens, when temperature > 0: one ``torch.rand`` of ``[B, L, V]`` (row-major: row, position,
      token); the token is ``argmax(p / -log u)`` (the exponential race, the same distribution as a
      categorical draw from ``p``; Gumbel-max in another form);
@@ -58,12 +60,32 @@ Random draws (one ``torch.Generator`` for the batch, fixed shapes, in this order
      that (Gumbel-top-k: sampling k positions without replacement from ``softmax(conf / alg_temp)``,
      Kool et al. 2019).
 Draws are made for every position, candidates or not, so a row's draws depend on the batch shape
-and sampled outputs differ from the same request decoded alone (and from the references' draws:
-``torch.multinomial`` over the candidates only); same seed and shapes give the same output.
+and sampled outputs differ from the same request decoded alone and from the official loops' draws (the
+same distributions, other numbers: e.g. Dream ``origin`` draws a uniform per masked position only).
+
+``official`` (opt-in): the official loops' draws, so that a seeded run gives the tokens of the official
+loop run after ``torch.manual_seed(seed)`` on the same logits (tested token-equal against a re-statement of
+those loops, ``tests/official_loops_reference.py``). Dream's rules (``Dream-org/Dream`` ``_sample``): the
+masked positions gathered row by row; ``origin``: one ``torch.rand`` per masked position against ``1 - s/t``
+of a float32 ``linspace``, then tokens for the revealed ones; tokens at temperature > 0: one
+``torch.multinomial`` (what ``Categorical(probs).sample()`` runs) of the normalised probabilities (the
+argmax, no draw, when ``Categorical``'s simplex check fails, as Dream's ``except`` does);
+``alg_temp``: ``torch.multinomial`` without replacement of ``softmax(confidence / alg_temp)`` over each row
+of prompt + response. LLaDA's rules and ``confidence_threshold`` (``ML-GSAI/LLaDA``, ``NVlabs/Fast-dLLM``
+``generate``): tokens at temperature > 0 as ``argmax(exp(logits) / (-log u) ** T)`` with float64 uniforms
+``u`` for every position of prompt + response (``[B, L_p + L_d, V]`` per step), then for ``random`` one
+float32 ``torch.rand`` ``[B, L_p + L_d]``; LLaDA's loop runs every step of a block's budget. The gathering
+reads the candidate count (one host read per step). The arithmetic is the references' too: Dream's
+sampling and LLaDA's confidence in the logits' dtype (bf16 for a bf16 model), Fast-dLLM's confidence in
+float64. The mask-token exclusion and the leftmost tie rule (the references' ``torch.topk`` leaves ties
+unspecified) hold in both orders.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -73,6 +95,23 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 LLADA_ALGS = ("low_confidence", "random")
 ALGS = DREAM_ALGS + LLADA_ALGS + ("confidence_threshold",)
 CONFIDENCE_SOURCES = ("tempered", "logits")
+DRAW_ORDERS = ("batched", "official")
+
+
+def integer(name: str, value) -> int:
+    """``value`` as a Python int: an int or a numpy integer; a bool or a float (even ``8.0``) is a TypeError
+    naming ``name`` (a float count would be truncated or fail deep inside torch)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    return operator.index(value)
+
+
+def real_number(name: str, value) -> float:
+    """``value`` as a Python float: an int, float or numpy real; a bool, a string or a tensor is a TypeError
+    naming ``name``. Range checks (NaN, inf) are the caller's."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 def default_confidence_from(alg: str) -> str:
@@ -95,10 +134,15 @@ class UnmaskingConfig:
         threshold: tau of ``confidence_threshold``.
         confidence_from: ``tempered`` or ``logits`` (see the module docstring); None = the
             rule's reference (:func:`default_confidence_from`).
+        draw_order: ``batched`` (the default: fixed-shape draws, no host read) or ``official`` (the
+            official loops' draws, same seed -> same tokens; see the module docstring).
 
     Raises:
-        ValueError: unknown alg or confidence source, temperature < 0, top_p outside (0, 1],
-            top_k < 1, eps outside (0, 1), threshold outside (0, 1].
+        TypeError: temperature, top_p, alg_temp, eps or threshold not a real number, top_k not an
+            integer (a bool is neither; numpy scalars are accepted).
+        ValueError: unknown alg, confidence source or draw order, temperature not finite or < 0, top_p outside
+            (0, 1], top_k < 1, alg_temp not finite or < 0, eps outside (0, 1), threshold outside (0, 1]
+            (NaN is outside every range).
     """
 
     alg: str = "maskgit_plus"
@@ -109,20 +153,32 @@ class UnmaskingConfig:
     eps: float = 1e-3
     threshold: float = 0.9
     confidence_from: str | None = None
+    draw_order: str = "batched"
 
     def __post_init__(self):
         if self.alg not in ALGS:
             raise ValueError(f"unknown unmasking alg {self.alg!r}; choose from {ALGS}")
+        if self.draw_order not in DRAW_ORDERS:
+            raise ValueError(f"draw_order must be one of {DRAW_ORDERS}, got {self.draw_order!r}")
         if self.confidence_from is None:
             object.__setattr__(self, "confidence_from", default_confidence_from(self.alg))
         if self.confidence_from not in CONFIDENCE_SOURCES:
             raise ValueError(f"confidence_from must be one of {CONFIDENCE_SOURCES}, got {self.confidence_from!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        for name in ("temperature", "top_p", "alg_temp", "eps", "threshold"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, real_number(name, value))
+        if self.top_k is not None:
+            object.__setattr__(self, "top_k", integer("top_k", self.top_k))
+        # written as "not (in range)" so that NaN, which fails every comparison, is refused too
+        if not 0 <= self.temperature < math.inf:  # inf: every tempered distribution is NaN
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.alg_temp is not None and not 0 <= self.alg_temp < math.inf:
+            raise ValueError(f"alg_temp must be a finite number >= 0 (0 or None: top-k positions), got {self.alg_temp}")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
         if not 0 < self.threshold <= 1:
@@ -132,6 +188,12 @@ class UnmaskingConfig:
     def fixed_steps(self) -> bool:
         """False for ``confidence_threshold``, whose step count depends on the model."""
         return self.alg != "confidence_threshold"
+
+    @property
+    def draws(self) -> bool:
+        """Whether a step draws random numbers (sampled tokens, ``origin``, ``random`` or ``alg_temp``)."""
+        positions = self.alg in ("origin", "random") or bool(self.alg in DREAM_ALGS and self.alg_temp)
+        return self.temperature > 0 or positions
 
 
 def _filter_logits(logits: torch.Tensor, top_p, top_k) -> torch.Tensor:
@@ -172,22 +234,32 @@ def choose_tokens(logits: torch.Tensor, cfg: UnmaskingConfig, generator=None, *,
         marks positions whose distribution is NaN (a NaN or +inf logit, or no finite logit), where x0
         means nothing.
     """
-    src = logits
-    logits = logits.float()
-    if mask_id is not None:
-        logits = logits.clone() if logits is src else logits
-        logits[..., mask_id] = float("-inf")
-    tempered = logits / cfg.temperature if cfg.temperature > 0 else logits
-    filtered = _filter_logits(tempered, cfg.top_p, cfg.top_k)
-    probs = torch.softmax(filtered, dim=-1)
+    logits, filtered, probs = _distributions(logits, cfg, mask_id)
     if cfg.temperature > 0:  # exponential race: argmax p / E with E ~ Exp(1) is a draw from p
         x0 = (probs / _uniform(probs.shape, probs, generator).log_().neg_()).argmax(dim=-1)
     else:
         x0 = probs.argmax(dim=-1)
     invalid = probs.gather(-1, x0[..., None]).squeeze(-1).isnan()
+    return x0, _ranking_probs(logits, filtered, probs, cfg), invalid
+
+
+def _distributions(logits: torch.Tensor, cfg: UnmaskingConfig, mask_id, dtype=torch.float32):
+    """(the logits in ``dtype`` with the mask token at -inf, the tempered and filtered logits, their softmax)."""
+    src = logits
+    logits = logits.to(dtype)
+    if mask_id is not None:
+        logits = logits.clone() if logits is src else logits
+        logits[..., mask_id] = float("-inf")
+    tempered = logits / cfg.temperature if cfg.temperature > 0 else logits
+    filtered = _filter_logits(tempered, cfg.top_p, cfg.top_k)
+    return logits, filtered, torch.softmax(filtered, dim=-1)
+
+
+def _ranking_probs(logits, filtered, probs, cfg: UnmaskingConfig) -> torch.Tensor:
+    """The distribution confidences are read from (``cfg.confidence_from``)."""
     if cfg.confidence_from == "logits" and filtered is not logits:  # else probs is softmax(logits) already
-        probs = torch.softmax(logits, dim=-1)
-    return x0, probs, invalid
+        return torch.softmax(logits, dim=-1)
+    return probs
 
 
 def confidence_of(alg: str, probs: torch.Tensor, x0: torch.Tensor, generator=None) -> torch.Tensor:
@@ -281,6 +353,7 @@ def unmask_batch(
     block_masks: torch.Tensor | None = None,
     mask_id: int | None = None,
     generator=None,
+    seq_span: tuple[int, int] | None = None,
 ) -> StepChoice:
     """One denoising step's decision for every row of a batch at once.
 
@@ -294,6 +367,10 @@ def unmask_batch(
             :func:`llada_schedule`, are computed from it on the device); required for LLaDA's rules.
         mask_id: the mask token id, never chosen (see :func:`choose_tokens`).
         generator: torch.Generator for every random choice (draw order: the module docstring).
+        seq_span: ``(start, length)``: the block's first position in the official loops' sequence
+            (prompt + response) and that sequence's length; only read by ``draw_order="official"``,
+            whose LLaDA / Fast-dLLM token draws and ``random`` / Dream ``alg_temp`` position draws
+            cover the whole sequence (None: the block alone, ``(0, L)``).
 
     Returns:
         :class:`StepChoice`. Per row the rules of the module docstring: Dream's count
@@ -305,16 +382,19 @@ def unmask_batch(
     Raises:
         ValueError: a LLaDA rule without ``block_masks``.
     """
+    if cfg.draw_order == "official":
+        return _official_step(logits, candidates, cfg, step, steps, block_masks, mask_id, generator, seq_span)
     x0, probs, invalid = choose_tokens(logits, cfg, generator, mask_id=mask_id)
     invalid = invalid & candidates
     if cfg.alg == "origin":
         reveal = candidates & (_uniform(candidates.shape, probs, generator) < dream_ratio(step, steps, cfg.eps))
         return StepChoice(x0, reveal, invalid)
     conf = confidence_of(cfg.alg, probs, x0, generator)
-    if cfg.alg == "confidence_threshold":
-        best = conf.masked_fill(~candidates, float("-inf")).argmax(dim=1, keepdim=True)  # first maximum
-        pick = (conf >= cfg.threshold).scatter(1, best, True)
-        return StepChoice(x0, candidates & pick, invalid)
+    return _pick(conf, candidates, cfg, step, steps, block_masks, x0, invalid, generator)
+
+
+def _reveal_counts(candidates, cfg: UnmaskingConfig, step: int, steps: int, block_masks) -> torch.Tensor:
+    """``[B]`` int64 reveal counts of the fixed-count rules (Dream's schedule, LLaDA's quotas), capped at n."""
     n = candidates.sum(dim=1)
     if cfg.alg in LLADA_ALGS:
         if block_masks is None:
@@ -324,8 +404,104 @@ def unmask_batch(
         k = n
     else:  # the host's int(n * ratio): an exact float64 product, truncated (n >= 0)
         k = (n.to(torch.float64) * dream_ratio(step, steps, cfg.eps)).floor().long()
-    k = torch.minimum(k, n)
+    return torch.minimum(k, n)
+
+
+def _pick(conf, candidates, cfg: UnmaskingConfig, step, steps, block_masks, x0, invalid, generator) -> StepChoice:
+    """Positions from confidences ``[B, L]``: ``confidence_threshold``'s rule, or the schedule's count by rank
+    (Gumbel-top-k for Dream's ``alg_temp``: the batched order's position draw)."""
+    if cfg.alg == "confidence_threshold":
+        best = conf.masked_fill(~candidates, float("-inf")).argmax(dim=1, keepdim=True)  # first maximum
+        pick = (conf >= cfg.threshold).scatter(1, best, True)
+        return StepChoice(x0, candidates & pick, invalid)
+    k = _reveal_counts(candidates, cfg, step, steps, block_masks)
     if cfg.alg in DREAM_ALGS and cfg.alg_temp:  # Gumbel-top-k on softmax(conf / alg_temp)
-        gumbel = -_uniform(candidates.shape, probs, generator).log_().neg_().log_()
+        gumbel = -_uniform(candidates.shape, conf, generator).log_().neg_().log_()
         conf = conf / cfg.alg_temp + gumbel
     return StepChoice(x0, top_ranked(conf, candidates, k), invalid)
+
+
+def _official_step(logits, candidates, cfg: UnmaskingConfig, step, steps, block_masks, mask_id, generator, seq_span):
+    """:func:`unmask_batch` with the official loops' random draws (``draw_order="official"``; the module
+    docstring lists them). Gathers the candidates with boolean indexing: one host read per step."""
+    b, n_pos, _ = logits.shape
+    start, total = (0, n_pos) if seq_span is None else seq_span
+    if cfg.alg in DREAM_ALGS:
+        return _official_dream_step(logits, candidates, cfg, step, steps, mask_id, generator, start, total)
+    # the references' arithmetic: LLaDA's softmax in the logits' dtype, Fast-dLLM's in float64
+    dtype = torch.float64 if cfg.alg == "confidence_threshold" else logits.dtype
+    lg, filtered, probs = _distributions(logits, cfg, mask_id, dtype)
+    invalid = candidates & probs.amax(dim=-1).isnan()
+    if cfg.temperature > 0:  # LLaDA's add_gumbel_noise: float64 uniforms for every position of the sequence
+        u = torch.rand((b, total, logits.shape[-1]), generator=generator, device=logits.device, dtype=torch.float64)
+        u = u[:, start : start + n_pos]
+        kept = lg.double().masked_fill(filtered == float("-inf"), float("-inf"))
+        x0 = (kept.exp() / (-torch.log(u)) ** cfg.temperature).argmax(dim=-1)
+    else:
+        x0 = probs.argmax(dim=-1)
+    if cfg.alg == "random":  # LLaDA: one float32 uniform per position of the sequence, after the tokens'
+        conf = torch.rand((b, total), generator=generator, device=logits.device)[:, start : start + n_pos]
+    else:
+        conf = confidence_of(cfg.alg, _ranking_probs(lg, filtered, probs, cfg), x0)
+    return _pick(conf, candidates, cfg, step, steps, block_masks, x0, invalid, generator)
+
+
+def _official_dream_step(logits, candidates, cfg: UnmaskingConfig, step, steps, mask_id, generator, start, total):
+    """Dream's ``_sample`` draws: the masked positions flattened row by row, ``origin``'s uniform per masked
+    position, then ``Categorical`` (``torch.multinomial``) tokens for the revealed (``origin``) or all masked
+    positions; ``alg_temp``: ``torch.multinomial`` without replacement over each row of the sequence."""
+    b, n_pos, _ = logits.shape
+    idx = candidates.nonzero(as_tuple=True)  # row-major, as Dream's x[mask_index]
+    sub = logits[idx]  # [N, V]
+    tokens = torch.zeros(b, n_pos, dtype=torch.long, device=logits.device)
+    if cfg.alg == "origin":
+        # Dream's p_transfer: 1 - s/t of float32 linspace(1, eps, steps + 1), 1 at the last step
+        t = torch.linspace(1, cfg.eps, steps + 1, device=logits.device)  # (on the device, as Dream)
+        ratio = 1.0 if step >= steps - 1 else float(1 - t[step + 1] / t[step])
+        move = torch.rand(sub.shape[0], generator=generator, device=logits.device) < ratio
+        x0, _, bad = _official_tokens(sub[move], cfg, mask_id, generator)
+        reveal = torch.zeros_like(candidates)
+        reveal[idx[0][move], idx[1][move]] = True
+        tokens[idx[0][move], idx[1][move]] = x0
+        invalid = torch.zeros_like(candidates)
+        invalid[idx[0][move], idx[1][move]] = bad
+        return StepChoice(tokens, reveal, invalid)
+    x0, ranking, bad = _official_tokens(sub, cfg, mask_id, generator)
+    tokens[idx] = x0
+    invalid = torch.zeros_like(candidates)
+    invalid[idx] = bad
+    conf = torch.full(candidates.shape, float("-inf"), device=logits.device)
+    conf[idx] = confidence_of(cfg.alg, ranking, x0).float()  # (bf16 -> fp32 is exact)
+    k = _reveal_counts(candidates, cfg, step, steps, None)
+    if not cfg.alg_temp:
+        return StepChoice(tokens, top_ranked(conf, candidates, k), invalid)
+    k_max = int(k.max())
+    reveal = torch.zeros_like(candidates)
+    if k_max > 0:  # Dream: softmax(confidence / alg_temp) over the whole row, -inf outside the masks
+        row = torch.full((b, total), float("-inf"), dtype=logits.dtype, device=logits.device)
+        row[:, start : start + n_pos] = conf.to(logits.dtype)
+        chosen = torch.multinomial(torch.softmax(row / cfg.alg_temp, dim=-1), k_max, generator=generator) - start
+        keep = torch.arange(k_max, device=logits.device)[None, :] < k[:, None]  # a row's first k draws
+        # a draw off the candidates is possible only when a candidate's weight underflowed to 0: not revealed
+        keep &= (chosen >= 0) & (chosen < n_pos) & candidates.gather(1, chosen.clamp(0, n_pos - 1))
+        col = torch.where(keep, chosen, n_pos)  # the rest go to a spare column (no write conflicts)
+        spare = torch.zeros(b, n_pos + 1, dtype=torch.bool, device=logits.device)
+        reveal = spare.scatter_(1, col, True)[:, :n_pos]
+    return StepChoice(tokens, reveal, invalid)
+
+
+def _official_tokens(sub, cfg: UnmaskingConfig, mask_id, generator):
+    """Dream's ``sample_tokens`` on ``sub`` ``[N, V]``: (tokens, ranking distribution, NaN flags). At temperature
+    > 0 one ``Categorical(probs).sample()``, i.e. ``torch.multinomial`` of the normalised probs; when those fail
+    ``Categorical``'s simplex check (some row's sum off 1 by 1e-6 or more, or a NaN), Dream's ``except`` takes
+    the argmax of every row and draws nothing: so does this order."""
+    lg, filtered, probs = _distributions(sub, cfg, mask_id, sub.dtype)  # Dream samples in the logits' dtype
+    bad = probs.amax(dim=-1).isnan()
+    x0 = None
+    if cfg.temperature > 0 and sub.shape[0]:
+        norm = probs / probs.sum(-1, keepdim=True)
+        if bool(((norm >= 0).all(dim=-1) & ((norm.sum(-1) - 1).abs() < 1e-6)).all()):
+            x0 = torch.multinomial(norm, 1, True, generator=generator).squeeze(-1)
+    if x0 is None:
+        x0 = probs.argmax(dim=-1)
+    return x0, _ranking_probs(lg, filtered, probs, cfg), bad
