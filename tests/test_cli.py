@@ -357,10 +357,12 @@ def test_context_from_a_pipe(files, capsys):
 def test_dense_beyond_the_window_with_a_long_context_runs_with_a_note(files, capsys, monkeypatch):
     """The dense baseline on a context past the window is measured on purpose: a note, not an error."""
     (files / "long.txt").write_text(FILLER * 60)  # ~2200 tokens for a 1536-position model
-    rc, out, err = run_cli(
-        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file long.txt --method dense --gen-length 4")
-    )
+    cmd = "generate --prompt-file prompt.txt --context-file long.txt --method dense --gen-length 4"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
     assert rc == 0 and "note: the prompt (" in err and "more than the model's 1536 trained positions" in err
+    rc, out, err = run_cli(capsys, *shlex.split(cmd), "--stats", "json")
+    lines = [json.loads(line) for line in err.strip().splitlines()]  # raises on a plain-text line
+    assert rc == 0 and lines[0]["note"].startswith("the prompt (") and "nfe" in lines[1]
 
 
 def test_triton_backend_without_the_interpreter_is_one_error_line(files, capsys, monkeypatch):
@@ -395,6 +397,13 @@ def test_prefilling_past_the_window_through_its_kept_chunks_gets_a_note(files, c
     )
     assert rc == 0, err
     assert "note: prefix, kept chunks, query and --gen-length 600 reach position" in err
+    # --stats json: every stderr line is JSON, the note too (issue 38 item 9)
+    rc, out, err = run_cli(
+        capsys, *shlex.split(f"generate --prompt-file prompt.txt {TUNED} --gen-length 600 --steps 1 --stats json")
+    )
+    lines = [json.loads(line) for line in err.strip().splitlines()]  # raises on a plain-text line
+    assert rc == 0 and [set(d) for d in lines[:1]] == [{"note"}] and "nfe" in lines[-1]
+    assert lines[0]["note"].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
 
 
 def test_a_fifo_without_a_writer_says_it_waits(files, capsys):

@@ -290,7 +290,9 @@ def _answer_from_document(model, args, template, document, cfg, context_tokens, 
 
     parts = split_document_prompt(model, template, apply_chat_template=args.chat)
     live = parts.prefix.numel() + parts.query.numel()
-    window_check(model, live, kw["gen"], "prefilling", True, kept_positions(cfg, context_tokens))
+    window_check(
+        model, live, kw["gen"], "prefilling", True, kept_positions(cfg, context_tokens), json_notes=args.stats == "json"
+    )
     return dllm.generate(
         model, prompt=parts, document=document, method="prefilling", prefilling=cfg, seed=args.seed,
         progress=progress_bars(), **graph_kwargs(args), **kw["decode"],
@@ -311,7 +313,8 @@ def _answer_fresh(model, args, template, context, cfg, kw):
         )
         fitted = fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, ALL))
         live = parts.prefix.numel() + parts.query.numel()
-        window_check(model, live, gen, "prefilling", True, kept_positions(fitted, parts.context.numel()))
+        kept = kept_positions(fitted, parts.context.numel())
+        window_check(model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json")
         return dllm.generate(
             model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=progress_bars(),
             **graph_kwargs(args), **kw["decode"],
@@ -323,7 +326,7 @@ def _answer_fresh(model, args, template, context, cfg, kw):
         ids = encode_text(model, render_chat(model, text))[None]
     else:
         ids = encode_text(model, text, bos=True)[None]
-    window_check(model, ids.shape[1], gen, args.method, context is not None)
+    window_check(model, ids.shape[1], gen, args.method, context is not None, json_notes=args.stats == "json")
     return dllm.generate(model, ids, method=args.method, seed=args.seed, progress=progress_bars(), **kw["decode"])
 
 
@@ -435,7 +438,8 @@ def add_parser(sub, model_dir: str | None) -> None:
         default="summary",
         help="what stderr gets after each answer: one line (the kept chunks with their character spans "
         "[start:end) in the context, seconds per phase, steps, forwards, tokens/s), the full stats as one JSON "
-        "line, or nothing; progress bars appear only when stderr is a terminal",
+        'line (and every note as a {"note": ...} line), or nothing; progress bars appear only when stderr is a '
+        "terminal",
     )
     g.add_argument(
         "--chat",
