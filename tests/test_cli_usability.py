@@ -287,6 +287,24 @@ def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files,
     assert rc == 0 and row["chunk_size"] == row["top_k"] == "" and row["method"] == "dense"
 
 
+def test_eval_csv_carries_every_prefilling_setting_it_ran_with(files, capsys):
+    """Issue 38 item 19: the boundary snap, redundancy threshold and candidates (and every other field of
+    PrefillingConfig) are columns; None is written as what it means."""
+    import dataclasses
+
+    cmd = "eval passkey --lengths 300 --depths 0.5 --samples 1 --gen-length 8 --chunk-size 64 --top-k 2"
+    rc, _, err = run_cli(capsys, *shlex.split(cmd), "--boundary-snap", "8", "--redundancy-threshold", "0.5",
+                         "--candidates", "3", "--out", "snap.csv")  # fmt: skip
+    assert rc == 0, err
+    row = next(csv.DictReader((files / "snap.csv").open()))
+    assert [f.name for f in dataclasses.fields(PrefillingConfig) if f.name not in row] == []
+    assert (row["boundary_snap"], row["redundancy_threshold"], row["candidates"]) == ("8", "0.5", "3")
+    assert (row["chunk_size"], row["top_k"], row["candidate_layer"], row["prefill_batch"]) == ("64", "2", "all", "auto")
+    rc, _, _ = run_cli(capsys, *shlex.split(cmd), "--out", "plain.csv")  # the checkpoint's snap, carried to C=64
+    row = next(csv.DictReader((files / "plain.csv").open()))
+    assert rc == 0 and (row["boundary_snap"], row["redundancy_threshold"], row["candidates"]) == ("16", "off", "off")
+
+
 def test_git_commit_never_fails(tmp_path, monkeypatch):
     from dllm.eval.provenance import git_commit
 

@@ -87,10 +87,43 @@ def _unique_eval_path(task: str, method: str) -> str:
             path = f"{base}-{n}.csv"
 
 
+# what None means in each optional PrefillingConfig field, as the eval CSV writes it
+_NONE_WORDS = {
+    "top_k": "all",
+    "token_budget": "all",
+    "query_window": "all",
+    "prefill_batch": "auto",
+    "anchor_token_id": "auto",
+    "redundancy_threshold": "off",
+    "candidates": "off",
+    "candidate_layer": "all",
+}
+
+
+def prefilling_columns(cfg: PrefillingConfig | None) -> dict:
+    """Every field of the run's :class:`PrefillingConfig`, one CSV column each, in field order: a None as the
+    word for what it means (``all``, ``auto``, ``off``: :data:`_NONE_WORDS`), the score terms joined by a space;
+    every column empty for the baselines (``cfg`` None)."""
+    import dataclasses
+
+    if cfg is None:
+        return {field.name: "" for field in dataclasses.fields(PrefillingConfig)}
+    columns = {}
+    for field in dataclasses.fields(PrefillingConfig):
+        value = getattr(cfg, field.name)
+        if value is None:
+            value = _NONE_WORDS.get(field.name, "none")
+        elif field.name == "score_terms":
+            value = " ".join(value)
+        columns[field.name] = value
+    return columns
+
+
 def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
     """The constant columns of every eval CSV row: provenance (:func:`dllm.eval.provenance.provenance`: device,
     torch/triton/CUDA versions, git commit, UTC date) and the settings (model, dtype, decoding options, and
-    C, K, B and the score terms of prefilling; empty for the baselines)."""
+    every prefilling setting, :func:`prefilling_columns`: C, K, B, the score terms, the boundary snap, the
+    redundancy threshold, the candidates, ...; empty for the baselines)."""
     from dllm.eval.provenance import provenance
 
     def opt(v):
@@ -108,10 +141,7 @@ def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
         "alg": opt(args.alg),
         "temperature": args.temperature,
         "sampling_seed": opt(args.seed),
-        "chunk_size": cfg.chunk_size if cfg is not None else "",
-        "top_k": ("all" if cfg.top_k is None else cfg.top_k) if cfg is not None else "",
-        "token_budget": ("all" if cfg.token_budget is None else cfg.token_budget) if cfg is not None else "",
-        "score_terms": " ".join(cfg.score_terms) if cfg is not None else "",
+        **prefilling_columns(cfg),
     }
 
 
