@@ -74,8 +74,8 @@ def _questions_file(text: str) -> str:
 
 
 def _read_questions_file(path: str) -> list[str]:
-    """``--questions-file``: one question per line (a trailing ``\\r`` removed, blank lines skipped); ``-`` reads
-    stdin to its end (on a terminal, stderr says so first)."""
+    """``--questions-file``: one question per line (a trailing ``\\r`` removed, blank lines skipped, a UTF-8
+    BOM before the first skipped); ``-`` reads stdin to its end (on a terminal, stderr says so first)."""
     if path == "-":
         if sys.stdin.isatty():
             print("reading questions from stdin, one per line; end with Ctrl-D", file=sys.stderr)
@@ -83,7 +83,7 @@ def _read_questions_file(path: str) -> list[str]:
         if len(data) > files.MAX_INPUT_BYTES:
             raise UserError(f"--questions-file -: more than {files.MAX_INPUT_BYTES:,} bytes of text")
         try:
-            text = data.decode("utf-8")
+            text = files.decode_utf8(data)
         except UnicodeDecodeError:
             raise UserError("--questions-file -: stdin is not UTF-8 text") from None
     else:
@@ -113,16 +113,22 @@ def collect_questions(args) -> list[str] | None:
 def prompt_templates(args, questions: list[str] | None) -> list[str]:
     """The prompts to answer: the prompt file (or :data:`DEFAULT_QUESTION_TEMPLATE` with questions and no
     prompt file), once per question, which fills the prompt's one ``{question}`` slot. A prompt file
-    without the slot is an error when questions are given (nothing is appended silently)."""
+    without the slot is an error when questions are given (nothing is appended silently), and so is a
+    slot without questions (its literal text would be decoded)."""
     if args.prompt_file is None and not questions:
         raise UserError("generate needs --prompt-file, --question or --questions-file")
     if args.prompt_file is None:
         template = DEFAULT_QUESTION_TEMPLATE
     else:
         template = strip_one_newline(read_text(args.prompt_file, "--prompt-file"))
-    if not questions:
-        return [template]
     slots = template.count(QUESTION_SLOT)
+    if not questions:
+        if slots:  # decoding the slot's literal text would answer a question nobody asked
+            raise UserError(
+                f"--prompt-file {args.prompt_file} holds a {QUESTION_SLOT} slot but no question was given: pass "
+                "--question or --questions-file, or remove the slot"
+            )
+        return [template]
     if slots != 1:
         raise UserError(
             f"--prompt-file {args.prompt_file} must hold exactly one {QUESTION_SLOT} slot for the questions, found "
