@@ -174,6 +174,10 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "generate --prompt-file prompt.txt --context-file doc.txt --method dense --no-cuda-graph",
         "--no-cuda-graph: option(s) of --method prefilling",
     ),
+    "repeated score term": (  # it would count twice in the chunk score (as issue 38 item 12 found in the harness)
+        "eval passkey --score-terms self_info pseudo_label self_info",
+        "--score-terms: self_info given more than once",
+    ),
     "top-k word": ("eval passkey --method prefilling --top-k most", "integer >= 1, got 'most'"),
     "gen length 0": ("eval passkey --gen-length 0", "integer >= 1"),
     "negative temperature": ("eval passkey --temperature -1", "number >= 0"),

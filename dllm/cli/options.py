@@ -104,6 +104,10 @@ def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
             raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
         return None
     given = {f: None if v == ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
+    terms = given.get("score_terms", ())
+    twice = sorted({t for t in terms if terms.count(t) > 1})
+    if twice:  # the chunk score sums its terms: a repeated one would count twice
+        raise UserError(f"--score-terms: {', '.join(twice)} given more than once; name each term once")
     base = PrefillingConfig.from_pretrained(model_dir)  # its errors name the file
     try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
         cfg = with_overrides(base, given)
