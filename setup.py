@@ -6,6 +6,8 @@ the model layer, decode loops, Prefilling-dLLM pipeline, tasks and CLI.
 
 from setuptools import find_packages, setup
 
+LM_EVAL = "0.4.13"  # the lm-evaluation-harness release the harness extras pin
+
 setup(
     name="prefilling-dllm",
     version="0.1.0",
@@ -33,7 +35,10 @@ setup(
     extras_require={
         "dev": ["pytest>=8", "pytest-benchmark>=4", "ruff>=0.5"],
         # lm-evaluation-harness model prefilling-dllm (python -m dllm.harness; make test-harness)
-        "harness": ["lm-eval==0.4.13"],
+        "harness": [f"lm-eval=={LM_EVAL}"],
+        # the harness's LongBench tasks (longbench_*): lm-eval's own extra, jieba, fuzzywuzzy and rouge for their
+        # metrics (python -m dllm eval longbench needs none of them)
+        "longbench": [f"lm-eval[longbench]=={LM_EVAL}"],
     },
     entry_points={"console_scripts": ["dllm=dllm.cli:main"]},
 )

@@ -52,6 +52,11 @@ def files(tmp_path, monkeypatch, request):
     (tmp_path / "slot_last.txt").write_text("Read this: {context}")
     (tmp_path / "latin1.jsonl").write_bytes('{"input": "caf\xe9"}\n'.encode("latin-1"))
     (tmp_path / "deep.jsonl").write_text('{"input": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    hotpot = json.loads((tmp_path / "hotpotqa.jsonl").read_text().splitlines()[0])
+    lines = [hotpot, {**hotpot, "context": ""}]  # line 2: no context for prefilling to chunk
+    (tmp_path / "empty_context.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    lines = [hotpot, {**hotpot, "input": "Why? " * 320}]  # line 2: a question of 1600 tokens
+    (tmp_path / "long_question.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     os.mkfifo(tmp_path / "pipe.fifo")  # a named pipe nobody writes to (only stat-ed)
     return tmp_path
 
@@ -169,6 +174,10 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "generate --prompt-file prompt.txt --context-file doc.txt --method dense --no-cuda-graph",
         "--no-cuda-graph: option(s) of --method prefilling",
     ),
+    "repeated score term": (  # it would count twice in the chunk score (as issue 38 item 12 found in the harness)
+        "eval passkey --score-terms self_info pseudo_label self_info",
+        "--score-terms: self_info given more than once",
+    ),
     "top-k word": ("eval passkey --method prefilling --top-k most", "integer >= 1, got 'most'"),
     "gen length 0": ("eval passkey --gen-length 0", "integer >= 1"),
     "negative temperature": ("eval passkey --temperature -1", "number >= 0"),
@@ -228,6 +237,14 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     ),
     "longbench file not UTF-8": ("eval longbench --data latin1.jsonl", "latin1.jsonl: not UTF-8 text"),
     "longbench line nested too deeply": ("eval longbench --data deep.jsonl", "deep.jsonl:1 is not valid JSON (nested"),
+    "longbench context empty": (  # issue 38 item 13: the error named no line
+        "eval longbench --data empty_context.jsonl",
+        "--data empty_context.jsonl:2: the context is empty: --method prefilling has nothing to chunk",
+    ),
+    "length of a longbench question beyond the window": (  # generate refuses the same prompt
+        "eval longbench --data long_question.jsonl --gen-length 4",
+        "--data long_question.jsonl:2: its prefix + query (16",
+    ),
     "context file is /dev/zero": (
         "generate --prompt-file prompt.txt --context-file /dev/zero",
         "'/dev/zero': a device, not a file, pipe or terminal",
@@ -357,10 +374,12 @@ def test_context_from_a_pipe(files, capsys):
 def test_dense_beyond_the_window_with_a_long_context_runs_with_a_note(files, capsys, monkeypatch):
     """The dense baseline on a context past the window is measured on purpose: a note, not an error."""
     (files / "long.txt").write_text(FILLER * 60)  # ~2200 tokens for a 1536-position model
-    rc, out, err = run_cli(
-        capsys, *shlex.split("generate --prompt-file prompt.txt --context-file long.txt --method dense --gen-length 4")
-    )
+    cmd = "generate --prompt-file prompt.txt --context-file long.txt --method dense --gen-length 4"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
     assert rc == 0 and "note: the prompt (" in err and "more than the model's 1536 trained positions" in err
+    rc, out, err = run_cli(capsys, *shlex.split(cmd), "--stats", "json")
+    lines = [json.loads(line) for line in err.strip().splitlines()]  # raises on a plain-text line
+    assert rc == 0 and lines[0]["note"].startswith("the prompt (") and "nfe" in lines[1]
 
 
 def test_triton_backend_without_the_interpreter_is_one_error_line(files, capsys, monkeypatch):
@@ -395,6 +414,13 @@ def test_prefilling_past_the_window_through_its_kept_chunks_gets_a_note(files, c
     )
     assert rc == 0, err
     assert "note: prefix, kept chunks, query and --gen-length 600 reach position" in err
+    # --stats json: every stderr line is JSON, the note too (issue 38 item 9)
+    rc, out, err = run_cli(
+        capsys, *shlex.split(f"generate --prompt-file prompt.txt {TUNED} --gen-length 600 --steps 1 --stats json")
+    )
+    lines = [json.loads(line) for line in err.strip().splitlines()]  # raises on a plain-text line
+    assert rc == 0 and [set(d) for d in lines[:1]] == [{"note"}] and "nfe" in lines[-1]
+    assert lines[0]["note"].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
 
 
 def test_a_fifo_without_a_writer_says_it_waits(files, capsys):
@@ -501,6 +527,22 @@ def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, ca
     assert {r["depth"] for r in rows} == {"0.0", "1.0"}
     assert all(len(r["selected_chunks"].split()) == 2 for r in rows)
     assert "accuracy %" in stdout and "one warm-up case" in stdout
+
+
+def test_eval_says_which_cases_reach_past_the_trained_window(files, capsys):
+    """Issue 38 item 13: a dense LongBench case past the window runs (as generate runs that prompt) with a note,
+    and the CSV says which case it was; prefilling refuses it by its line (test_user_errors_... above)."""
+    cmd = "eval longbench --data long_question.jsonl --method dense --gen-length 4 --steps 1 --out window.csv"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    assert rc == 0, err
+    assert "note: in 1 of 2 cases the prompt and response reach past the model's 1536 trained positions" in err
+    rows = list(csv.DictReader((files / "window.csv").open()))
+    assert [r["past_window"] for r in rows] == ["False", "True"]
+    # the bundled model reads one token a character: BOS + the prompt's characters + 4 response tokens
+    prompts = [
+        x["context"] + f"\n\nQuestion: {x['input']}\nAnswer: " for x in map(json.loads, open("long_question.jsonl"))
+    ]
+    assert [int(r["positions"]) for r in rows] == [1 + len(p) + 4 for p in prompts]
 
 
 def test_eval_haystack_draws_held_out_prose_cases(tmp_path, capsys):

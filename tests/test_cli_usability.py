@@ -155,6 +155,19 @@ def test_questions_from_stdin(asked, capsys, monkeypatch):
     assert [x.split(": ")[0] for x in out.splitlines()] == ["Q1", "A1", "Q2", "A2"] and "12345" in out.splitlines()[1]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_question(asked, capsys, monkeypatch):
+    """Issue 38 item 13: a questions file saved with a UTF-8 BOM (from a file or stdin) asks the same first
+    question as one without, as the JSON reader skips it."""
+    cmd = "generate --prompt-file ask.txt --context-file doc.txt --gen-length 4 --stats none --questions-file"
+    (asked / "q.txt").write_text(QUESTIONS[0] + "\n")
+    (asked / "bom.txt").write_bytes(b"\xef\xbb\xbf" + (QUESTIONS[0] + "\n").encode())
+    plain = run_cli(capsys, *shlex.split(cmd), "q.txt")
+    assert plain[0] == 0 and plain[1].splitlines()[0] == f"Q1: {QUESTIONS[0]}"
+    assert run_cli(capsys, *shlex.split(cmd), "bom.txt") == plain
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((asked / "bom.txt").read_bytes())))
+    assert run_cli(capsys, *shlex.split(cmd), "-") == plain
+
+
 def test_labelled_answers_stay_on_one_line():
     assert _one_line_answer("a\nb\r\nc\\n") == "a\\nb\\r\\nc\\\\n"
     assert _one_line_answer("12345") == "12345"
@@ -179,6 +192,10 @@ QUESTION_ERRORS = {
         "question 1 holds a {context} or {question} slot",
     ),
     "no prompt and no question": ("generate --context-file doc.txt", "needs --prompt-file, --question or"),
+    "question slot without a question": (  # issue 38 item 13: the literal "{question}" was decoded
+        "generate --prompt-file ask.txt --context-file doc.txt",
+        "--prompt-file ask.txt holds a {question} slot but no question was given",
+    ),
     "unknown stats mode": ("generate --prompt-file prompt.txt --stats yaml", "invalid choice: 'yaml'"),
 }
 
@@ -285,6 +302,24 @@ def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files,
     rc, _, _ = run_cli(capsys, *shlex.split(cmd + " --method dense --out dense.csv"))
     row = next(csv.DictReader((files / "dense.csv").open()))
     assert rc == 0 and row["chunk_size"] == row["top_k"] == "" and row["method"] == "dense"
+
+
+def test_eval_csv_carries_every_prefilling_setting_it_ran_with(files, capsys):
+    """Issue 38 item 19: the boundary snap, redundancy threshold and candidates (and every other field of
+    PrefillingConfig) are columns; None is written as what it means."""
+    import dataclasses
+
+    cmd = "eval passkey --lengths 300 --depths 0.5 --samples 1 --gen-length 8 --chunk-size 64 --top-k 2"
+    rc, _, err = run_cli(capsys, *shlex.split(cmd), "--boundary-snap", "8", "--redundancy-threshold", "0.5",
+                         "--candidates", "3", "--out", "snap.csv")  # fmt: skip
+    assert rc == 0, err
+    row = next(csv.DictReader((files / "snap.csv").open()))
+    assert [f.name for f in dataclasses.fields(PrefillingConfig) if f.name not in row] == []
+    assert (row["boundary_snap"], row["redundancy_threshold"], row["candidates"]) == ("8", "0.5", "3")
+    assert (row["chunk_size"], row["top_k"], row["candidate_layer"], row["prefill_batch"]) == ("64", "2", "all", "auto")
+    rc, _, _ = run_cli(capsys, *shlex.split(cmd), "--out", "plain.csv")  # the checkpoint's snap, carried to C=64
+    row = next(csv.DictReader((files / "plain.csv").open()))
+    assert rc == 0 and (row["boundary_snap"], row["redundancy_threshold"], row["candidates"]) == ("16", "off", "off")
 
 
 def test_git_commit_never_fails(tmp_path, monkeypatch):

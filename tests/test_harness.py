@@ -85,10 +85,39 @@ def test_model_args_generate_kwargs():
         ({"token_budget": 999}, "token_budget (B) must be in [1, chunk_size=256]"),
         ({"top_p": 0}, "top_p=0: expected a number in (0, 1]"),
         ({"gen_length": 8, "block_length": 3}, "block_length=3 does not divide gen_length=8"),
+        # issue 38 item 12: found before the weights load, against the bundled config.json (4 layers, 1536
+        # positions, 100 tokens); a term twice would count twice in the chunk score
+        ({"chunk_size": 1536}, "chunk_size=1536: a chunk and its BOS anchor take 1537 positions, more than"),
+        ({"candidate_layer": 99}, "candidate_layer=99: the model has 4 layers (0..3, or -4..-1 from the last)"),
+        ({"candidate_layer": -5}, "candidate_layer=-5: the model has 4 layers"),
+        ({"anchor_token_id": 100}, "anchor_token_id=100: outside the model's vocabulary of 100"),
+        ({"score_terms": "self_info+self_info"}, "expected each term once, got self_info more than once"),
+        ({"gen_length": 2000}, "gen_length=2000 exceeds the model's 1536 trained positions"),
+        ({"gen_length": 8, "block_length": 4, "steps": 3}, "steps=3 is not a multiple of the 2 blocks"),
+        ({"pretrained": "/no/such/dir"}, "pretrained=/no/such/dir: no such directory"),
+        ({"tokenizer": "/no/such/dir"}, "tokenizer=/no/such/dir: no such directory"),
+        ({"device": "tpu"}, "device 'tpu' is not a device"),
+        ({"device": "meta"}, "only cpu and cuda devices are supported"),
     ],
 )
 def test_model_args_errors_are_one_line_naming_the_key(kwargs, expected):
     assert expected in _error(kwargs)
+
+
+def test_model_args_checks_need_no_weights(monkeypatch):
+    """parse_model_args reads config.json and prefilling_config.json only: the values the model accepts pass
+    with no weights file at all, and every error above is found the same way."""
+    import dllm.model.loader
+
+    monkeypatch.setattr(dllm, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(dllm.model.loader, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
+    s = parse_model_args({"chunk_size": 1535, "candidate_layer": -4, "anchor_token_id": 99, "gen_length": 1536})
+    assert (s.prefilling.chunk_size, s.prefilling.candidate_layer, s.prefilling.anchor_token_id) == (1535, -4, 99)
+    assert parse_model_args({"candidate_layer": 3, "score_terms": "self_info+pseudo_label"}).prefilling.score_terms == (
+        "self_info",
+        "pseudo_label",
+    )
+    assert "candidate_layer=4" in _error({"candidate_layer": 4})
 
 
 def test_describe_model_args_lists_every_key():

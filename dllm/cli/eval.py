@@ -27,10 +27,10 @@ from dllm.cli.options import (
     decoding_check,
     fit_top_k,
     graph_kwargs,
+    kept_positions,
     prefilling_config,
     progress_bars,
     timed_load,
-    window_check,
 )
 from dllm.eval.tasks import HAYSTACKS, TASKS
 from dllm.prefilling.config import PrefillingConfig
@@ -87,10 +87,43 @@ def _unique_eval_path(task: str, method: str) -> str:
             path = f"{base}-{n}.csv"
 
 
+# what None means in each optional PrefillingConfig field, as the eval CSV writes it
+_NONE_WORDS = {
+    "top_k": "all",
+    "token_budget": "all",
+    "query_window": "all",
+    "prefill_batch": "auto",
+    "anchor_token_id": "auto",
+    "redundancy_threshold": "off",
+    "candidates": "off",
+    "candidate_layer": "all",
+}
+
+
+def prefilling_columns(cfg: PrefillingConfig | None) -> dict:
+    """Every field of the run's :class:`PrefillingConfig`, one CSV column each, in field order: a None as the
+    word for what it means (``all``, ``auto``, ``off``: :data:`_NONE_WORDS`), the score terms joined by a space;
+    every column empty for the baselines (``cfg`` None)."""
+    import dataclasses
+
+    if cfg is None:
+        return {field.name: "" for field in dataclasses.fields(PrefillingConfig)}
+    columns = {}
+    for field in dataclasses.fields(PrefillingConfig):
+        value = getattr(cfg, field.name)
+        if value is None:
+            value = _NONE_WORDS.get(field.name, "none")
+        elif field.name == "score_terms":
+            value = " ".join(value)
+        columns[field.name] = value
+    return columns
+
+
 def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
     """The constant columns of every eval CSV row: provenance (:func:`dllm.eval.provenance.provenance`: device,
     torch/triton/CUDA versions, git commit, UTC date) and the settings (model, dtype, decoding options, and
-    C, K, B and the score terms of prefilling; empty for the baselines)."""
+    every prefilling setting, :func:`prefilling_columns`: C, K, B, the score terms, the boundary snap, the
+    redundancy threshold, the candidates, ...; empty for the baselines)."""
     from dllm.eval.provenance import provenance
 
     def opt(v):
@@ -108,10 +141,7 @@ def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
         "alg": opt(args.alg),
         "temperature": args.temperature,
         "sampling_seed": opt(args.seed),
-        "chunk_size": cfg.chunk_size if cfg is not None else "",
-        "top_k": ("all" if cfg.top_k is None else cfg.top_k) if cfg is not None else "",
-        "token_budget": ("all" if cfg.token_budget is None else cfg.token_budget) if cfg is not None else "",
-        "score_terms": " ".join(cfg.score_terms) if cfg is not None else "",
+        **prefilling_columns(cfg),
     }
 
 
@@ -163,12 +193,16 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
             raise UserError(f"--data {args.data}: no LongBench examples to score (--limit {args.limit})")
         for case in cases:
             metric_for(case.dataset)
+        if cfg is not None:
+            _check_contexts(args, cases, [len(c.context) for c in cases])
 
     model, load_s = timed_load(args)
     if longbench:
         from dllm.model.tokenization import encode_text
 
         context_tokens = [len(encode_text(model, c.context)) for c in cases] if cfg is not None else None
+        if cfg is not None:  # a context of characters the tokenizer drops
+            _check_contexts(args, cases, context_tokens)
         run_one = run_longbench_case
     else:
         from dllm.eval.tasks import make_cases
@@ -184,15 +218,12 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
         )
         context_tokens = [c.context_tokens for c in cases]
         run_one = run_case
-        if args.gen_length is not None:  # the response and the case's own prefix + query must fit the window
-            from dllm.model.tokenization import encode_text
-
-            live = max(len(encode_text(model, c.prefix)) + len(encode_text(model, c.query)) + 1 for c in cases)
-            window_check(model, live, args.gen_length, "prefilling", True)
     configs = [cfg] * len(cases)
     if cfg is not None:  # every case is checked before the first one runs
         configs = [fit_top_k(cfg, n, explicit=args.top_k not in (None, ALL)) for n in context_tokens]
-        fewer = sum(f.top_k is None for f in configs) if cfg.top_k is not None else 0
+    positions = _case_positions(model, args, cases, configs, context_tokens)  # its errors before any note
+    if cfg is not None and cfg.top_k is not None:
+        fewer = sum(f.top_k is None for f in configs)
         if fewer:
             print(
                 f"note: {fewer} of {len(cases)} contexts have fewer than the default top_k={cfg.top_k} chunks of "
@@ -209,7 +240,9 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
     run(0)  # warm-up: one untimed case absorbs the one-off start-up costs
     warm_s = time.perf_counter() - t0
     rows = [run(i) for i in tqdm(range(len(cases)), desc=f"{args.task}/{args.method}", disable=not progress_bars())]
-    write_csv(rows, out, provenance=_eval_columns(args, model, cfg))
+    limit = model.config.trained_positions
+    window = {"positions": positions, "past_window": [bool(limit) and n > limit for n in positions]}
+    write_csv(rows, out, provenance=_eval_columns(args, model, cfg), per_row=window)
     if longbench:
         print(accuracy_table(rows, by=("dataset", "method"), value="score"))
     else:
@@ -218,6 +251,73 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
     print(f"start-up, not in the table: model load {load_s:.1f} s, one warm-up case {warm_s:.1f} s")
     print(f"wrote {out}")
     return 0
+
+
+def _where(args, case) -> str:
+    """A case as a message names it: ``--data FILE:LINE`` of a LongBench example, else its task, length,
+    depth and seed."""
+    if args.task == LONGBENCH:
+        return f"--data {args.data}:{case.line}"
+    return f"the {case.task} case of length {case.length}, depth {case.depth}, seed {case.seed}"
+
+
+def _check_contexts(args, cases, sizes) -> None:
+    """--method prefilling chunks each case's context: an empty one (``sizes``: characters, or tokens once
+    the model is loaded) is an error naming its line, before anything is decoded."""
+    empty = [c for c, n in zip(cases, sizes) if n == 0]
+    if empty:
+        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise UserError(
+            f"{_where(args, empty[0])}: the context is empty{more}: --method prefilling has nothing to chunk; pass "
+            "--method dense or prefix_cache"
+        )
+
+
+def _case_positions(model, args, cases, configs, context_tokens) -> list[int]:
+    """The positions each case's decoding reaches, checked before the first case runs, as ``generate`` checks
+    one prompt (:func:`dllm.cli.options.window_check`): the prompt (dense, prefix_cache) or prefix + kept
+    chunks + query (prefilling: :func:`kept_positions`), plus the response.
+
+    Past the model's trained positions: with --method prefilling, a case whose prefix + query and response
+    alone do not fit is an error naming the case (``generate`` refuses that prompt); every other case past
+    the window runs, and one note says how many (the CSV's ``past_window`` column says which).
+
+    Raises:
+        UserError: see above.
+    """
+    from dllm.eval.evaluation import response_length
+    from dllm.model.tokenization import encode_text
+
+    limit = model.config.trained_positions
+    prefilling = args.method == "prefilling"
+    positions, refused = [], []
+    for i, case in enumerate(cases):
+        gen = response_length(case, args.gen_length)
+        if prefilling:
+            live = len(encode_text(model, case.prefix, bos=True)) + len(encode_text(model, case.query))
+            if limit and live + gen > limit:
+                refused.append((case, live, gen))
+            positions.append(live + kept_positions(configs[i], context_tokens[i]) + gen)
+        else:
+            positions.append(len(encode_text(model, case.prompt, bos=True)) + gen)
+    if refused:
+        case, live, gen = refused[0]
+        more = f" ({len(refused)} of {len(cases)} cases)" if len(refused) > 1 else ""
+        raise UserError(
+            f"{_where(args, case)}: its prefix + query ({live} tokens) and {gen} response tokens take {live + gen} "
+            f"positions, more than the model's {limit} trained positions{more}; shorten the question or lower "
+            "--gen-length, or pass --method dense"
+        )
+    past = sum(bool(limit) and n > limit for n in positions)
+    if past:
+        what = "prefix, kept chunks, query and response" if prefilling else "prompt and response"
+        hint = "lower --top-k, --chunk-size or --gen-length" if prefilling else "--method prefilling keeps K chunks"
+        print(
+            f"note: in {past} of {len(cases)} cases the {what} reach past the model's {limit} trained positions "
+            f"(the CSV's past_window column says which): answers past the window are unreliable; {hint}",
+            file=sys.stderr,
+        )
+    return positions
 
 
 def add_parser(sub, model_dir: str | None) -> None:

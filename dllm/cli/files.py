@@ -15,8 +15,9 @@ MAX_INPUT_BYTES = 1 << 30  # 1 GiB of text is ~250M tokens: far past any context
 
 
 def read_text(path: str, what: str) -> str:
-    """A UTF-8 text file, pipe or terminal, at most :data:`MAX_INPUT_BYTES`. Opening a FIFO blocks until
-    a writer opens it: after a second of waiting, stderr says so (a silent hang looks like a crash)."""
+    """A UTF-8 text file, pipe or terminal, at most :data:`MAX_INPUT_BYTES`, without a leading byte order mark
+    (:func:`decode_utf8`). Opening a FIFO blocks until a writer opens it: after a second of waiting, stderr
+    says so (a silent hang looks like a crash)."""
     import threading
 
     waiting = threading.Timer(1.0, lambda: print(f"waiting for a writer on {what} {path} ...", file=sys.stderr))
@@ -31,9 +32,19 @@ def read_text(path: str, what: str) -> str:
     if len(data) > MAX_INPUT_BYTES:
         raise UserError(f"{what} {path}: more than {MAX_INPUT_BYTES:,} bytes of text")
     try:
-        return data.decode("utf-8")
+        return decode_utf8(data)
     except UnicodeDecodeError:
         raise UserError(f"{what} {path}: not UTF-8 text") from None
+
+
+def decode_utf8(data: bytes) -> str:
+    """UTF-8 text of ``data``; a byte order mark at its start (an editor's ``EF BB BF``) is skipped, as the JSON
+    reader skips it: it marks the encoding, it is not text of the prompt, context or questions.
+
+    Raises:
+        UnicodeDecodeError: not UTF-8.
+    """
+    return data.decode("utf-8-sig")
 
 
 def strip_one_newline(text: str) -> str:

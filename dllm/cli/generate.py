@@ -74,8 +74,8 @@ def _questions_file(text: str) -> str:
 
 
 def _read_questions_file(path: str) -> list[str]:
-    """``--questions-file``: one question per line (a trailing ``\\r`` removed, blank lines skipped); ``-`` reads
-    stdin to its end (on a terminal, stderr says so first)."""
+    """``--questions-file``: one question per line (a trailing ``\\r`` removed, blank lines skipped, a UTF-8
+    BOM before the first skipped); ``-`` reads stdin to its end (on a terminal, stderr says so first)."""
     if path == "-":
         if sys.stdin.isatty():
             print("reading questions from stdin, one per line; end with Ctrl-D", file=sys.stderr)
@@ -83,7 +83,7 @@ def _read_questions_file(path: str) -> list[str]:
         if len(data) > files.MAX_INPUT_BYTES:
             raise UserError(f"--questions-file -: more than {files.MAX_INPUT_BYTES:,} bytes of text")
         try:
-            text = data.decode("utf-8")
+            text = files.decode_utf8(data)
         except UnicodeDecodeError:
             raise UserError("--questions-file -: stdin is not UTF-8 text") from None
     else:
@@ -113,16 +113,22 @@ def collect_questions(args) -> list[str] | None:
 def prompt_templates(args, questions: list[str] | None) -> list[str]:
     """The prompts to answer: the prompt file (or :data:`DEFAULT_QUESTION_TEMPLATE` with questions and no
     prompt file), once per question, which fills the prompt's one ``{question}`` slot. A prompt file
-    without the slot is an error when questions are given (nothing is appended silently)."""
+    without the slot is an error when questions are given (nothing is appended silently), and so is a
+    slot without questions (its literal text would be decoded)."""
     if args.prompt_file is None and not questions:
         raise UserError("generate needs --prompt-file, --question or --questions-file")
     if args.prompt_file is None:
         template = DEFAULT_QUESTION_TEMPLATE
     else:
         template = strip_one_newline(read_text(args.prompt_file, "--prompt-file"))
-    if not questions:
-        return [template]
     slots = template.count(QUESTION_SLOT)
+    if not questions:
+        if slots:  # decoding the slot's literal text would answer a question nobody asked
+            raise UserError(
+                f"--prompt-file {args.prompt_file} holds a {QUESTION_SLOT} slot but no question was given: pass "
+                "--question or --questions-file, or remove the slot"
+            )
+        return [template]
     if slots != 1:
         raise UserError(
             f"--prompt-file {args.prompt_file} must hold exactly one {QUESTION_SLOT} slot for the questions, found "
@@ -290,7 +296,9 @@ def _answer_from_document(model, args, template, document, cfg, context_tokens, 
 
     parts = split_document_prompt(model, template, apply_chat_template=args.chat)
     live = parts.prefix.numel() + parts.query.numel()
-    window_check(model, live, kw["gen"], "prefilling", True, kept_positions(cfg, context_tokens))
+    window_check(
+        model, live, kw["gen"], "prefilling", True, kept_positions(cfg, context_tokens), json_notes=args.stats == "json"
+    )
     return dllm.generate(
         model, prompt=parts, document=document, method="prefilling", prefilling=cfg, seed=args.seed,
         progress=progress_bars(), **graph_kwargs(args), **kw["decode"],
@@ -311,7 +319,8 @@ def _answer_fresh(model, args, template, context, cfg, kw):
         )
         fitted = fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, ALL))
         live = parts.prefix.numel() + parts.query.numel()
-        window_check(model, live, gen, "prefilling", True, kept_positions(fitted, parts.context.numel()))
+        kept = kept_positions(fitted, parts.context.numel())
+        window_check(model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json")
         return dllm.generate(
             model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=progress_bars(),
             **graph_kwargs(args), **kw["decode"],
@@ -323,7 +332,7 @@ def _answer_fresh(model, args, template, context, cfg, kw):
         ids = encode_text(model, render_chat(model, text))[None]
     else:
         ids = encode_text(model, text, bos=True)[None]
-    window_check(model, ids.shape[1], gen, args.method, context is not None)
+    window_check(model, ids.shape[1], gen, args.method, context is not None, json_notes=args.stats == "json")
     return dllm.generate(model, ids, method=args.method, seed=args.seed, progress=progress_bars(), **kw["decode"])
 
 
@@ -436,7 +445,8 @@ def add_parser(sub, model_dir: str | None) -> None:
         default="summary",
         help="what stderr gets after each answer: one line (the kept chunks with their character spans "
         "[start:end) in the context, seconds per phase, steps, forwards, tokens/s), the full stats as one JSON "
-        "line, or nothing; progress bars appear only when stderr is a terminal",
+        'line (and every note as a {"note": ...} line), or nothing; progress bars appear only when stderr is a '
+        "terminal",
     )
     g.add_argument(
         "--chat",

@@ -104,6 +104,10 @@ def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
             raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
         return None
     given = {f: None if v == ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
+    terms = given.get("score_terms", ())
+    twice = sorted({t for t in terms if terms.count(t) > 1})
+    if twice:  # the chunk score sums its terms: a repeated one would count twice
+        raise UserError(f"--score-terms: {', '.join(twice)} given more than once; name each term once")
     base = PrefillingConfig.from_pretrained(model_dir)  # its errors name the file
     try:  # replace, not from_pretrained's overrides: "--top-k all" (None) must override the file too
         cfg = with_overrides(base, given)
@@ -159,8 +163,23 @@ def backend_check(args) -> None:
         )
 
 
+def note(text: str, json_line: bool = False) -> None:
+    """A note on stderr: the line ``note: text``, or, when every stderr line is JSON (``--stats json``),
+    the JSON line ``{"note": text}`` (as the other lines of that mode: one object per line)."""
+    import json
+
+    print(json.dumps({"note": text}) if json_line else f"note: {text}", file=sys.stderr, flush=True)
+
+
 def window_check(
-    model, live_tokens: int, gen_length: int, method: str, context_given: bool, kept_positions: int = 0
+    model,
+    live_tokens: int,
+    gen_length: int,
+    method: str,
+    context_given: bool,
+    kept_positions: int = 0,
+    *,
+    json_notes: bool = False,
 ) -> None:
     """The tokens that must share the model's trained positions with the response, checked before decoding.
 
@@ -168,7 +187,8 @@ def window_check(
     ``kept_positions``: prefilling only, the positions its kept chunks take before the query
     (:func:`kept_positions`). Past the window the response is out of distribution: an error when
     nothing but the response and the prompt's own text fills it, a note when a long context (or the
-    kept chunks) do (the dense baselines beyond the window are measured on purpose)."""
+    kept chunks) do (the dense baselines beyond the window are measured on purpose); ``json_notes``:
+    the note as a JSON line (:func:`note`)."""
     limit = model.config.trained_positions
     if (
         limit
@@ -176,11 +196,11 @@ def window_check(
         and live_tokens + gen_length <= limit < live_tokens + kept_positions + gen_length
     ):
         total = live_tokens + kept_positions + gen_length
-        line = (
-            f"note: prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
-            f"model's {limit} trained positions: lower --top-k, --chunk-size or --gen-length"
+        note(
+            f"prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
+            f"model's {limit} trained positions: lower --top-k, --chunk-size or --gen-length",
+            json_notes,
         )
-        print(line, file=sys.stderr)
     if not limit or live_tokens + gen_length <= limit:
         return
     what = "prefix + query" if method == "prefilling" else "prompt"
@@ -190,8 +210,7 @@ def window_check(
     )
     if method == "prefilling" or not context_given:
         raise UserError(f"{line}; shorten the prompt or lower --gen-length")
-    print(f"note: {line}: answers past the window are unreliable (--method prefilling keeps only K chunks)",
-          file=sys.stderr)  # fmt: skip
+    note(f"{line}: answers past the window are unreliable (--method prefilling keeps only K chunks)", json_notes)
 
 
 def kept_positions(cfg: PrefillingConfig, context_tokens: int) -> int:

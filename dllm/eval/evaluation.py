@@ -79,10 +79,21 @@ def run_case(model, case, method: str = "dense", *, gen_length: int | None = Non
         gen_length: response length (default: the answer's tokens + 4, for the EOS).
         gen_kwargs: forwarded to :func:`dllm.generate` (steps, alg, prefilling=...).
     """
-    gen_length = gen_length or case.answer_tokens + 4
+    gen_length = response_length(case, gen_length)
     text, stats = _decode(model, case, method, gen_length, **gen_kwargs)
     correct = bool(score(case.task, text, case))
     return EvalRow(case.task, case.length, case.depth, method, case.seed, correct, text, case.answer, **stats)
+
+
+def response_length(case, gen_length: int | None = None) -> int:
+    """The response tokens a case is decoded with: ``gen_length`` when given, else the case's own default (a
+    task case: its answer's tokens + 4, room for the EOS; a LongBench example: LongBench's for its dataset,
+    :data:`dllm.eval.longbench.MAX_NEW_TOKENS`)."""
+    if gen_length:
+        return gen_length
+    if isinstance(case, TaskCase):
+        return case.answer_tokens + 4
+    return MAX_NEW_TOKENS[base_name(case.dataset)]
 
 
 def _decode(model, case, method: str, gen_length: int, **gen_kwargs) -> tuple[str, dict]:
@@ -210,7 +221,7 @@ def run_longbench_case(model, case, method: str = "dense", *, gen_length: int | 
     Raises:
         ValueError: the dataset has no supported metric.
     """
-    n = gen_length or MAX_NEW_TOKENS[base_name(case.dataset)]
+    n = response_length(case, gen_length)
     text, stats = _decode(model, case, method, n, **gen_kwargs)
     value = score_longbench(case.dataset, text, case.answers, case.all_classes)
     return LongBenchRow(case.dataset, case.id, method, value, text, " | ".join(case.answers), **stats)
@@ -225,17 +236,27 @@ def one_line_cell(value):
     return value.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
 
 
-def write_csv(rows, path: str, provenance: dict | None = None) -> None:
-    """Write rows (:class:`EvalRow` or :class:`LongBenchRow`, plus optional constant provenance columns) as CSV,
-    one line per row (text cells through :func:`one_line_cell`)."""
+def write_csv(rows, path: str, provenance: dict | None = None, per_row: dict | None = None) -> None:
+    """Write rows (:class:`EvalRow` or :class:`LongBenchRow`) as CSV, one line per row (text cells through
+    :func:`one_line_cell`): the rows' own columns, then the ``per_row`` columns (name -> one value per row),
+    then the constant ``provenance`` columns.
+
+    Raises:
+        ValueError: a ``per_row`` column without one value per row.
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     extra = dict(provenance or {})
+    per_row = dict(per_row or {})
+    for name, values in per_row.items():
+        if len(values) != len(rows):
+            raise ValueError(f"write_csv: column {name!r} has {len(values)} values for {len(rows)} rows")
     fields = [f.name for f in dataclasses.fields(rows[0])] if rows else list(CSV_FIELDS)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields + list(extra))
+        w = csv.DictWriter(f, fieldnames=fields + list(per_row) + list(extra))
         w.writeheader()
-        for r in rows:
-            w.writerow({k: one_line_cell(v) for k, v in {**asdict(r), **extra}.items()})
+        for i, r in enumerate(rows):
+            cells = {**asdict(r), **{name: values[i] for name, values in per_row.items()}, **extra}
+            w.writerow({k: one_line_cell(v) for k, v in cells.items()})
 
 
 def accuracy_table(rows, by=("task", "method", "length"), value: str = "correct") -> str:

@@ -67,6 +67,8 @@ class LongBenchCase(PromptCase):
         input: the raw ``input`` field (the question; may be empty).
         id: the ``_id`` field ("" if absent).
         language: the ``language`` field ("" if absent).
+        line: the example's line in its file (1-based; 0 when it was not read from a file), for messages
+            that name ``file:line``.
     """
 
     answers: tuple[str, ...]
@@ -76,6 +78,7 @@ class LongBenchCase(PromptCase):
     input: str = ""
     id: str = ""
     language: str = ""
+    line: int = 0
 
 
 _REQUIRED = ("input", "context", "answers", "all_classes", "length", "dataset")
@@ -155,6 +158,7 @@ def load_longbench(
                     input=question,
                     id=str(rec.get("_id", "")),
                     language=str(rec.get("language", "")),
+                    line=lineno,
                 )
             )
     return cases

@@ -1,6 +1,7 @@
 """lm-evaluation-harness support: the ``prefilling-dllm`` model and ``python -m dllm.harness``.
 
-``pip install -e .[harness]`` installs lm-eval 0.4.x. Then::
+``pip install -e .[harness]`` installs lm-eval 0.4.x (and ``.[longbench]`` the packages the LongBench tasks'
+metrics import: jieba, fuzzywuzzy, rouge). Then::
 
     python -m dllm.harness --model prefilling-dllm \\
         --model_args pretrained=/path/to/Dream-v0-Instruct-7B,method=prefilling,chunk_size=1024,top_k=4 \\

@@ -3,9 +3,10 @@
 lm-evaluation-harness turns ``--model_args a=1,b=x`` into keyword arguments, already typed by its own
 rule (``4`` -> int, ``0.5`` -> float, ``true`` -> bool, ``none`` -> None, anything else a str), and
 adds ``batch_size``, ``max_batch_size`` and ``device`` from its own options. :func:`parse_model_args`
-checks every key and value here, before any weights load, and raises :class:`ModelArgsError` (one
-line naming the key) for an unknown key, a value of the wrong type or range, or an option of another
-method. No lm-eval import: the checks run (and are tested) without the harness installed.
+checks every key and value here, before any weights load (against the checkpoint's ``config.json`` where
+the value depends on it), and raises :class:`ModelArgsError` (one line naming the key) for an unknown key,
+a value of the wrong type or range, or an option of another method. No lm-eval import: the checks run
+(and are tested) without the harness installed.
 
 The keys (:data:`MODEL_ARGS`) are those of :func:`dllm.load_model`, :func:`dllm.generate` and
 :class:`dllm.PrefillingConfig`, plus the harness's own. One rename: ``top_k`` is K, the chunks kept
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +126,9 @@ def _terms(v):
     items = v.split(TERMS_SEPARATOR) if isinstance(v, str) else v
     if not isinstance(items, (list, tuple)) or not items or any(t not in SCORE_TERMS for t in items):
         raise TypeError(f"expected terms of {', '.join(SCORE_TERMS)} joined by '{TERMS_SEPARATOR}'")
+    twice = sorted({t for t in items if items.count(t) > 1})
+    if twice:  # the chunk score sums its terms: a repeated one would count twice
+        raise TypeError(f"expected each term once, got {', '.join(twice)} more than once")
     return tuple(items)
 
 
@@ -251,20 +256,27 @@ class HarnessSettings:
 
 
 def parse_model_args(kwargs: dict, model_dir: str | None = None) -> HarnessSettings:
-    """Check ``--model_args`` (as the harness passes them: a dict of typed values) before anything loads.
+    """Check ``--model_args`` (as the harness passes them: a dict of typed values) before any weights load:
+    every value that can be checked without them, against the checkpoint's ``config.json`` and
+    ``prefilling_config.json`` where it must be (a chunk longer than the trained positions, a layer the model
+    does not have).
 
     Args:
         kwargs: key -> value; values may be the harness's typed values or strings.
-        model_dir: where ``prefilling_config.json`` is read from (default: ``kwargs["pretrained"]``,
-            else the bundled model).
+        model_dir: the checkpoint whose ``config.json`` and ``prefilling_config.json`` are read (default:
+            ``kwargs["pretrained"]``, else the bundled model).
 
     Returns:
         :class:`HarnessSettings`.
 
     Raises:
         ModelArgsError: an unknown key (the message lists the known ones), an ill-typed or out-of-range
-            value (naming the key and what was expected), an option of another method than ``method``,
-            or a combination :class:`dllm.PrefillingConfig` / :class:`dllm.decode.unmasking.UnmaskingConfig` rejects.
+            value (naming the key and what was expected; a score term given twice), an option of another
+            method than ``method``, a combination :class:`dllm.PrefillingConfig` /
+            :class:`dllm.decode.unmasking.UnmaskingConfig` rejects, a value the checkpoint cannot take
+            (:func:`check_against_checkpoint`), a ``pretrained`` / ``tokenizer`` folder that does not
+            exist, or a device that is not there.
+        dllm.ConfigError: the checkpoint's ``config.json`` is invalid (the message names the file).
     """
     unknown = sorted(set(kwargs) - set(MODEL_ARGS))
     if unknown:
@@ -302,22 +314,102 @@ def parse_model_args(kwargs: dict, model_dir: str | None = None) -> HarnessSetti
         )
     except ValueError as exc:
         raise ModelArgsError(f"model_args: {exc}") from None
-    if values["block_length"] is not None and values["gen_length"] is not None:
-        if values["gen_length"] % values["block_length"]:
-            raise ModelArgsError(
-                f"model_args: block_length={values['block_length']} does not divide gen_length={values['gen_length']}"
-            )
+    if values["device"] is not None:
+        check_device(values["device"])
+    from dllm.model.config import load_config
+    from dllm.model.loader import default_model_dir
+
+    model_dir = model_dir or values["pretrained"] or default_model_dir()
+    if not os.path.isdir(model_dir):
+        raise ModelArgsError(f"model_args pretrained={model_dir}: no such directory (a local checkpoint folder)")
+    if values["tokenizer"] is not None and not os.path.isdir(values["tokenizer"]):
+        raise ModelArgsError(f"model_args tokenizer={values['tokenizer']}: no such directory")
+    config = load_config(model_dir, rope_theta=values["rope_theta"])  # config.json alone: no weights
     cfg = None
     if method == "prefilling":
-        from dllm.model.loader import default_model_dir
-
-        base = PrefillingConfig.from_pretrained(model_dir or values["pretrained"] or default_model_dir())
+        base = PrefillingConfig.from_pretrained(model_dir)
         fields = {f: values[f] for f in _PREFILLING_FIELDS if f in given}
         try:  # replace, not from_pretrained's overrides: top_k=all (None) must override the file too
             cfg = with_overrides(base, fields)
         except (TypeError, ValueError) as exc:
             raise ModelArgsError(f"model_args: {exc}") from None
-    return HarnessSettings(values, frozenset(given), cfg)
+    settings = HarnessSettings(values, frozenset(given), cfg)
+    check_against_checkpoint(settings, config)
+    if values["gen_length"] is not None:
+        check_gen_length(settings, values["gen_length"], config.trained_positions)
+    return settings
+
+
+def check_against_checkpoint(settings: HarnessSettings, config) -> None:
+    """The values that depend on the checkpoint, checked against its :class:`dllm.ModelConfig` (read from
+    ``config.json``, no weights): a chunk and its BOS anchor within the trained positions (as the CLI's
+    ``--chunk-size``), ``candidate_layer`` among the model's layers, ``anchor_token_id`` in its vocabulary.
+
+    Raises:
+        ModelArgsError: naming the key, its value and the checkpoint's limit.
+    """
+    cfg = settings.prefilling
+    if cfg is None:
+        return
+    limit = config.trained_positions
+    if limit and cfg.chunk_size + 1 > limit:
+        raise ModelArgsError(
+            f"model_args chunk_size={cfg.chunk_size}: a chunk and its BOS anchor take {cfg.chunk_size + 1} "
+            f"positions, more than the model's {limit} trained positions"
+        )
+    layers = config.num_layers
+    if cfg.candidate_layer is not None and not -layers <= cfg.candidate_layer < layers:
+        raise ModelArgsError(
+            f"model_args candidate_layer={cfg.candidate_layer}: the model has {layers} layers (0..{layers - 1}, or "
+            f"-{layers}..-1 from the last)"
+        )
+    if cfg.anchor_token_id is not None and cfg.anchor_token_id >= config.vocab_size:
+        raise ModelArgsError(
+            f"model_args anchor_token_id={cfg.anchor_token_id}: outside the model's vocabulary of {config.vocab_size}"
+        )
+
+
+def check_gen_length(settings: HarnessSettings, gen_length: int, trained_positions: int | None) -> None:
+    """A response length (``gen_length``, or a task's ``max_gen_toks``) against the decoding options, as
+    :func:`dllm.generate` would reject it: ``block_length`` must divide it, ``steps`` must be a multiple of
+    its blocks (the step-budget rules), and it must fit the model's ``trained_positions``.
+
+    Raises:
+        ModelArgsError: naming the keys and values.
+    """
+    v = settings.values
+    block = v["block_length"] or gen_length
+    if gen_length % block:
+        raise ModelArgsError(f"model_args: block_length={block} does not divide gen_length={gen_length}")
+    fixed = UnmaskingConfig(alg=v["alg"] or "maskgit_plus", threshold=v["threshold"]).fixed_steps
+    steps = v["steps"] or gen_length
+    if fixed and steps % (gen_length // block):
+        raise ModelArgsError(
+            f"model_args: steps={steps} is not a multiple of the {gen_length // block} blocks of gen_length="
+            f"{gen_length} (block_length={block})"
+        )
+    if trained_positions and gen_length > trained_positions:
+        raise ModelArgsError(
+            f"model_args: gen_length={gen_length} exceeds the model's {trained_positions} trained positions"
+        )
+
+
+def check_device(text: str) -> None:
+    """``device``: cpu, cuda or cuda:N, and CUDA present for a cuda device.
+
+    Raises:
+        ModelArgsError: not a device, another device type, or no CUDA.
+    """
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise ModelArgsError(f"device {text!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ModelArgsError(f"device {text!r}: only cpu and cuda devices are supported")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelArgsError(f"device {text!r}: CUDA is not available on this machine (pass --device cpu)")
 
 
 def describe_model_args() -> str:

@@ -4,7 +4,9 @@ ARGS are the harness's (``lm-eval run --help``; ``run`` may be left out, as with
 Without ``--model`` the model is ``prefilling-dllm``; without ``--device``, cuda where
 available, else cpu (the harness's own default is cuda:0 everywhere). Ours on top: ``--help-model-args`` lists the
 ``--model_args`` keys, ``--debug`` shows tracebacks. A bad ``--model_args`` key or value, a task or
-prompt our model cannot serve, or a missing lm-eval prints one ``error:`` line and exits with status 2.
+prompt our model cannot serve, a missing lm-eval, or a package a task imports and lm-eval does not install
+(LongBench's jieba, fuzzywuzzy, rouge: ``pip install -e '.[longbench]'``) prints one ``error:`` line and exits
+with status 2.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import sys
 from dllm.harness import MODEL_NAME
 
 _HARNESS_COMMANDS = ("run", "ls", "validate")
+# modules lm-eval's tasks import that lm-eval itself does not install -> our extra that installs them
+# (lm-eval's own extra of the same name: lm-eval's pyproject, [project.optional-dependencies])
+TASK_EXTRAS = {"jieba": "longbench", "fuzzywuzzy": "longbench", "rouge": "longbench"}
 
 
 def _has_option(argv: list, *names: str) -> bool:
@@ -25,7 +30,8 @@ def main(argv=None) -> int:
 
     Returns:
         0 on success; 2 after a one-line ``error:`` (bad model args, ValueError of a request or task,
-        lm-eval not installed); the harness's own argparse errors exit through ``SystemExit`` (2).
+        lm-eval not installed, a task's package not installed: :func:`missing_package_line`); the harness's own
+        argparse errors exit through ``SystemExit`` (2).
 
     Raises:
         Any other exception (a bug) with its traceback; with ``--debug`` every exception.
@@ -51,6 +57,10 @@ def main(argv=None) -> int:
     if argv and argv[0] not in _HARNESS_COMMANDS and not argv[0].startswith("-h"):
         argv.insert(0, "run")
     if argv and argv[0] == "run":
+        missing = missing_task_package(argv)
+        if missing is not None and not debug:
+            print(f"error: {_extra_line(missing)}", file=sys.stderr)
+            return 2
         if not _has_option(argv, "--model", "-M"):
             argv[1:1] = ["--model", MODEL_NAME]
         if not _has_option(argv, "--device"):  # the harness's default is cuda:0 even without CUDA
@@ -67,6 +77,74 @@ def main(argv=None) -> int:
             raise
         print(f"error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # a task's own requirement (LongBench's metrics import jieba, ...)
+        if debug:
+            raise
+        print(f"error: {missing_package_line(exc)}", file=sys.stderr)
+        return 2
     finally:
         sys.argv = saved
     return 0
+
+
+def missing_module(exc: BaseException) -> str | None:
+    """The top-level name of the module whose import failed in ``exc`` or the exceptions it was raised from
+    or while handling (lm-eval's tasks re-raise a bare ImportError of their own); None when none says."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ImportError) and exc.name:
+            return exc.name.split(".")[0]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def missing_package_line(exc: ImportError) -> str:
+    """The one ``error:`` line of a task that imports a package not installed: the module and what installs it
+    (our extra for the packages of :data:`TASK_EXTRAS`, else lm-eval's own message)."""
+    name = missing_module(exc)
+    if name in TASK_EXTRAS:
+        return _extra_line(name)
+    what = f"the '{name}' package" if name else "a package"
+    own = " ".join(str(exc).split()) or type(exc).__name__
+    return f"the task needs {what}, which is not installed: install it, then run again ({own})"
+
+
+def _extra_line(name: str) -> str:
+    extra = TASK_EXTRAS[name]
+    packages = ", ".join(k for k, v in TASK_EXTRAS.items() if v == extra)
+    return (
+        f"the task needs the '{name}' package ({extra}: {packages}), which lm-eval does not install: "
+        f"pip install -e '.[{extra}]'"
+    )
+
+
+def requested_tasks(argv: list) -> list[str]:
+    """The task names of ``--tasks`` / ``-t`` in the harness's ``argv`` (space- or comma-separated, or
+    ``--tasks=a,b``), lowercased."""
+    names, taking = [], False
+    for a in argv:
+        if a.startswith("--tasks=") or a.startswith("-t="):
+            names += a.split("=", 1)[1].split(",")
+            taking = False
+        elif a in ("--tasks", "-t"):
+            taking = True
+        elif taking and not a.startswith("-"):
+            names += a.split(",")
+        else:
+            taking = False
+    return [n.strip().lower() for n in names if n.strip()]
+
+
+def missing_task_package(argv: list) -> str | None:
+    """The first package of :data:`TASK_EXTRAS` that a requested task needs and that is not installed (a
+    LongBench task: ``longbench*``), found before the harness loads the model (it loads the tasks, whose
+    metrics import these packages, only after the weights); None when nothing is missing as far as we know."""
+    import importlib.util
+
+    if not any(t.startswith("longbench") for t in requested_tasks(argv)):
+        return None
+    for name, extra in TASK_EXTRAS.items():
+        if extra == "longbench" and importlib.util.find_spec(name) is None:
+            return name
+    return None

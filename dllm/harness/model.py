@@ -21,7 +21,6 @@ Requests (``lm_eval.api.instance.Instance``) and what answers them:
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -29,7 +28,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from dllm.harness.args import ModelArgsError, parse_model_args
+from dllm.harness.args import ModelArgsError, check_gen_length, parse_model_args
 from dllm.harness.likelihood import masked_diffusion_loglikelihood
 from dllm.harness.split import split_request
 
@@ -62,29 +61,18 @@ class PrefillingDLLM(LM):
             the ``batch_size`` / ``max_batch_size`` / ``device`` the harness adds.
 
     Raises:
-        ModelArgsError: a bad key or value (one line, before the weights load), a chunk larger than
-            the checkpoint's trained positions, or a checkpoint without a tokenizer.
+        ModelArgsError: a bad key or value (one line, before the weights load: :func:`parse_model_args`), or
+            a checkpoint without a tokenizer.
         dllm.ConfigError, dllm.WeightError: as :func:`dllm.load_model`.
     """
 
     def __init__(self, **model_args):
         super().__init__()
         import dllm
-        from dllm.model.config import load_config
         from dllm.model.loader import default_model_dir
 
-        self.settings = s = parse_model_args(model_args)
+        self.settings = s = parse_model_args(model_args)  # every value, against config.json too: no weights yet
         model_dir = s.pretrained or default_model_dir()
-        if not os.path.isdir(model_dir):
-            raise ModelArgsError(f"model_args pretrained={model_dir}: no such directory (a local checkpoint folder)")
-        limit = load_config(model_dir, rope_theta=s.rope_theta).max_position_embeddings
-        if s.prefilling is not None and limit and s.prefilling.chunk_size + 1 > limit:
-            raise ModelArgsError(
-                f"model_args chunk_size={s.prefilling.chunk_size}: a chunk and its BOS anchor take "
-                f"{s.prefilling.chunk_size + 1} positions, more than the model's {limit} trained positions"
-            )
-        if s.device is not None:
-            _check_device(s.device)
         self.model = dllm.load_model(
             model_dir, device=s.device, dtype=s.dtype, tokenizer_path=s.tokenizer, rope_theta=s.rope_theta
         )
@@ -186,11 +174,11 @@ class PrefillingDLLM(LM):
         until = gen_kwargs.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
         gen_length = s.gen_length or int(gen_kwargs.get("max_gen_toks") or DEFAULT_GEN_LENGTH)
-        if s.block_length is not None and gen_length % s.block_length:
-            raise ValueError(
-                f"model_args block_length={s.block_length} does not divide the gen length {gen_length} "
-                "(the task's max_gen_toks; set gen_length)"
-            )
+        if s.gen_length is None:  # the task's max_gen_toks: checked as a given gen_length is
+            try:
+                check_gen_length(s, gen_length, self.model.config.trained_positions)
+            except ModelArgsError as exc:
+                raise ValueError(f"{exc} (the task's max_gen_toks; set gen_length)") from None
         if s.temperature is not None:
             temperature = s.temperature
         else:
@@ -293,17 +281,6 @@ class PrefillingDLLM(LM):
             f"{MODEL_NAME} does not implement loglikelihood_rolling (perplexity tasks such as wikitext): a diffusion "
             "LM's likelihood is a Monte Carlo bound; use generate_until or multiple-choice (loglikelihood) tasks"
         )
-
-
-def _check_device(text: str) -> None:
-    try:
-        dev = torch.device(text)
-    except RuntimeError:
-        raise ModelArgsError(f"device {text!r} is not a device (use cpu, cuda or cuda:N)") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ModelArgsError(f"device {text!r}: only cpu and cuda devices are supported")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelArgsError(f"device {text!r}: CUDA is not available on this machine (pass --device cpu)")
 
 
 def cut_at_stops(text: str, until: list) -> str:
