@@ -59,6 +59,19 @@ def test_rows_swapped_in_place_are_other_weights(saved):
         dllm.DocumentCache.load(saved, model)
 
 
+def test_the_digest_of_a_model_loaded_in_inference_mode(saved):
+    """Inference tensors track no version counter: the digest's key must not need one."""
+    with torch.inference_mode():
+        model = dllm.load_model(device="cpu")
+        assert model.embed_tokens.weight.is_inference()
+        dllm.DocumentCache.load(saved, model)
+        w = model.embed_tokens.weight
+        a, b = _ids(model, "7"), _ids(model, "1")
+        w[[a, b]] = w[[b, a]]
+        with pytest.raises(ValueError, match="model_weights mismatch"):
+            dllm.DocumentCache.load(saved, model)
+
+
 def _swapped_tokenizer(folder, a: str, b: str):
     """A copy of the bundled tokenizer with the ids of tokens ``a`` and ``b`` swapped (same weights, config)."""
     folder.mkdir()

@@ -145,8 +145,8 @@ def _piece_mixer(b: int) -> int:
 def weights_digest(model) -> str:
     """SHA-256 (hex) over every tensor of ``model.state_dict()``: names, dtypes, shapes and bytes.
 
-    Computed once per model and cached on it. The cache is keyed by each tensor's storage address,
-    version counter and a position-dependent checksum of its bit patterns (:func:`_value_key`: one
+    Computed once per model and cached on it. The cache is keyed by each tensor's storage address
+    and a position-dependent checksum of its bit patterns (:func:`_value_key`: one
     fast read of the weights, no hashing), so weights changed in place by any route (``p.add_``,
     ``p.data += delta`` as LoRA merges do, two rows of the embedding swapped) or replaced are hashed
     again. Cost: the first call hashes the weights at SHA-256 speed (about 1-2 GB/s on one CPU core;
@@ -155,7 +155,8 @@ def weights_digest(model) -> str:
     the 2-core CI machine).
     """
     state = model.state_dict(keep_vars=True)
-    key = tuple((name, t.data_ptr(), t._version, t.dtype, tuple(t.shape), _value_key(t)) for name, t in state.items())
+    # no version counter in the key: `p.data += delta` bumps none, and inference tensors have none to read
+    key = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape), _value_key(t)) for name, t in state.items())
     cached = getattr(model, "_dllm_weights_digest", None)
     if cached is not None and cached[0] == key:
         return cached[1]
