@@ -112,3 +112,12 @@ def test_cli_encode_refuses_to_overwrite_its_context_file(how, tmp_path, monkeyp
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
     assert f"--out {out[how]} is the --context-file" in err
     assert (tmp_path / "doc.txt").read_text() == text
+
+
+def test_a_fifo_or_a_folder_given_as_the_cache_is_an_error_at_once(dream, tmp_path):
+    os.mkfifo(tmp_path / "fifo")  # opening it for reading would wait for a writer
+    with pytest.raises(ValueError, match="fifo is not a dllm document cache \\(not a regular file\\)"):
+        dllm.DocumentCache.load(tmp_path / "fifo", dream)
+    with pytest.raises(IsADirectoryError) as e:
+        dllm.DocumentCache.read_header(tmp_path)
+    assert e.value.filename == str(tmp_path)

@@ -464,7 +464,15 @@ class _SafetensorsFile:
 
     def __init__(self, path):
         self.path = str(path)
-        self.file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close() / the context manager
+        # O_NONBLOCK: a FIFO given as the cache must not wait for a writer (no effect on a regular file)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "a directory, not a document cache file", self.path)
+            raise ValueError(f"{self.path} is not a dllm document cache (not a regular file)")
+        self.file = os.fdopen(fd, "rb", buffering=0)
         try:
             self._read_index()
         except BaseException:
