@@ -104,8 +104,9 @@ _MIXERS: dict[torch.device, torch.Tensor] = {}  # device -> the int64 multiplier
 
 
 def _mixers(device: torch.device) -> torch.Tensor:
-    """``[_MIX_BLOCK]`` int64 odd multipliers, one unrelated pseudo-random value per position (the
-    splitmix64 finaliser of the position; arithmetic wraps modulo 2**64), made once per device."""
+    """``[_MIX_BLOCK]`` int64 odd multipliers, one unrelated pseudo-random value per position (a
+    splitmix64-style mix of the position with torch's arithmetic shifts, which leave 62 random bits;
+    products wrap modulo 2**64), made once per device."""
     w = _MIXERS.get(device)
     if w is None:
         x = torch.arange(_MIX_BLOCK, dtype=torch.int64, device=device) + 1
@@ -380,9 +381,10 @@ class DocumentCache:
         """The JSON header of a cache file (:data:`HEADER_FIELDS`), without reading its tensors.
 
         Raises:
-            FileNotFoundError: no such file.
-            ValueError: not a document cache of a known format, or a header with missing or ill-typed
-                fields (the message names the file).
+            FileNotFoundError: no such file. IsADirectoryError: a folder.
+            ValueError: not a regular file (a FIFO, a device: refused without waiting on it), not a
+                document cache of a known format, or a header with missing or ill-typed fields (the
+                message names the file).
         """
         with _SafetensorsFile(path) as f:
             return _cache_header(f, path)
@@ -412,8 +414,8 @@ class DocumentCache:
 
         Raises:
             TypeError: no model given.
-            FileNotFoundError: no such file.
-            ValueError: not a document cache of a known format, a field of :data:`MODEL_FIELDS`
+            FileNotFoundError: no such file. IsADirectoryError: a folder.
+            ValueError: not a regular file, not a document cache of a known format, a field of :data:`MODEL_FIELDS`
                 differs from the model's (the message names it; ``model_weights``: the model
                 weights differ from those that encoded the cache; ``tokenizer``: its tokenizer),
                 or the file is damaged (tensors missing, extra or of the wrong shape or dtype,
