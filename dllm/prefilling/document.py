@@ -705,10 +705,17 @@ def _check_chunk_tokens(head: dict, lens, starts, ids, model, path) -> None:
         raise ValueError(f"{path} is damaged: its context holds the mask token id {mask}")
 
 
+_WHY = {
+    "model_weights": " (the model weights differ from those that encoded it)",
+    "tokenizer": " (the model's tokenizer differs from the one that encoded it: its token ids mean other text)",
+}
+
+
 def _check_fields(have: dict, want: dict, what: str) -> None:
+    """Raise ``ValueError`` naming the first field of :data:`MODEL_FIELDS` where ``have`` differs from ``want``."""
     for name in MODEL_FIELDS:
         if have.get(name) != want[name]:
-            why = " (the model weights differ from those that encoded it)" if name == "model_weights" else ""
+            why = _WHY.get(name, "")
             raise ValueError(
                 f"{name} mismatch: {what} was encoded with {name}={have.get(name)!r}, the model has {want[name]!r}{why}"
             )
