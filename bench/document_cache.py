@@ -12,7 +12,7 @@ and the one-off encoding time (with the break-even number of questions).
 
 Part 2 (``long``): for each needle depth of ``--long-depths`` (one document each, so the answer
 is not one lucky position), a passkey document of ``--long-length`` tokens is encoded once, saved,
-loaded back (memory-mapped) and asked the same four questions: encoding, saving and loading
+loaded back (read into memory) and asked the same four questions: encoding, saving and loading
 seconds, cache bytes in memory and on disk, seconds per question, the answers (with the kept
 chunks and the chunks the needle lies in), and the peak resident memory of the process.
 
@@ -221,7 +221,7 @@ def summarize(rows: list[dict]) -> str:
         lines += [
             f"### {enc['tokens']}-token passkey document, needle at depth {depth}",
             "",
-            f"Encoded in {enc['seconds']:.1f} s, saved in {enc['save_s']:.2f} s, loaded (memory-mapped) in "
+            f"Encoded in {enc['seconds']:.1f} s, saved in {enc['save_s']:.2f} s, loaded (read into memory) in "
             f"{enc['load_s']:.3f} s; the cache holds {enc['cache_bytes_memory'] / 2**20:.0f} MiB in memory and "
             f"{enc['cache_bytes_disk'] / 2**20:.0f} MiB on disk. Peak resident memory of the process so far: "
             f"{max(r['peak_rss_gib'] for r in asked):.2f} GiB.",

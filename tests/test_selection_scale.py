@@ -116,18 +116,18 @@ def _rewrite_header(src, dst, edit):
     save_file(load_file(str(src)), str(dst), metadata={HEADER_KEY: json.dumps(head)})
 
 
-def test_format_2_files_load_and_older_ones_are_a_clear_error(dream, tmp_path):
+def test_files_of_older_formats_are_a_clear_error(dream, tmp_path):
+    """Formats before 4 carry no tokenizer identity: they cannot be checked, so they are refused."""
     parts = _parts(n_ctx=37)
     doc = dllm.encode_document(dream, parts.context, chunk_size=8)
     doc.save(tmp_path / "new.cache")
-    _rewrite_header(
-        tmp_path / "new.cache", tmp_path / "v2.cache", lambda h: (h.pop("boundary_snap"), h.update(format=2))
-    )
-    old = dllm.DocumentCache.load(tmp_path / "v2.cache", dream)
-    assert old.boundary_snap == 0 and old.chunks.starts == doc.chunks.starts
-    _rewrite_header(tmp_path / "new.cache", tmp_path / "v1.cache", lambda h: h.update(format=1))
-    with pytest.raises(ValueError, match="format mismatch: .* has format 1, this version reads 2 and 3"):
-        dllm.DocumentCache.load(tmp_path / "v1.cache", dream)
+    assert dllm.DocumentCache.load(tmp_path / "new.cache", dream).chunks.starts == doc.chunks.starts
+    older = {3: lambda h: (h.pop("tokenizer"), h.update(format=3)), 1: lambda h: h.update(format=1)}
+    older[2] = lambda h: (h.pop("tokenizer"), h.pop("boundary_snap"), h.update(format=2))
+    for fmt, edit in older.items():
+        _rewrite_header(tmp_path / "new.cache", tmp_path / f"v{fmt}.cache", edit)
+        with pytest.raises(ValueError, match=f"format mismatch: .* has format {fmt}, this version reads 4; encode"):
+            dllm.DocumentCache.load(tmp_path / f"v{fmt}.cache", dream)
 
 
 def test_a_snapped_cache_whose_boundaries_do_not_follow_its_sentences_is_damaged(dream, tmp_path):

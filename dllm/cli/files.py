@@ -72,11 +72,18 @@ def check_out(out: str, create_folder: bool = False) -> None:
 
 def read_document_to_encode(args) -> str:
     """``encode``'s inputs, checked before any work: the ``--context-file`` text (not blank) and an ``--out``
-    file name that can be written (:func:`check_out`); in one process or under torchrun."""
+    file name that can be written (:func:`check_out`) and is not the ``--context-file`` itself (under any
+    name: a symlink, a hard link); in one process or under torchrun."""
     text = read_text(args.context_file, "--context-file")
     if not text.strip():
         raise UserError(f"--context-file {args.context_file} is empty")
     if not args.out.strip():
         raise UserError("--out is empty; give a file name")
     check_out(args.out)
+    try:
+        same = os.path.exists(args.out) and os.path.samefile(args.out, args.context_file)
+    except OSError:  # a pipe that is gone once read: not a file --out can name
+        same = False
+    if same:
+        raise UserError(f"--out {args.out} is the --context-file: the cache would overwrite the document's text")
     return text

@@ -8,7 +8,7 @@ question: the prefix, the draft, chunk scoring, selection and decoding::
 
     doc = dllm.encode_document(model, context_ids, chunk_size=256)
     doc.save("doc.cache")
-    doc = dllm.DocumentCache.load("doc.cache", model)        # memory-mapped
+    doc = dllm.DocumentCache.load("doc.cache", model)        # checked against the model, read into memory
     out = dllm.generate(model, method="prefilling", prompt=PromptParts(prefix, None, query),
                         document=doc, prefilling=cfg)
 
@@ -16,14 +16,15 @@ File format: one safetensors file. Tensors ``k.<layer>`` / ``v.<layer>`` (``[N, 
 model dtype), ``lens`` (``[N]`` int32), ``starts`` (``[N]`` int64) and ``ids`` (``[N, C+1]`` int64,
 the encoded tokens, needed by joint cache mode and causal scoring); the safetensors metadata holds
 one JSON header under ``dllm_document_cache`` (:data:`HEADER_FIELDS`), with a SHA-256 of every
-tensor's bytes (``tensor_sha256``) that :meth:`DocumentCache.load` checks by default, and (format 3)
+tensor's bytes (``tensor_sha256``) that :meth:`DocumentCache.load` checks by default, and
 ``boundary_snap``, the tolerance the chunk boundaries were snapped to sentence ends with
-(``PrefillingConfig.boundary_snap``; 0 = fixed chunks). Format-2 files (no ``boundary_snap``) load as
-fixed chunks; older formats are a ``ValueError`` that says to encode the document again.
+(``PrefillingConfig.boundary_snap``; 0 = fixed chunks). Files of older formats (no tokenizer identity)
+are a ``ValueError`` that says to encode the document again.
 
-Identity: a cache answers correctly only for the weights that encoded it, so its header carries a
-SHA-256 over every weight tensor of the model (:func:`weights_digest`); a fine-tune or LoRA merge
-that touches any weight no longer matches.
+Identity: a cache answers correctly only for the weights and the tokenizer that encoded it, so its
+header carries a SHA-256 over every weight tensor of the model (:func:`weights_digest`; a fine-tune,
+a LoRA merge or rows swapped in place no longer match) and one over the tokenizer's vocabulary,
+merges and special tokens (:func:`tokenizer_digest`).
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass
 from importlib import metadata
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from dllm.model.devices import check_ids_for_model, same_device
@@ -52,12 +55,13 @@ from dllm.prefilling.chunks import (
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 
 # 2: model_weights hashes every weight tensor (1 hashed two rows of four), tensor_sha256 added.
-# 3: boundary_snap added (chunk boundaries snapped to sentence ends); a format-2 file loads as boundary_snap=0.
-FORMAT = 3
-READABLE_FORMATS = (2, 3)
+# 3: boundary_snap added (chunk boundaries snapped to sentence ends).
+# 4: tokenizer added (a cache of other token ids answered wrongly); older files cannot be checked, so are refused.
+FORMAT = 4
+READABLE_FORMATS = (4,)
 HEADER_KEY = "dllm_document_cache"
 # Checked against the model on load, in this order (the first mismatch is named in the error).
-MODEL_FIELDS = ("family", "model_config", "dtype", "model_weights")
+MODEL_FIELDS = ("family", "model_config", "dtype", "model_weights", "tokenizer")
 HEADER_FIELDS = (
     "format",
     *MODEL_FIELDS,
@@ -69,8 +73,10 @@ HEADER_FIELDS = (
     "tensor_sha256",
     "boundary_snap",
 )
-FIELDS_SINCE = {"boundary_snap": 3}  # header fields a file of an older format lacks (their default: 0)
 _HASH_BLOCK = 1 << 26  # bytes hashed per piece: bounds the host copy of a GPU tensor to 64 MiB
+_MIX_BLOCK = 1 << 20  # elements per piece of :func:`_value_key` (bounds its int64 temporaries to 8 MiB)
+_READ_PIECE = 1 << 22  # bytes read (and hashed) per piece of a tensor: hashed while still in the CPU cache
+_HEADER_LIMIT = 100_000_000  # bytes of a safetensors JSON header (the limit safetensors itself enforces)
 
 
 def _package_version() -> str:
@@ -94,25 +100,64 @@ def tensor_sha256(t: torch.Tensor, h=None) -> str:
     return h.hexdigest()
 
 
-def _bit_sum(t: torch.Tensor) -> int:
-    """Sum of a tensor's elements read as integers of their width (int64 accumulation: exact, and any
-    single changed element changes it)."""
+_MIXERS: dict[torch.device, torch.Tensor] = {}  # device -> the int64 multipliers of _value_key
+
+
+def _mixers(device: torch.device) -> torch.Tensor:
+    """``[_MIX_BLOCK]`` int64 odd multipliers, one unrelated pseudo-random value per position (a
+    splitmix64-style mix of the position with torch's arithmetic shifts, which leave 62 random bits;
+    products wrap modulo 2**64), made once per device."""
+    w = _MIXERS.get(device)
+    if w is None:
+        x = torch.arange(_MIX_BLOCK, dtype=torch.int64, device=device) + 1
+        for mult, shift in ((-7046029254386353131, 30), (-4658895280553007687, 27), (-7723592293110705685, 31)):
+            x = x * mult  # 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB as signed int64
+            x = x ^ (x >> shift)
+        w = _MIXERS[device] = x | 1
+    return w
+
+
+def _value_key(t: torch.Tensor) -> int:
+    """A fast, position-dependent checksum of a tensor's bit patterns (what :func:`weights_digest` keys its
+    cached SHA-256 on): sum over elements of bits * an odd multiplier of the element's position, modulo
+    2**64. Any one changed element changes it (an odd multiplier is invertible modulo 2**64), and so,
+    unlike a plain sum, do swapped elements or rows (equal only if the multipliers of the two positions
+    collide, about 2**-32 per swap). Not a cryptographic hash: it guards against accidents, the SHA-256
+    it keys is what the file records. One read of the tensor plus two int64 passes, on its own device."""
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return int(t.detach().reshape(-1).view(ints).sum(dtype=torch.int64))
+    flat = t.detach().reshape(-1).view(ints)
+    w = _mixers(flat.device)
+    acc = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for b, i in enumerate(range(0, flat.numel(), _MIX_BLOCK)):
+        piece = flat[i : i + _MIX_BLOCK]
+        acc += (piece.long() * w[: piece.numel()]).sum() * _piece_mixer(b)
+    return int(acc)
+
+
+def _piece_mixer(b: int) -> int:
+    """An odd multiplier for piece ``b`` of :func:`_value_key` (a finaliser unrelated to :func:`_mixers`'), as a
+    signed int64: elements at the same offset of two pieces get unrelated multipliers."""
+    x = (b * 0xD1B54A32D192ED03 + 0x8CB92BA72F3D8DD7) % 2**64
+    x = ((x ^ (x >> 32)) * 0xD6E8FEB86659FD93) % 2**64
+    x = (x ^ (x >> 32)) | 1
+    return x - 2**64 if x >= 2**63 else x
 
 
 def weights_digest(model) -> str:
     """SHA-256 (hex) over every tensor of ``model.state_dict()``: names, dtypes, shapes and bytes.
 
-    Computed once per model and cached on it; the cache is keyed by each tensor's storage address
-    and an exact integer sum of its bit patterns (one fast read of the weights, no hashing), so
-    weights changed in place by any route (``p.add_``, ``p.data += delta`` as LoRA merges do) or
-    replaced are hashed again. Cost: one pass over the weights at SHA-256 speed (about 1-2 GB/s on
-    one CPU core; ~10 s for a 7B model in bf16, plus the device-to-host copy on a GPU), paid the
-    first time a document cache is encoded, saved or loaded for that model.
+    Computed once per model and cached on it. The cache is keyed by each tensor's storage address
+    and a position-dependent checksum of its bit patterns (:func:`_value_key`: one
+    fast read of the weights, no hashing), so weights changed in place by any route (``p.add_``,
+    ``p.data += delta`` as LoRA merges do, two rows of the embedding swapped) or replaced are hashed
+    again. Cost: the first call hashes the weights at SHA-256 speed (about 1-2 GB/s on one CPU core;
+    ~10 s for a 7B model in bf16, plus the device-to-host copy on a GPU); every call (each encode,
+    load, and answer from a document) reads them once for the key (0.01 s for the bundled model on
+    the 2-core CI machine).
     """
     state = model.state_dict(keep_vars=True)
-    key = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape), _bit_sum(t)) for name, t in state.items())
+    # no version counter in the key: `p.data += delta` bumps none, and inference tensors have none to read
+    key = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape), _value_key(t)) for name, t in state.items())
     cached = getattr(model, "_dllm_weights_digest", None)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -128,11 +173,54 @@ def weights_digest(model) -> str:
     return digest
 
 
+# Parts of a tokenizers-library serialisation that do not change the ids of plain text without special
+# tokens (what a document is encoded as): runtime padding and truncation (transformers sets them per call)
+# and the post-processor (it only adds special tokens, which dllm places itself).
+_TOKENIZER_RUNTIME = ("padding", "truncation", "post_processor")
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """SHA-256 (hex) of what maps text to token ids and back: the tokenizer's serialised vocabulary,
+    merges, normaliser, pre-tokeniser, decoder and added tokens (its ``tokenizer.json`` as the
+    ``tokenizers`` library holds it; the sorted vocabulary for a slow tokenizer), and its special
+    tokens. ``"none"`` for a model without a tokenizer. Two tokenizers with the same files give the
+    same digest wherever they were loaded from; one with two ids swapped does not.
+    """
+    if tokenizer is None:
+        return "none"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        for name in _TOKENIZER_RUNTIME:
+            state.pop(name, None)
+    else:  # a slow (Python) tokenizer: its vocabulary is what it exposes
+        state = {"vocab": sorted(tokenizer.get_vocab().items())}
+    state["special_tokens"] = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def _model_tokenizer_digest(model) -> str:
+    """:func:`tokenizer_digest` of ``model.tokenizer``, cached on the model while the same tokenizer object
+    has the same length and special tokens (``add_tokens`` or a new special token computes it again)."""
+    tok = getattr(model, "tokenizer", None)
+    key = (len(tok), repr(sorted(tok.special_tokens_map.items()))) if tok is not None else None
+    cached = getattr(model, "_dllm_tokenizer_digest", None)
+    if cached is not None and cached[0] is tok and cached[1] == key:
+        return cached[2]
+    digest = tokenizer_digest(tok)
+    try:
+        model._dllm_tokenizer_digest = (tok, key, digest)
+    except AttributeError:  # pragma: no cover - a model class that forbids new attributes
+        pass
+    return digest
+
+
 def model_fingerprint(model) -> dict[str, str]:
-    """What a document cache must match: ``{family, model_config, dtype, model_weights}``.
+    """What a document cache must match: ``{family, model_config, dtype, model_weights, tokenizer}``.
 
     ``model_config`` is a SHA-256 of the :class:`~dllm.model.config.ModelConfig` fields; ``model_weights``
-    the :func:`weights_digest` of every weight tensor (cached per model).
+    the :func:`weights_digest` of every weight tensor (cached per model); ``tokenizer`` the
+    :func:`tokenizer_digest` of ``model.tokenizer`` (cached per model and tokenizer).
     """
     cfg_json = json.dumps(asdict(model.config), sort_keys=True)
     return {
@@ -140,6 +228,7 @@ def model_fingerprint(model) -> dict[str, str]:
         "model_config": hashlib.sha256(cfg_json.encode()).hexdigest()[:16],
         "dtype": _dtype_name(model.dtype),
         "model_weights": weights_digest(model)[:32],
+        "tokenizer": _model_tokenizer_digest(model)[:32],
     }
 
 
@@ -155,6 +244,15 @@ def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# How to build a config that matches a document encoded with the checkpoint's defaults (PrefillingConfig(...)
+# starts from the paper's defaults, C=1024, not from the checkpoint's prefilling_config.json).
+_FIX_CONFIG = (
+    "; PrefillingConfig(...) starts from the paper's defaults, not the checkpoint's: change settings over the "
+    "checkpoint's defaults with PrefillingConfig.from_pretrained(model.model_dir, top_k=...), the way "
+    "encode_document built the document's configuration (or encode the document with this config)"
+)
 
 
 @dataclass
@@ -224,12 +322,12 @@ class DocumentCache:
         if cfg.chunk_size != self.chunk_size:
             raise ValueError(
                 f"chunk_size mismatch: the document was encoded with chunk_size={self.chunk_size}, "
-                f"the prefilling config asks for {cfg.chunk_size}"
+                f"the prefilling config asks for {cfg.chunk_size}{_FIX_CONFIG}"
             )
         if cfg.boundary_snap != self.boundary_snap:
             raise ValueError(
                 f"boundary_snap mismatch: the document's chunks were cut with boundary_snap={self.boundary_snap}, "
-                f"the prefilling config asks for {cfg.boundary_snap}"
+                f"the prefilling config asks for {cfg.boundary_snap}{_FIX_CONFIG}"
             )
         if anchor_token_id != self.anchor_token_id:
             raise ValueError(
@@ -240,15 +338,18 @@ class DocumentCache:
     def save(self, path) -> None:
         """Write the cache to ``path`` (one safetensors file with the JSON header in its metadata).
 
-        The header records a SHA-256 of every tensor (checked by :meth:`load`). The file's mode
-        follows the process umask (``0o666 & ~umask``, as ``open`` would create it), so a cache can
-        be shared across users and processes where the umask allows.
+        The header records a SHA-256 of every tensor (checked by :meth:`load`). The file is written
+        under a new name and renamed over ``path`` (a reader never sees half a file). A file that
+        existed keeps its permission bits (a ``0o600`` cache stays private); a new one follows the
+        process umask (``0o666 & ~umask``, as ``open`` would create it), so a cache can be shared
+        across users and processes where the umask allows.
 
         Raises:
             OSError: the file cannot be written (its subclass and ``filename`` as for ``open``: e.g.
                 ``FileNotFoundError`` for a missing folder, ``IsADirectoryError`` for a directory,
                 ``FileExistsError`` for an existing device, FIFO or socket, never replaced).
         """
+        mode = 0o666 & ~_current_umask()
         if os.path.lexists(path) and not os.path.isdir(path):
             target = os.path.realpath(path)
             if os.path.exists(target) and not os.path.isfile(target):
@@ -256,6 +357,8 @@ class DocumentCache:
                 # (/dev/null) or what a symlink points to would be replaced, not written
                 raise FileExistsError(errno.EEXIST, "exists and is not a regular file", str(path))
             path = target  # a symlink to a regular file: write the file it names, keep the link
+            if os.path.exists(target):
+                mode = stat.S_IMODE(os.stat(target).st_mode)  # the rename would drop it
         c = self.chunks
         tensors = {f"k.{i}": k.contiguous() for i, k in enumerate(c.k)}
         tensors.update({f"v.{i}": v.contiguous() for i, v in enumerate(c.v)})
@@ -271,7 +374,7 @@ class DocumentCache:
             if code is None:
                 raise OSError(f"cannot write the document cache {path}: {exc}") from None
             raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
-        os.chmod(path, 0o666 & ~_current_umask())  # safetensors creates the file 0600
+        os.chmod(path, mode)  # safetensors creates the file 0600
 
     @staticmethod
     def read_header(path, *, shard: bool = False) -> dict:
@@ -282,69 +385,59 @@ class DocumentCache:
                 field), refused otherwise: its chunks are a part of a document, not the whole.
 
         Raises:
-            FileNotFoundError: no such file. IsADirectoryError: a directory (naming it).
-            ValueError: not a document cache of a known format (an integer), one shard of a sharded document,
-                or a header with missing or ill-typed fields (the message names the file).
+            FileNotFoundError: no such file. IsADirectoryError: a folder.
+            ValueError: not a regular file (a FIFO, a device: refused without waiting on it), not a
+                document cache of a known format (an integer), one shard of a sharded document, or a
+                header with missing or ill-typed fields (the message names the file).
         """
-        if os.path.isdir(path):
-            raise IsADirectoryError(errno.EISDIR, "is a directory, not a document cache", str(path))
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                raw = (f.metadata() or {}).get(HEADER_KEY)
-        except SafetensorError as exc:
-            raise ValueError(f"{path} is not a dllm document cache (not a safetensors file: {exc})") from None
-        if raw is None:
-            raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
-        head = parse_json(raw, f"{path} is damaged: its {HEADER_KEY!r} header")
-        fmt = head.get("format")
-        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt not in READABLE_FORMATS:
-            raise ValueError(
-                f"format mismatch: {path} has format {head.get('format')!r}, this version reads "
-                f"{' and '.join(map(str, READABLE_FORMATS))}; encode the document again with this version"
-            )
-        if "shard" in head and not shard:
-            of = head["shard"] if isinstance(head["shard"], dict) else {}
-            raise ValueError(
-                f"{path} is one shard of a sharded document, not a whole document: load its index "
-                f"{of.get('index', '')!r} beside it (dllm.distributed.ShardedDocument.load; generate --document INDEX)"
-            )
-        for name, since in FIELDS_SINCE.items():
-            if head["format"] < since and name not in head:
-                head[name] = 0  # the only value an older format could have had
-        _check_header(head, path)
-        return head
+        with _SafetensorsFile(path) as f:
+            return _cache_header(f, path, shard=shard)
 
     @classmethod
-    def load(cls, path, model, *, verify: bool = True, shard: bool = False) -> DocumentCache:
-        """Open a cache written by :meth:`save` for ``model``.
+    def load(cls, path, model=None, *, verify: bool = True, shard: bool = False) -> DocumentCache:
+        """Read a cache written by :meth:`save`, for ``model`` (required: the model that will answer from
+        it, whose fingerprint the file must match).
 
-        On CPU the tensors are memory-mapped; on another device they are copied there. Before any
-        K/V page is read, the file's tensor names, shapes and dtypes, its chunk lengths, offsets
-        and token ids are checked against the header and the model.
+        The tensors are read into memory (on CPU; then copied to the model's device) through one open
+        file: the loaded cache owns its bytes, so a file rewritten, replaced or truncated afterwards
+        changes nothing (a file truncated while it is read is a ``ValueError``). Before any K/V byte
+        is read, the file's tensor names, shapes and dtypes are checked against the header and the
+        model, then its chunk lengths, offsets and token ids.
 
         Args:
+            path: the cache file.
+            model: the model loaded by :func:`dllm.load_model` that will answer from the cache: its
+                family, config, dtype, weights and tokenizer must be those that encoded it.
             verify: check every tensor's bytes against the SHA-256 the header recorded at save time
                 (default True: a bit flip, edited K/V or token ids, or K/V copied from another
-                document are errors, not wrong answers). It reads and hashes the whole file once:
-                0.19 s for 258 MiB (a 128K-token cache of the bundled model) on one core of
-                the 2-core CI machine, i.e. ~1.4 GB/s, plus the disk read. False maps the file
-                lazily (pages read when first used) and checks only layout and token ids.
+                document are errors, not wrong answers). False checks only layout and token ids.
+                Cost, for a 128K-token cache of the bundled model (267 MiB) on the 2-core CI machine,
+                in CPU seconds: reading it into memory 0.20 s, hashing it another 0.18 s (~1.5 GB/s).
+                Owning the bytes costs memory too: each process holds its own copy (a memory-mapped
+                file shared the page cache).
             shard: accept one shard of a sharded document (:meth:`read_header`).
 
         Raises:
-            FileNotFoundError: no such file.
-            ValueError: not a document cache of a known format, a field of :data:`MODEL_FIELDS`
+            TypeError: no model given.
+            FileNotFoundError: no such file. IsADirectoryError: a folder.
+            ValueError: not a regular file, not a document cache of a known format, a field of :data:`MODEL_FIELDS`
                 differs from the model's (the message names it; ``model_weights``: the model
-                weights differ from those that encoded the cache), or the file is damaged (tensors
-                missing, extra or of the wrong shape or dtype, lengths or offsets that do not cut
-                the header's token count, token ids that are not the anchor or lie outside the
-                vocabulary, with ``verify``: a tensor whose bytes differ from the recorded hash).
+                weights differ from those that encoded the cache; ``tokenizer``: its tokenizer),
+                or the file is damaged (tensors missing, extra or of the wrong shape or dtype,
+                lengths or offsets that do not cut the header's token count, token ids that are not
+                the anchor or lie outside the vocabulary, with ``verify``: a tensor whose bytes
+                differ from the recorded hash) or was truncated while being read.
         """
-        head = DocumentCache.read_header(path, shard=shard)
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        if model is None or not hasattr(model, "config"):
+            raise TypeError(
+                "DocumentCache.load(path, model) needs the model that will answer from the cache (from "
+                "dllm.load_model): the file is checked against its weights, tokenizer and config"
+            )
+        with _SafetensorsFile(path) as f:
+            head = _cache_header(f, path, shard=shard)
             _check_fields({k: head.get(k) for k in MODEL_FIELDS}, model_fingerprint(model), str(path))
             _check_tensor_layout(f, head, model, path)
-            read = _verified_reader(f, head, path) if verify else f.get_tensor
+            read = _verified_reader(f, head, path) if verify else f.read
             lens, ids = read("lens"), read("ids")
             starts = read("starts").tolist()
             _check_chunk_tokens(head, lens, starts, ids, model, path)
@@ -359,13 +452,161 @@ class DocumentCache:
         )
 
 
-def _verified_reader(f, head: dict, path):
-    """``f.get_tensor`` that raises ``ValueError`` when a tensor's bytes differ from the header's hash."""
+_DTYPES = {  # safetensors dtype code -> torch dtype (those a document cache can hold)
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+}
+
+
+class _SafetensorsFile:
+    """A safetensors file read through one open descriptor: its header parsed on open, each tensor read
+    into memory that the caller owns (never memory-mapped: a mapped file rewritten by another process
+    changes the tensors, and one truncated kills the process with SIGBUS). Layout of the format: an
+    8-byte little-endian header length, the JSON header (``__metadata__`` and, per tensor, ``dtype``,
+    ``shape`` and ``data_offsets`` into the byte buffer that follows)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        # O_NONBLOCK: a FIFO given as the cache must not wait for a writer (no effect on a regular file)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "a directory, not a document cache file", self.path)
+            raise ValueError(f"{self.path} is not a dllm document cache (not a regular file)")
+        self.file = os.fdopen(fd, "rb", buffering=0)
+        try:
+            self._read_index()
+        except BaseException:
+            self.file.close()
+            raise
+
+    def _not_safetensors(self, why: str) -> ValueError:
+        return ValueError(f"{self.path} is not a dllm document cache (not a safetensors file: {why})")
+
+    def _read_index(self) -> None:
+        size = os.fstat(self.file.fileno()).st_size
+        raw = self.file.read(8)
+        if len(raw) < 8:
+            raise self._not_safetensors("shorter than its 8-byte header length")
+        n = int.from_bytes(raw, "little")
+        if n > min(size - 8, _HEADER_LIMIT):
+            raise self._not_safetensors(f"a header of {n} bytes in a file of {size}")
+        try:
+            index = parse_json(self.file.read(n), "its header")
+        except ValueError as exc:
+            raise self._not_safetensors(str(exc)) from None
+        meta = index.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict):
+            raise self._not_safetensors("its __metadata__ is not an object")
+        self.data_start, data_len = 8 + n, size - 8 - n
+        self.tensors = {name: e for name, e in index.items() if _valid_entry(e)}
+        if len(self.tensors) < len(index):
+            bad = next(name for name in index if name not in self.tensors)
+            raise self._not_safetensors(f"tensor {bad!r} has no valid dtype, shape and offsets")
+        for name, e in self.tensors.items():
+            if e["data_offsets"][1] > data_len:
+                raise ValueError(f"{self.path} is damaged: it ends before tensor {name} ends (truncated)")
+        self.meta = meta
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def metadata(self) -> dict:
+        return self.meta
+
+    def shape(self, name: str) -> list[int]:
+        return list(self.tensors[name]["shape"])
+
+    def dtype(self, name: str) -> str:
+        """The torch dtype name (``float32``), or the safetensors code when the cache never holds that dtype."""
+        code = self.tensors[name]["dtype"]
+        return _dtype_name(_DTYPES[code]) if code in _DTYPES else code
+
+    def read(self, name: str, h=None) -> torch.Tensor:
+        """The tensor ``name`` on the CPU, in memory of its own; ``h`` (a ``hashlib`` hash), when given, is
+        updated with its bytes as they arrive (each piece hashed while it is in the CPU cache).
+
+        Raises:
+            ValueError: the header's offsets disagree with the shape, or the file ends inside the tensor
+                (truncated since it was opened).
+        """
+        e = self.tensors[name]
+        dtype, shape = _DTYPES[e["dtype"]], e["shape"]  # the layout check has vetted dtypes before any read
+        begin, end = e["data_offsets"]
+        nbytes = math.prod(shape) * dtype.itemsize
+        if end - begin != nbytes:
+            raise ValueError(f"{self.path} is damaged: tensor {name} holds {end - begin} bytes, its shape {nbytes}")
+        t = torch.empty(shape, dtype=dtype)
+        buf = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        self.file.seek(self.data_start + begin)
+        got = 0
+        while got < nbytes:
+            n = self.file.readinto(buf[got : got + _READ_PIECE])
+            if not n:
+                raise ValueError(
+                    f"{self.path} is damaged: it ends inside tensor {name} (truncated, or rewritten while it was read)"
+                )
+            if h is not None:
+                h.update(buf[got : got + n])
+            got += n
+        return t
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> _SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _valid_entry(e) -> bool:
+    """A safetensors header entry with a dtype code, a shape of sizes >= 0 and two ordered offsets >= 0."""
+    if not (isinstance(e, dict) and isinstance(e.get("dtype"), str) and isinstance(e.get("shape"), list)):
+        return False
+    offsets, is_int = e.get("data_offsets"), lambda x: isinstance(x, int) and not isinstance(x, bool)
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(is_int, offsets))):
+        return False
+    return all(is_int(d) and d >= 0 for d in e["shape"]) and 0 <= offsets[0] <= offsets[1]
+
+
+def _cache_header(f: _SafetensorsFile, path, *, shard: bool = False) -> dict:
+    """The document cache header of an open file (see :meth:`DocumentCache.read_header`)."""
+    raw = f.metadata().get(HEADER_KEY)
+    if not isinstance(raw, str):
+        raise ValueError(f"{path} is not a dllm document cache (no {HEADER_KEY!r} header)")
+    head = parse_json(raw, f"{path} is damaged: its {HEADER_KEY!r} header")
+    fmt = head.get("format")
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt not in READABLE_FORMATS:
+        raise ValueError(
+            f"format mismatch: {path} has format {fmt!r}, this version reads "
+            f"{' and '.join(map(str, READABLE_FORMATS))}; encode the document again with this version"
+        )
+    if "shard" in head and not shard:
+        of = head["shard"] if isinstance(head["shard"], dict) else {}
+        raise ValueError(
+            f"{path} is one shard of a sharded document, not a whole document: load its index "
+            f"{of.get('index', '')!r} beside it (dllm.distributed.ShardedDocument.load; generate --document INDEX)"
+        )
+    _check_header(head, path)
+    return head
+
+
+def _verified_reader(f: _SafetensorsFile, head: dict, path):
+    """``f.read`` that raises ``ValueError`` when a tensor's bytes differ from the header's hash."""
     hashes = head["tensor_sha256"]
 
     def read(name: str) -> torch.Tensor:
-        t = f.get_tensor(name)
-        if hashes.get(name) != tensor_sha256(t):
+        h = hashlib.sha256()
+        t = f.read(name, h)
+        if hashes.get(name) != h.hexdigest():
             raise ValueError(
                 f"{path} is damaged: the bytes of tensor {name} differ from the SHA-256 recorded when it was saved "
                 "(edited, corrupted or copied from another cache); encode the document again"
@@ -438,22 +679,9 @@ def _check_tensor_layout(f, head: dict, model, path) -> None:
         )
         raise ValueError(f"{path} is damaged: it {what} (a {c.num_layers}-layer model's cache)")
     for name, (shape, dtype) in want.items():
-        sl = f.get_slice(name)
-        have_shape, have_dtype = list(sl.get_shape()), _safetensors_dtype(sl.get_dtype())
+        have_shape, have_dtype = f.shape(name), f.dtype(name)
         if have_shape != shape or have_dtype != dtype:
             raise ValueError(f"{path} is damaged: tensor {name} is {have_dtype} {have_shape}, expected {dtype} {shape}")
-
-
-def _safetensors_dtype(code: str) -> str:
-    """safetensors' dtype code (``F32``, ``BF16``, ``I64``) as the torch dtype name."""
-    return {
-        "F64": "float64",
-        "F32": "float32",
-        "F16": "float16",
-        "BF16": "bfloat16",
-        "I64": "int64",
-        "I32": "int32",
-    }.get(code, code)
 
 
 def _check_chunk_tokens(head: dict, lens, starts, ids, model, path) -> None:
@@ -489,10 +717,17 @@ def _check_chunk_tokens(head: dict, lens, starts, ids, model, path) -> None:
         raise ValueError(f"{path} is damaged: its context holds the mask token id {mask}")
 
 
+_WHY = {
+    "model_weights": " (the model weights differ from those that encoded it)",
+    "tokenizer": " (the model's tokenizer differs from the one that encoded it: its token ids mean other text)",
+}
+
+
 def _check_fields(have: dict, want: dict, what: str) -> None:
+    """Raise ``ValueError`` naming the first field of :data:`MODEL_FIELDS` where ``have`` differs from ``want``."""
     for name in MODEL_FIELDS:
         if have.get(name) != want[name]:
-            why = " (the model weights differ from those that encoded it)" if name == "model_weights" else ""
+            why = _WHY.get(name, "")
             raise ValueError(
                 f"{name} mismatch: {what} was encoded with {name}={have.get(name)!r}, the model has {want[name]!r}{why}"
             )
