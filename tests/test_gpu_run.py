@@ -57,6 +57,9 @@ def test_n_params_counts_the_model_and_the_size_limit_is_the_8_files():
     assert gpu_run.check_fits(size | {"num_hidden_layers": 6}, 100) == 5
     with pytest.raises(SizeError, match="12.7M parameters need 7 state shards"):
         gpu_run.check_fits(size | {"num_hidden_layers": 8}, 100)
+    # the default size: its state (8 bytes a parameter) and an 8 MiB corpus fit the 64 MiB carried to a GPU machine
+    default = gpu_run.GPU_SIZE | {"rope_theta": 1e4, "rms_norm_eps": 1e-6}
+    assert gpu_run.n_params(default, 100) * 8 + (8 << 20) <= gpu_run.CARRY_BYTES
 
 
 def test_state_shards_round_trip(monkeypatch, tmp_path):
@@ -97,15 +100,15 @@ def test_gpu_script_dry_runs_on_cpu_resumes_and_exports(small_corpus, tmp_path):
     script = str(ROOT / "bench" / "tiny" / "gpu_scratch.sh")
     env = os.environ | {"DEVICE": "cpu", "PYTHON": sys.executable, "CORPUS": small_corpus, "OMP_NUM_THREADS": "1"}
     first, second = tmp_path / "call1", tmp_path / "call2"
-    done = subprocess.run(
-        ["bash", script, *flags, "--stop-at", "3", "--workers", "1"],
-        env=env | {"OUT": str(first)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env |= {"OUT": str(first), "STATE": str(tmp_path / "state")}
+    done = subprocess.run(["bash", script, *flags, "--stop-at", "3", "--workers", "1"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 workers" in done.stdout and "stopped at step 3 of 6" in done.stdout
+    assert sorted(os.listdir(first)) == sorted(os.listdir(tmp_path / "state"))  # the state copied into $OUT
+    empty = env | {"STATE": str(tmp_path / "nothing"), "RESUME": "1"}
+    done = subprocess.run(["bash", script], env=empty, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("error: RESUME is set but") and not done.stdout
 
     def main(*argv):
         threads = torch.get_num_threads()
@@ -137,7 +140,7 @@ def test_gpu_script_dry_runs_on_cpu_resumes_and_exports(small_corpus, tmp_path):
 
 def test_bad_runs_are_one_error_line(small_corpus, tmp_path, capsys):
     args = ["--out", str(tmp_path / "o"), "--corpus", small_corpus, "--device", "cpu", "--workers", "0"]
-    assert gpu_run.main(args + ["--layers", "8"]) == 2  # 384 x 8 does not fit the output files
+    assert gpu_run.main(args + ["--hidden-size", "512", "--heads", "8", "--layers", "8"]) == 2  # 16M: 9 shards
     assert gpu_run.main(args + ["--resume", str(tmp_path / "none")]) == 2
     assert (
         gpu_run.main(

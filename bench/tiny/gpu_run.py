@@ -2,7 +2,7 @@
 bound by the GPU, resumable across calls, every output in at most 8 files of at most 16 MiB.
 
     python -m bench.tiny.gpu_run --out OUT --corpus bench/tiny/corpus_build --device cuda \\
-        --steps 6000 --budget-s 510 [--resume STATE_DIR]
+        --steps 4000 --budget-s 510 [--resume STATE_DIR]
     python -m bench.tiny.gpu_run export --state OUT --model MODEL_DIR     # HF checkpoint from the state
 
 The step (issue 37.1): ``--workers`` processes draw and mask whole batches ahead (``--prefetch`` per
@@ -19,9 +19,10 @@ own generators on their filler haystacks; never essays, pydoc or another held-ou
 
 Outputs in ``--out`` (issue 37.3): ``state-0000k-of-0000n.safetensors`` (fp32 weights ``model/*`` and
 AdamW moments ``exp_avg/*``, ``exp_avg_sq/*`` in bf16, shards of at most :data:`SHARD_BYTES`),
-``run.json`` (step, sizes, flags, AdamW step count, seconds per call) and ``loss.csv``; at most 6 shards,
-so a size past ~12M parameters is refused before training. The resumed moments are the bf16-rounded ones
-(relative error <= 2^-8), so a resumed run is close to, not bit-equal with, an uninterrupted one.
+``run.json`` (step, sizes, flags, AdamW step count, seconds and machine per call) and ``loss.csv``; at most 6
+shards, so a size past ~12M parameters is refused before training. The default size is :data:`GPU_SIZE`. The
+resumed moments are the bf16-rounded ones (relative error <= 2^-8), so a resumed run is close to, not
+bit-equal with, an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ import torch.nn.functional as F
 from bench.tiny import data
 from bench.tiny.train import ARCH, ARCH_FLAGS, SizeError, _init_model, arch_of, dream_config_json, lr_at
 
+# The default size: 6.7M parameters (2.3x the bundled model), the largest 6-layer width whose resumable state
+# (8 bytes a parameter: 51 MiB) and the packed corpus (~6 MiB) fit the 64 MiB the device tool carries, so a
+# fresh GPU machine can resume it; 384 x 6 (9.5M, the probe's size) fits the 8 output files but resumes
+# only on a machine still warm (its state stays in the working tree there).
+GPU_SIZE = {
+    "hidden_size": 320,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 10,
+    "num_key_value_heads": 2,
+    "intermediate_size": 896,
+}
+CARRY_BYTES = 64 << 20
 SHARD_BYTES = 15 << 20  # 15 MiB of tensors per shard: the header keeps the file under 16 MiB
 MAX_SHARDS = 6  # + run.json + loss.csv = 8 files
 STATE_BYTES_PER_PARAM = 4 + 2 + 2  # fp32 weight, bf16 exp_avg, bf16 exp_avg_sq
@@ -278,6 +291,10 @@ def check_fits(arch: dict, vocab: int) -> int:
     return need
 
 
+def _folder_bytes(folder: str) -> int:
+    return sum(e.stat().st_size for e in os.scandir(folder) if e.is_file()) if os.path.isdir(folder) else 0
+
+
 def save_state(out: str, model, opt, meta: dict) -> list[str]:
     """Write the shards and run.json into ``out`` (each file written under a temporary name, then renamed;
     shards of an older, larger state removed); returns the shard names."""
@@ -344,6 +361,13 @@ def run(args) -> int:
     arch = arch_of(args, meta["arch"] if meta else None)
     vocab = 4 + len(data.CHAR_ID)
     check_fits(arch, vocab)
+    carried = n_params(arch, vocab) * STATE_BYTES_PER_PARAM + _folder_bytes(args.corpus)
+    if carried > CARRY_BYTES:
+        print(
+            f"note: state + corpus are {carried / 2**20:.0f} MiB, over the {CARRY_BYTES >> 20} MiB the device tool "
+            "carries: this run resumes only on a machine that still holds its state",
+            flush=True,
+        )
     if meta and meta["steps"] != args.steps:
         raise SizeError(f"--steps {args.steps} differs from the resumed run's {meta['steps']} (its lr schedule)")
     model = _init_model(vocab, arch).to(device)
@@ -477,7 +501,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--corpus", default="bench/tiny/corpus_build", help="packed corpus (python -m bench.tiny.corpus)")
     p.add_argument("--resume", default=None, help="continue from this state folder (a previous --out)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--steps", type=int, default=6000, help="steps of the whole run (the lr schedule's length)")
+    p.add_argument("--steps", type=int, default=4000, help="steps of the whole run (the lr schedule's length)")
     p.add_argument("--stop-at", type=int, default=None, help="stop before this step (schedule unchanged)")
     p.add_argument("--budget-s", type=float, default=510.0, help="stop (and save) after this many seconds")
     p.add_argument("--save-every-s", type=float, default=120.0)
@@ -485,19 +509,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=1536, help="longest training sequence (tokens)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (warm-up, cosine to 10%%)")
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--workers", type=int, default=14, help="batch-drawing processes (0: in this process)")
+    p.add_argument("--workers", type=int, default=8, help="batch-drawing processes (0: in this process)")
     p.add_argument("--log-every", type=int, default=25, help="steps per loss.csv row (one host sync each)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", dest="bf16", action="store_true", default=None, help="bf16 autocast (default on CUDA)")
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     size = p.add_argument_group("model size (from scratch; a resumed run keeps its own)")
-    defaults = {
-        "hidden_size": 384,
-        "num_hidden_layers": 6,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "intermediate_size": 1024,
-    }
+    defaults = dict(GPU_SIZE)
     for key, flag in ARCH_FLAGS.items():
         size.add_argument(flag, dest=key, type=int, default=None, help=f"{key} (default {defaults[key]})")
     args = p.parse_args(argv)

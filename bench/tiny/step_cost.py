@@ -24,6 +24,7 @@ from bench.tiny.train import _init_model
 
 CANDIDATES = {  # name: (hidden, layers, heads, kv heads, intermediate)
     "bundled 256x4": (256, 4, 8, 2, 704),
+    "320x6 (gpu_run default)": (320, 6, 10, 2, 896),
     "384x6": (384, 6, 6, 2, 1024),
     "384x7": (384, 7, 6, 2, 1024),
 }
