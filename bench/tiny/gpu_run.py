@@ -2,7 +2,7 @@
 bound by the GPU, resumable across calls, every output in at most 8 files of at most 16 MiB.
 
     python -m bench.tiny.gpu_run --out OUT --corpus bench/tiny/corpus_build --device cuda \\
-        --steps 4000 --budget-s 510 [--resume STATE_DIR]
+        --steps 6000 --budget-s 510 [--resume STATE_DIR]
     python -m bench.tiny.gpu_run export --state OUT --model MODEL_DIR     # HF checkpoint from the state
 
 The step (issue 37.1): ``--workers`` processes draw and mask whole batches ahead (``--prefetch`` per
@@ -501,7 +501,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--corpus", default="bench/tiny/corpus_build", help="packed corpus (python -m bench.tiny.corpus)")
     p.add_argument("--resume", default=None, help="continue from this state folder (a previous --out)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--steps", type=int, default=4000, help="steps of the whole run (the lr schedule's length)")
+    p.add_argument("--steps", type=int, default=6000, help="steps of the whole run (the lr schedule's length)")
     p.add_argument("--stop-at", type=int, default=None, help="stop before this step (schedule unchanged)")
     p.add_argument("--budget-s", type=float, default=510.0, help="stop (and save) after this many seconds")
     p.add_argument("--save-every-s", type=float, default=120.0)

@@ -4,7 +4,7 @@
 #     OUT=$OUT bash bench/tiny/gpu_scratch.sh [bench.tiny.gpu_run flags]              # first call
 #     OUT=$OUT RESUME=1 bash bench/tiny/gpu_scratch.sh [the same flags]               # later calls
 #
-# Trains bench.tiny.gpu_run's default size (320 x 6 layers, 6.7M parameters) for --steps (default 4000 steps
+# Trains bench.tiny.gpu_run's default size (320 x 6 layers, 6.7M parameters) for --steps (default 6000 steps
 # of 65,536 tokens) and stops after BUDGET_S seconds (default 510: under 9 minutes with start-up). The state
 # (weights, AdamW moments, run.json with the step = the data position, loss.csv) is written to STATE
 # (default bench/tiny/gpu_state, git-ignored: on the device machine it stays in the working tree while

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python -m bench.tiny.step_cost --seconds 20
 
 1. The batch pipeline: ``make_step_batch`` (draw, encode, mask; what one worker process does) on one core
-   for ``--seconds``, at the run's token budget, over steps of the main stage: tokens per second per core.
+   for ``--seconds`` of CPU time, at the run's token budget, over steps of the main stage: tokens per second per core.
 2. The step's host work: the same ``train_step`` (forward, loss, backward, clipping, AdamW, device
    accumulator) on a model of the run's depth (``--layers``) but 16 wide, on a 2 x 32 batch, so the
    arithmetic is negligible and what is left is Python and operator dispatch: a floor for the host time
@@ -48,20 +48,24 @@ def step_flops(a: dict, vocab: int, tokens: int, length: int) -> float:
     return 6 * gpu_run.n_params(a, vocab) * tokens + 12 * a["num_hidden_layers"] * a["hidden_size"] * length * tokens
 
 
-def pipeline_rate(corpus: str, seconds: float, budget: int, steps: int) -> tuple[float, int]:
-    """Tokens per second of ``make_step_batch`` in this process (one core), over the main stage's steps."""
+def pipeline_rate(corpus: str, seconds: float, budget: int, steps: int) -> dict:
+    """``make_step_batch`` in this process (one core) over the main stage's steps for ``seconds`` of CPU time:
+    batch tokens (rows x length, padding included) per CPU second and per wall second, the share of
+    real (non-padding) tokens, and the batches drawn. CPU time is the per-core figure on a shared machine."""
     gpu_run.init_worker(corpus)
     first = int(gpu_run.STAGES[1].start * steps) + 1
-    t0, tokens, n = time.perf_counter(), 0, 0
-    while time.perf_counter() - t0 < seconds:
+    w0, c0, tokens, real, n = time.perf_counter(), time.process_time(), 0, 0, 0
+    while time.process_time() - c0 < seconds:
         b = gpu_run.make_step_batch(0, first + n, steps, budget, 1536)
         tokens += b["inputs"].size
+        real += int((b["segments"] >= 0).sum())
         n += 1
-    return tokens / (time.perf_counter() - t0), n
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    return {"cpu": tokens / cpu, "wall": tokens / wall, "real": real / tokens, "batches": n}
 
 
 def host_step_ms(layers: int, reps: int) -> float:
-    """Median milliseconds of one ``train_step`` of a 16-wide model with ``layers`` layers on a 2 x 32 batch."""
+    """Median CPU milliseconds of one ``train_step`` of a 16-wide model with ``layers`` layers on a 2 x 32 batch."""
     vocab = 100
     model = _init_model(vocab, arch(16, layers, 2, 1, 32))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
@@ -74,9 +78,9 @@ def host_step_ms(layers: int, reps: int) -> float:
     }
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time of this process (one thread): robust to other jobs on the cores
         gpu_run.train_step(model, opt, gpu_run.to_device(nb, torch.device("cpu")), vocab, 1e-3, False, acc)
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return 1e3 * sorted(times)[len(times) // 2]
 
 
@@ -88,10 +92,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=6000)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    rate, n = pipeline_rate(a.corpus, a.seconds, a.token_budget, a.steps)
+    r = pipeline_rate(a.corpus, a.seconds, a.token_budget, a.steps)
     print(
-        f"pipeline: {rate:,.0f} tokens/s on one core ({n} batches of {a.token_budget} tokens); "
-        f"16 cores: {16 * rate / 1e6:.2f} M tokens/s"
+        f"pipeline: {r['cpu']:,.0f} batch tokens per CPU second on one core ({r['wall']:,.0f} per wall second here; "
+        f"{r['batches']} batches of {a.token_budget} tokens, {100 * r['real']:.0f}% not padding); "
+        f"16 cores: {16 * r['cpu'] / 1e6:.1f} M tokens/s"
     )
     for layers in (4, 6, 7):
         print(f"host work of a step, {layers} layers, 16 wide, 2 x 32 tokens: {host_step_ms(layers, 40):.1f} ms")
