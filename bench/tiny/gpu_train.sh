@@ -18,7 +18,8 @@
 #     python -m bench.tiny.train --device cuda --out $OUT/base --work /tmp/tiny-base \
 #         --hidden-size 384 --layers 6 --heads 6 --kv-heads 2 --intermediate-size 1024
 #     INIT=$OUT/base OUT=... bash bench/tiny/gpu_train.sh
-# (prepared, not yet run on a GPU: its time there is not measured).
+# (prepared, not yet run on a GPU: its time there is not measured). Its successor for a from-scratch run
+# bound by the GPU, resumable across device calls: bench/tiny/gpu_scratch.sh (bench/results/tiny_gpu_plan.md).
 set -euo pipefail
 : "${OUT:?set OUT to the folder the checkpoint goes to}"
 PYTHON=${PYTHON:-python3}
