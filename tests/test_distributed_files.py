@@ -18,6 +18,7 @@ import dllm.distributed as dd
 from dllm.cli.parser import main
 from dllm.eval.tasks import make_case
 from dllm.prefilling import PrefillingConfig, PromptParts
+from dllm.prefilling.document import FORMAT as DOC_FORMAT
 
 CFG = PrefillingConfig(chunk_size=128, top_k=2, score_terms=("draft_contrast",))
 CASE = make_case("passkey", 900, 0.6, 3)  # 899 tokens: 8 chunks of 128
@@ -108,14 +109,14 @@ def test_index_format_must_be_a_known_integer(saved, value):
 
 
 def test_document_cache_format_must_be_an_integer(tmp_path):
-    """Issue 38: a document cache header with ``format: 3.0`` was accepted."""
+    """Issue 38: a document cache header with ``format: 3.0`` was accepted (and so would ``4.0`` be today)."""
     path = tmp_path / "doc.cache"
     _doc().gather().save(path)
     with safe_open(str(path), framework="pt") as f:
         meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     head = json.loads(meta["dllm_document_cache"])
-    assert head["format"] == 3
-    head["format"] = 3.0
+    assert head["format"] == DOC_FORMAT
+    head["format"] = float(DOC_FORMAT)
     save_file(tensors, str(path), metadata={"dllm_document_cache": json.dumps(head)})
     with pytest.raises(ValueError, match="format mismatch"):
         dllm.DocumentCache.read_header(path)
