@@ -42,7 +42,7 @@ from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
-from dllm.prefilling.selection import first_stage_scores, select_chunks
+from dllm.prefilling.selection import first_stage_scores, select_chunks, top_chunks
 
 
 @dataclass
@@ -362,7 +362,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
             # first stage: only the n_cand chunks it ranks best get the predictive score
             first = first_stage_scores(model, chunks[b], window, cfg.draft_tokens, cfg.candidate_layer)
             nfe += 1
-            cands[b] = sorted(torch.topk(first, n_cand).indices.tolist())
+            cands[b] = top_chunks(first, n_cand)
             rows_chunks = chunks[b].select(cands[b])
         score_rows.append(ScoringRow(rows_chunks, window, labels, confirmed))
     scores, n_scoring = score_chunks_rows(
