@@ -168,7 +168,7 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
     if longbench:
         from dllm.model.tokenization import encode_text
 
-        context_tokens = [len(encode_text(model, c.context)) for c in cases] if cfg is not None else None
+        contexts = [encode_text(model, c.context) for c in cases] if cfg is not None else None
         run_one = run_longbench_case
     else:
         from dllm.eval.tasks import make_cases
@@ -182,7 +182,11 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
             tokenizer=model.tokenizer,
             haystack=args.haystack,
         )
-        context_tokens = [c.context_tokens for c in cases]
+        contexts = None
+        if cfg is not None:
+            from dllm.model.tokenization import encode_text
+
+            contexts = [encode_text(model, c.context) for c in cases]
         run_one = run_case
         if args.gen_length is not None:  # the response and the case's own prefix + query must fit the window
             from dllm.model.tokenization import encode_text
@@ -191,7 +195,10 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
             window_check(model, live, args.gen_length, "prefilling", True)
     configs = [cfg] * len(cases)
     if cfg is not None:  # every case is checked before the first one runs
-        configs = [fit_top_k(cfg, n, explicit=args.top_k not in (None, ALL)) for n in context_tokens]
+        from dllm.prefilling.chunks import count_chunks
+
+        explicit = args.top_k not in (None, ALL)
+        configs = [fit_top_k(cfg, count_chunks(model, ids, cfg), ids.numel(), explicit) for ids in contexts]
         fewer = sum(f.top_k is None for f in configs) if cfg.top_k is not None else 0
         if fewer:
             print(
