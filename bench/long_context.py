@@ -89,7 +89,7 @@ def run_cell(model, cfg, length: int, depth: float, haystack: str, questions: in
             method="prefilling",
             prompt=PromptParts(parts.prefix, None, query),
             document=doc,
-            prefilling=cfg.fit_top_k(len(doc)),
+            prefilling=cfg.for_chunks(doc.num_chunks),
             gen_length=GEN,
             steps=STEPS,
         )

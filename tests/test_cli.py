@@ -157,8 +157,8 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "slot without context": ("generate --prompt-file prompt.txt", "no --context-file"),
     "context without slot": ("generate --prompt-file noslot.txt --context-file doc.txt", "exactly one {context} slot"),
     "top_k above the chunks": (
-        "generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 256 --top-k 13",
-        "--top-k 13 exceeds the 12 chunk",
+        "generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 256 --top-k 14",
+        "--top-k 14 exceeds the 13 chunk",  # snapped chunks (issue 38 item 4)
     ),
     "chunk size 0": ("eval passkey --method prefilling --chunk-size 0", "integer >= 1, got '0'"),
     "unknown score term": ("eval passkey --method prefilling --score-terms s_X", "invalid choice"),

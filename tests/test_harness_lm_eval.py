@@ -155,18 +155,18 @@ def _case(row):
 
 
 def test_an_explicit_top_k_above_the_chunks_fails_before_any_decoding():
-    lm = PrefillingDLLM(method="prefilling", chunk_size=128, top_k=8)
+    lm = PrefillingDLLM(method="prefilling", chunk_size=128, top_k=8)  # 508 tokens: 4 fixed chunks, 5 snapped
     c = CASES[0]
-    with pytest.raises(ValueError, match="top_k=8 exceeds the 4 chunk"):
+    with pytest.raises(ValueError, match="top_k=8 exceeds the 5 chunk"):
         lm.generate_until([_gen(c["prefix"] + c["context"] + c["query"], c, max_gen_toks=9)], disable_tqdm=True)
 
 
 def test_fit_top_k_and_stops():
     cfg = PrefillingConfig(chunk_size=100, top_k=4)
-    assert fit_top_k(cfg, 450, explicit=True) is cfg  # 5 chunks
-    assert fit_top_k(cfg, 250, explicit=False).top_k is None
+    assert fit_top_k(cfg, 5, 450, explicit=True) is cfg
+    assert fit_top_k(cfg, 3, 250, explicit=False).top_k is None
     with pytest.raises(ValueError, match="top_k=4 exceeds the 3 chunk"):
-        fit_top_k(cfg, 250, explicit=True)
+        fit_top_k(cfg, 3, 250, explicit=True)
     assert cut_at_stops("12345\n\nQ: more", ["\n\n", "Q:"]) == "12345"
     assert cut_at_stops("12345", ["", "9"]) == "12345"
 

@@ -163,6 +163,22 @@ def test_select_chunks_by_hand():
         select_chunks(scores, 5)
 
 
+def test_top_k_ties_go_to_the_earliest_chunk_and_nan_never_wins():
+    """Issue 38 item 15: ``select_chunks(zeros(20), 3)`` was [12, 13, 14] (torch.topk's order) and a NaN won."""
+    assert select_chunks(torch.zeros(20), 3) == [0, 1, 2]
+    tied = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0, 1.0])
+    assert select_chunks(tied, 2) == [1, 3]
+    assert select_chunks(tied, 4) == [1, 2, 3, 4]
+    nan = float("nan")
+    assert select_chunks(torch.tensor([1.0, nan, 0.5, -2.0]), 3) == [0, 2, 3]
+    # below even -inf (not a candidate); chosen only when K leaves no other chunk
+    assert select_chunks(torch.tensor([nan, float("-inf"), nan]), 2) == [0, 1]
+    ids = {j: torch.arange(100 * j, 100 * j + 20) for j in range(4)}
+    assert select_chunks(torch.tensor([nan, 1.0, 1.0, nan]), 2, ids.__getitem__, 0.8) == [1, 2]
+    assert select_chunks(torch.tensor([nan, 1.0, 1.0, nan]), 3, ids.__getitem__, 0.8) == [0, 1, 2]
+    assert select_chunks(torch.zeros(6), 2, lambda j: torch.arange(20), 0.5) == [0, 1]
+
+
 def test_near_copies_no_longer_crowd_out_the_unique_chunk(dream):
     """A context of one 8-token block repeated, with one distinct chunk: with a threshold it is always kept;
     off (None) reproduces the paper's tokens."""

@@ -200,7 +200,8 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
     if longbench:
         from dllm.model.tokenization import encode_text
 
-        context_tokens = [len(encode_text(model, c.context)) for c in cases] if cfg is not None else None
+        contexts = [encode_text(model, c.context) for c in cases] if cfg is not None else None
+        context_tokens = [ids.numel() for ids in contexts] if cfg is not None else None
         if cfg is not None:  # a context of characters the tokenizer drops
             _check_contexts(args, cases, context_tokens)
         run_one = run_longbench_case
@@ -216,11 +217,19 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
             tokenizer=model.tokenizer,
             haystack=args.haystack,
         )
+        contexts = None
+        if cfg is not None:
+            from dllm.model.tokenization import encode_text
+
+            contexts = [encode_text(model, c.context) for c in cases]
         context_tokens = [c.context_tokens for c in cases]
         run_one = run_case
     configs = [cfg] * len(cases)
     if cfg is not None:  # every case is checked before the first one runs
-        configs = [fit_top_k(cfg, n, explicit=args.top_k not in (None, ALL)) for n in context_tokens]
+        from dllm.prefilling.chunks import count_chunks
+
+        explicit = args.top_k not in (None, ALL)
+        configs = [fit_top_k(cfg, count_chunks(model, ids, cfg), ids.numel(), explicit) for ids in contexts]
     positions = _case_positions(model, args, cases, configs, context_tokens)  # its errors before any note
     if cfg is not None and cfg.top_k is not None:
         fewer = sum(f.top_k is None for f in configs)

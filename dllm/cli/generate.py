@@ -238,7 +238,7 @@ def document_config(args, header: dict) -> PrefillingConfig:
         raise UserError(f"--boundary-snap {args.boundary_snap}: the document {args.document} was encoded with {snap}")
     args.boundary_snap = snap
     cfg = prefilling_config(args, args.model or default_model_dir())
-    return fit_top_k(cfg, header["num_tokens"], explicit=args.top_k not in (None, ALL))
+    return fit_top_k(cfg, header["num_chunks"], header["num_tokens"], explicit=args.top_k not in (None, ALL))
 
 
 def _check_templates(args, templates: list[str], context: str | None) -> None:
@@ -271,9 +271,10 @@ def _encode_context_once(model, args, context: str, cfg: PrefillingConfig):
     fresh ones token for token: :func:`dllm.encode_document`). Returns ``(document, config, context tokens)``."""
     import dllm
     from dllm.model.tokenization import encode_text
+    from dllm.prefilling.chunks import count_chunks
 
     ids = encode_text(model, context)
-    fitted = fit_top_k(cfg, ids.numel(), explicit=args.top_k not in (None, ALL))
+    fitted = fit_top_k(cfg, count_chunks(model, ids, cfg), ids.numel(), explicit=args.top_k not in (None, ALL))
     t0 = time.perf_counter()
     document = dllm.encode_document(model, ids, prefilling=fitted, progress=progress_bars())
     seconds = time.perf_counter() - t0
@@ -313,11 +314,13 @@ def _answer_fresh(model, args, template, context, cfg, kw):
     gen = kw["gen"]
     if cfg is not None:
         from dllm.prefilling import split_prompt
+        from dllm.prefilling.chunks import count_chunks
 
         parts = split_prompt(
             model, template, context=context, query_window=cfg.query_window, apply_chat_template=args.chat
         )
-        fitted = fit_top_k(cfg, parts.context.numel(), explicit=args.top_k not in (None, ALL))
+        n_chunks, n_tokens = count_chunks(model, parts.context, cfg), parts.context.numel()
+        fitted = fit_top_k(cfg, n_chunks, n_tokens, explicit=args.top_k not in (None, ALL))
         live = parts.prefix.numel() + parts.query.numel()
         kept = kept_positions(fitted, parts.context.numel())
         window_check(model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json")

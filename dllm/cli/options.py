@@ -128,16 +128,19 @@ def chunk_fits(chunk_size: int, args) -> None:
         )
 
 
-def fit_top_k(cfg: PrefillingConfig, context_tokens: int, explicit: bool) -> PrefillingConfig:
-    """``cfg`` for a context of ``context_tokens``: an explicit K above its chunk count is a user error;
-    a default K above it keeps every chunk (top_k None; :meth:`PrefillingConfig.fit_top_k`)."""
-    fitted = cfg.fit_top_k(context_tokens)
-    if explicit and fitted is not cfg:
+def fit_top_k(cfg: PrefillingConfig, num_chunks: int, context_tokens: int, explicit: bool) -> PrefillingConfig:
+    """``cfg`` for a context of ``context_tokens`` cut into ``num_chunks`` chunks (the snapped count with
+    --boundary-snap): the library's rule (:meth:`PrefillingConfig.for_chunks`); an explicit K above N is a
+    user error, a default K above it keeps every chunk (top_k None)."""
+    from dllm.prefilling.config import TopKError, chunking
+
+    try:
+        return cfg.for_chunks(num_chunks, explicit=explicit)
+    except TopKError:
         raise UserError(
-            f"--top-k {cfg.top_k} exceeds the {cfg.chunks_of(context_tokens)} chunk(s) of a {context_tokens}-token "
-            f"context at --chunk-size {cfg.chunk_size}; lower --top-k or --chunk-size, or pass --top-k all"
-        )
-    return fitted
+            f"--top-k {cfg.top_k} exceeds the {num_chunks} chunk(s) of a {context_tokens}-token context at "
+            f"{chunking(cfg, flags=True)}; lower --top-k or --chunk-size, or pass --top-k all"
+        ) from None
 
 
 def backend_check(args) -> None:

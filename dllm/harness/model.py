@@ -31,6 +31,7 @@ from lm_eval.api.registry import register_model
 from dllm.harness.args import ModelArgsError, check_gen_length, parse_model_args
 from dllm.harness.likelihood import masked_diffusion_loglikelihood
 from dllm.harness.split import split_request
+from dllm.prefilling.chunks import count_chunks
 
 MODEL_NAME = "prefilling-dllm"
 DEFAULT_GEN_LENGTH = 256  # the harness's own default max_gen_toks
@@ -193,7 +194,8 @@ class PrefillingDLLM(LM):
                 query_window=s.prefilling.query_window,
                 add_bos=self._add_bos,
             )
-            cfg = fit_top_k(s.prefilling, parts.context.numel(), explicit=s.explicit_top_k)
+            n_chunks = count_chunks(self.model, parts.context, s.prefilling)
+            cfg = fit_top_k(s.prefilling, n_chunks, parts.context.numel(), explicit=s.explicit_top_k)
             key, inputs = (gen_length, temperature, cfg), parts
         else:
             from dllm.model.tokenization import encode_text
@@ -294,18 +296,20 @@ def cut_at_stops(text: str, until: list) -> str:
     return text[:cut]
 
 
-def fit_top_k(cfg, context_tokens: int, explicit: bool):
-    """``cfg`` for a context of ``context_tokens``: an explicit K above its chunk count is an error (as
-    ``dllm eval --top-k``), a default K above it keeps every chunk (top_k None, as ``dllm eval``).
+def fit_top_k(cfg, num_chunks: int, context_tokens: int, explicit: bool):
+    """``cfg`` for a context of ``context_tokens`` cut into ``num_chunks`` chunks (snapped ones with
+    ``boundary_snap``): the library's rule (:meth:`PrefillingConfig.for_chunks`, as ``dllm eval --top-k``);
+    an explicit K above N is an error, a default K above it keeps every chunk (top_k None).
 
     Raises:
         ValueError: ``explicit`` and K above the chunk count.
     """
-    fitted = cfg.fit_top_k(context_tokens)
-    if explicit and fitted is not cfg:
+    from dllm.prefilling.config import TopKError, chunking
+
+    try:
+        return cfg.for_chunks(num_chunks, explicit=explicit)
+    except TopKError:
         raise ValueError(
-            f"model_args top_k={cfg.top_k} exceeds the {cfg.chunks_of(context_tokens)} chunk(s) of a "
-            f"{context_tokens}-token context at chunk_size={cfg.chunk_size}; lower top_k or chunk_size, or pass "
-            "top_k=all"
-        )
-    return fitted
+            f"model_args top_k={cfg.top_k} exceeds the {num_chunks} chunk(s) of a {context_tokens}-token context "
+            f"at {chunking(cfg)}; lower top_k or chunk_size, or pass top_k=all"
+        ) from None

@@ -186,6 +186,12 @@ def chunk_spans(model, context: torch.Tensor, chunk_size: int, boundary_snap: in
     return snapped_chunks(table[context.cpu()], chunk_size, boundary_snap)
 
 
+def count_chunks(model, context: torch.Tensor, cfg) -> int:
+    """N, the chunks ``context [L]`` is cut into under ``cfg`` (a :class:`PrefillingConfig`): the snapped ones
+    when ``cfg.boundary_snap`` (what :meth:`PrefillingConfig.for_chunks` fits K against)."""
+    return len(chunk_spans(model, context, cfg.chunk_size, cfg.boundary_snap))
+
+
 def encode_segment(model, ids: torch.Tensor, positions: torch.Tensor):
     """Encode one static segment alone; returns per-layer K/V ``[L, Hkv, D]``."""
     out = model(ids[None], positions, logits_start=ids.numel(), return_kv=True)

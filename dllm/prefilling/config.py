@@ -40,6 +40,32 @@ def with_overrides(base: PrefillingConfig, given: dict) -> PrefillingConfig:
     return dataclasses.replace(base, **given)
 
 
+class TopKError(ValueError):
+    """K above the context's chunk count (:meth:`PrefillingConfig.for_chunks` with ``explicit``).
+
+    Attributes:
+        top_k: the K asked for. num_chunks: the chunks there are (snapped, when ``boundary_snap``).
+        cfg: the config it was asked with.
+    """
+
+    def __init__(self, top_k: int, num_chunks: int, cfg: PrefillingConfig):
+        self.top_k, self.num_chunks, self.cfg = top_k, num_chunks, cfg
+        super().__init__(
+            f"top_k={top_k} exceeds the {num_chunks} chunk(s) of this context ({chunking(cfg)}); lower top_k or "
+            "chunk_size, or pass top_k=None (CLI: --top-k all) to keep every chunk"
+        )
+
+
+def chunking(cfg: PrefillingConfig, flags: bool = False) -> str:
+    """How ``cfg`` cuts a context, in words for an error message: ``chunk_size 256, boundaries snapped to
+    sentence ends within 64 tokens`` (``flags``: the CLI's ``--chunk-size`` / ``--boundary-snap`` names)."""
+    c, s = ("--chunk-size ", "--boundary-snap ") if flags else ("chunk_size ", "boundary_snap ")
+    out = f"{c}{cfg.chunk_size}"
+    if cfg.boundary_snap:
+        out += f", boundaries snapped to sentence ends ({s}{cfg.boundary_snap})"
+    return out
+
+
 @dataclass(frozen=True)
 class PrefillingConfig:
     """Configuration of chunked prefill, predictive chunk scoring and two-level sparsity.
@@ -212,18 +238,26 @@ class PrefillingConfig:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path or 'PrefillingConfig'}: {e}") from e
 
-    def chunks_of(self, context_tokens: int) -> int:
-        """N, the chunks a context of ``context_tokens`` tokens is cut into at this ``chunk_size``."""
-        from dllm.prefilling.chunks import cut_chunks
+    def for_chunks(self, num_chunks: int, *, explicit: bool = False) -> PrefillingConfig:
+        """This config for a context cut into ``num_chunks`` chunks: the one rule of K that the library, the
+        CLI, ``dllm eval`` and the harness share.
 
-        return len(cut_chunks(context_tokens, self.chunk_size))
+        ``num_chunks`` is the real chunk count N: with ``boundary_snap`` the snapped chunks
+        (:func:`dllm.prefilling.chunks.count_chunks`, ``DocumentCache.num_chunks``), not ``ceil(L / C)``.
 
-    def fit_top_k(self, context_tokens: int) -> PrefillingConfig:
-        """This config for a context of ``context_tokens``: itself when K <= N (or K is None), the same
-        with ``top_k=None`` (keep every chunk) when K > N. Callers whose K was given explicitly treat the
-        second case as a user error instead (``fit_top_k(...) is not self``)."""
-        if self.top_k is None or self.top_k <= self.chunks_of(context_tokens):
+        Returns:
+            itself when K <= N or K is None; when K > N and not ``explicit`` (a checkpoint's default K), the
+            same with ``top_k=None`` (keep every chunk).
+
+        Raises:
+            TopKError: K > N and ``explicit`` (a K the user asked for).
+        """
+        if isinstance(num_chunks, bool) or not isinstance(num_chunks, numbers.Integral) or num_chunks < 1:
+            raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
+        if self.top_k is None or self.top_k <= num_chunks:
             return self
+        if explicit:
+            raise TopKError(self.top_k, int(num_chunks), self)
         return dataclasses.replace(self, top_k=None)
 
     def changed_fields(self) -> dict:

@@ -36,13 +36,13 @@ import triton_kernels
 from dllm.decode.policies import PrefillingPolicy
 from dllm.model.devices import check_ids_for_model
 from dllm.model.kv_cache import Segment, StaticKVCache
-from dllm.prefilling.chunks import ChunkCache, chunk_spans, encode_chunks_as_configured, encode_segment
-from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
+from dllm.prefilling.chunks import ChunkCache, count_chunks, encode_chunks_as_configured, encode_segment
+from dllm.prefilling.config import PrefillingConfig, TopKError, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
-from dllm.prefilling.selection import first_stage_scores, select_chunks
+from dllm.prefilling.selection import first_stage_scores, select_chunks, top_chunks
 
 
 @dataclass
@@ -250,15 +250,18 @@ def parts_from_ids(model, input_ids, cfg: PrefillingConfig, bos: int) -> PromptP
 
 
 def check_top_k(cfg: PrefillingConfig, n_chunks: int, n_tokens: int) -> int:
-    """K, checked against the N chunks before any model work. Raises ValueError when K > N."""
-    k = n_chunks if cfg.top_k is None else cfg.top_k
-    if k > n_chunks:
-        raise ValueError(
-            f"top_k={k} exceeds the {n_chunks} chunk(s) of this context ({n_tokens} tokens / "
-            f"chunk_size {cfg.chunk_size}); lower top_k or chunk_size, or pass top_k=None "
-            "(CLI: --top-k all) to keep every chunk"
-        )
-    return k
+    """K, checked against the N chunks (snapped ones with ``boundary_snap``) before any model work.
+
+    Raises:
+        TopKError: K > N (:meth:`PrefillingConfig.for_chunks` with ``explicit``), the message naming the
+            context's tokens and how to keep every chunk.
+    """
+    try:
+        cfg.for_chunks(n_chunks, explicit=True)
+    except TopKError as exc:
+        exc.args = (str(exc).replace("of this context", f"of this {n_tokens}-token context", 1),)
+        raise
+    return n_chunks if cfg.top_k is None else cfg.top_k
 
 
 # --- step 1: prefill ------------------------------------------------------------------------------
@@ -341,7 +344,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
         (B :class:`Selection`, the number of model forwards run).
     """
     need_tokens = cfg.token_budget is not None and cfg.cache_mode == "independent"
-    ks = [c.num_chunks if cfg.top_k is None else cfg.top_k for c in chunks]
+    ks = [c.num_chunks if cfg.top_k is None else min(cfg.top_k, c.num_chunks) for c in chunks]  # K > N: checked
     scored = [b for b, c in enumerate(chunks) if ks[b] < c.num_chunks or need_tokens]
     out = [Selection(list(range(c.num_chunks)), None, None, 0) for c in chunks]
     if not scored:
@@ -362,7 +365,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
             # first stage: only the n_cand chunks it ranks best get the predictive score
             first = first_stage_scores(model, chunks[b], window, cfg.draft_tokens, cfg.candidate_layer)
             nfe += 1
-            cands[b] = sorted(torch.topk(first, n_cand).indices.tolist())
+            cands[b] = top_chunks(first, n_cand)
             rows_chunks = chunks[b].select(cands[b])
         score_rows.append(ScoringRow(rows_chunks, window, labels, confirmed))
     scores, n_scoring = score_chunks_rows(
@@ -542,8 +545,10 @@ def build_prefilling_policy(
 
     Raises:
         TypeError: bad types (config, prompt parts, documents).
-        ValueError: bad prompt parts (empty context or query, mask id, device), ``top_k`` larger
-            than the number of chunks, a context together with a document, a document encoded for
+        ValueError: bad prompt parts (empty context or query, mask id, device), the ``top_k`` of a
+            given ``cfg`` larger than the number of chunks (snapped ones with ``boundary_snap``; with
+            ``cfg=None`` the checkpoint's default K keeps every chunk of a context with fewer),
+            a context together with a document, a document encoded for
             another model, dtype, chunk size or anchor, an empty prompt list, a document list of
             another length. In a batch the message names the row (``prompt[i]``).
     """
@@ -552,6 +557,7 @@ def build_prefilling_policy(
         raise ValueError("prompt= is an empty list: pass at least one PromptParts")
     n_rows = len(prompt) if batched else 1
     docs = _documents_per_row(document, n_rows, batched)
+    explicit = cfg is not None  # a K the caller chose must fit; the checkpoint's default K is fitted per row
     if cfg is None:
         first = next((d for d in docs if d is not None), None)
         chunk_size = None if first is None else first.chunk_size
@@ -576,10 +582,10 @@ def build_prefilling_policy(
                     doc.check_model(model)
                     checked.add(id(doc))
                 doc.check_config(cfg, bos)
-                check_top_k(cfg, doc.num_chunks, len(doc))
-            else:
-                ctx = parts[-1].context.numel()
-                check_top_k(cfg, len(chunk_spans(model, parts[-1].context, cfg.chunk_size, cfg.boundary_snap)), ctx)
+                if explicit:
+                    check_top_k(cfg, doc.num_chunks, len(doc))
+            elif explicit:
+                check_top_k(cfg, count_chunks(model, parts[-1].context, cfg), parts[-1].context.numel())
         except (TypeError, ValueError) as exc:
             if not batched:
                 raise

@@ -43,14 +43,40 @@ def jaccard(a: frozenset, b: frozenset) -> float:
     return 1.0 if union == 0 else len(a & b) / union
 
 
+def rank_chunks(scores: torch.Tensor) -> list:
+    """Chunk indices best first: descending score, ties to the earlier chunk, NaN scores last (a NaN
+    never outranks a number, not even ``-inf``).
+
+    Args:
+        scores: ``[N]`` float chunk scores.
+
+    Returns:
+        the N indices, a permutation of ``range(N)``.
+    """
+    scores = scores.detach().float().cpu()
+    nan = torch.isnan(scores)
+    key = scores.masked_fill(nan, float("-inf"))
+    order = torch.argsort(key, descending=True, stable=True)  # stable: equal scores keep index order
+    nan_of = nan[order]
+    return torch.cat([order[~nan_of], order[nan_of]]).tolist()
+
+
+def top_chunks(scores: torch.Tensor, k: int) -> list:
+    """The ``k`` best chunks by :func:`rank_chunks` (ties to the earlier chunk, NaN last), ascending."""
+    return sorted(rank_chunks(scores)[:k])
+
+
 def select_chunks(scores: torch.Tensor, k: int, chunk_ids=None, threshold: float | None = None) -> list:
     """The K kept chunks, ascending.
+
+    Ranking (:func:`rank_chunks`): descending score, equal scores to the earlier chunk, and a NaN score
+    below every number (it is kept only when K leaves no other choice).
 
     Args:
         scores: ``[N]`` fp32 chunk scores (higher = more relevant; ``-inf`` = not a candidate).
         k: K, 1 <= K <= N.
         chunk_ids: ``fn(j) -> [c_j]`` int64 context tokens of chunk j (needed with a threshold).
-        threshold: None: the paper's top-K (``torch.topk``). Else a Jaccard similarity in (0, 1]: in
+        threshold: None: the paper's top-K. Else a Jaccard similarity in (0, 1]: in
             descending score order (ties: lower index first) a chunk is kept unless its :data:`NGRAM`-gram
             set overlaps a kept chunk's by >= ``threshold``; when fewer than K remain, the passed-over
             chunks fill K in score order.
@@ -64,17 +90,17 @@ def select_chunks(scores: torch.Tensor, k: int, chunk_ids=None, threshold: float
     n = int(scores.numel())
     if not 1 <= k <= n:
         raise ValueError(f"K={k} must be in [1, N={n}]")
+    order = rank_chunks(scores)
     if threshold is None:
-        return sorted(torch.topk(scores, k).indices.tolist())
+        return sorted(order[:k])
     if chunk_ids is None:
         raise ValueError("redundancy-aware selection needs the chunks' token ids")
-    order = torch.argsort(scores, descending=True, stable=True).tolist()
     kept, grams, passed = [], [], []
     for j in order:
         if len(kept) == k:
             break
-        if scores[j] == float("-inf"):
-            break  # non-candidates are reached only to fill K
+        if not scores[j] > float("-inf"):
+            break  # non-candidates (and NaN scores) are reached only to fill K
         g = ngram_set(chunk_ids(j))
         if any(jaccard(g, h) >= threshold for h in grams):
             passed.append(j)
