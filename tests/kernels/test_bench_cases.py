@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench import bench_kernels as bk
+from bench import gpu_timing as T
 from bench import roofline
 from bench.kernel_cases import CASES, OPS, Case, cases, make_inputs
 
@@ -47,22 +49,98 @@ def test_speedup_is_against_the_fastest_passing_baseline(monkeypatch):
     medians = {"ours": 2.0, "fast_but_wrong": 1.0, "good": 3.0, "slow": 4.0}
     monkeypatch.setattr(bk, "time_fn", lambda fn, device: {"median_ms": medians[fn()], "p20_ms": 0, "p80_ms": 0})
     methods = [
-        bk.Method("ours", lambda: "ours", ours=True, check="exact"),
-        bk.Method("fast_but_wrong", lambda: "fast_but_wrong", check="FAIL"),
-        bk.Method("good", lambda: "good", check="exact"),
-        bk.Method("slow", lambda: "slow", check="exact"),
+        bk.Method("ours", lambda a: "ours", ours=True, check="exact"),
+        bk.Method("fast_but_wrong", lambda a: "fast_but_wrong", check="FAIL"),
+        bk.Method("good", lambda a: "good", check="exact"),
+        bk.Method("slow", lambda a: "slow", check="exact"),
     ]
     case = next(c for c in CASES["topb_gather"] if "cpu" in c.where)
     got = bk.run_case(case, bk.Bench(methods, None, None), torch.float32, torch.device("cpu"))
     rows = {r["method"]: r for r in got}
     assert rows["ours"]["speedup_vs_best"] == "1.50" and rows["ours"]["best_baseline"] == "good"
     assert rows["slow"]["time_over_ours"] == "2.00" and "speedup_vs_best" not in rows["good"]
+    assert rows["ours"]["eager_us"] == "2000.00"
+
+
+def test_gpu_ranking_is_graph_time_against_graph_time(monkeypatch):
+    """On a GPU the eager numbers are reported but the ranking and the % of bound use the graph time."""
+    times = {"ours": (250.0, 10.0), "flex": (180.0, 20.0), "sdpa": (60.0, 40.0)}  # (eager, graph) us
+
+    def fake_gpu(method, inputs, device):
+        eager, graph = times[method.name]
+        return {"eager_us": eager, "graph_us": graph, "host_us": eager / 2, "copies": 3, "cold_l2": 1}
+
+    monkeypatch.setattr(bk, "time_gpu", fake_gpu)
+    methods = [bk.Method(n, lambda a: None, ours=(n == "ours"), check="exact") for n in times]
+    case = next(c for c in CASES["split_s_attention"] if c.name == "dream7b/b1-k4-c1024-m64")
+    rows = {
+        r["method"]: r for r in bk.run_case(case, bk.Bench(methods, None, None), torch.bfloat16, torch.device("cuda"))
+    }
+    assert rows["ours"]["speedup_vs_best"] == "2.00" and rows["ours"]["best_baseline"] == "flex"
+    assert rows["sdpa"]["time_over_ours"] == "4.00" and rows["ours"]["eager_us"] == "250.00"
+    bound = roofline.bound_us(roofline.cost(case))[0]
+    assert rows["ours"]["pct_of_h200_bound"] == f"{100 * bound / 10.0:.1f}"
+
+
+def test_cold_l2_rotation_count():
+    """Enough copies that the others move >= 2 L2s between two uses of one; one copy when it alone does."""
+    l2 = 60 * 10**6
+    assert T.rotation_count(10 * 10**6, l2) == 13  # 12 others x 10 MB = 120 MB = 2 L2
+    assert T.is_cold(13, 10 * 10**6, l2) and not T.is_cold(12, 10 * 10**6, l2)
+    assert T.rotation_count(120 * 10**6, l2) == 1 and T.is_cold(1, 120 * 10**6, l2)
+    assert T.rotation_count(1, l2) == T.MAX_COPIES  # tiny inputs: capped
+    assert T.rotation_count(10**9, l2, mem_budget=10**9 - 1) == 1  # never below one copy
+    assert T.rotation_count(50 * 10**6, l2, mem_budget=10**8) == 2  # memory cap: not cold
+    assert not T.is_cold(2, 50 * 10**6, l2)
+    with pytest.raises(ValueError):
+        T.rotation_count(0, l2)
+
+
+def test_graph_arithmetic():
+    assert T.calls_per_graph(3) == 9 and T.calls_per_graph(13) == 13 and T.calls_per_graph(1) == 8
+    assert T.per_call_us(2.0, replays=10, calls=8) == 25.0
+    with pytest.raises(ValueError):
+        T.per_call_us(1.0, 0, 1)
+    with pytest.raises(ValueError):
+        T.calls_per_graph(0)
+
+
+def test_host_and_eager_timers_with_a_fake_clock():
+    """Host time: n calls between two clock reads, syncs outside them; eager: a sync on each side of each call."""
+    now = [0.0]
+    log = []
+
+    def clock():
+        return now[0]
+
+    def fn():
+        log.append("call")
+        now[0] += 5e-6  # 5 us of host work per call
+
+    def sync():
+        log.append("sync")
+        now[0] += 1e-3  # a sync waits for 1 ms of GPU work
+
+    assert T.host_time_us(fn, 4, sync=sync, clock=clock) == pytest.approx(5.0)
+    assert log == ["sync"] + ["call"] * 4 + ["sync"]
+    log.clear()
+    assert T.eager_us(fn, 3, sync=sync, clock=clock) == pytest.approx(1005.0)
+    assert log == ["sync", "call", "sync"] * 3
+
+
+def test_rotation_copies_only_what_a_method_reads():
+    a = {"q": torch.zeros(4, 4), "k": torch.zeros(16, 4), "b": 7}
+    a["kt"] = a["k"].t()  # a view: its storage is counted once
+    assert T.tensor_bytes(a) == (16 + 64) * 4
+    c = T.clone_inputs({k: a[k] for k in ("kt", "b")})
+    assert c["kt"].stride() == a["kt"].stride() and c["kt"].data_ptr() != a["kt"].data_ptr() and c["b"] == 7
 
 
 def test_rule_checks_in_bench_catch_a_wrong_method():
     """The accuracy check uses the shared rule: a perturbed output fails, the exact one passes."""
     case = next(c for c in CASES["merge_states"] if "cpu" in c.where)
     bench = bk.merge_bench(case, torch.float32, torch.device("cpu"))
-    ok, _, _ = bk.check_rule(bench.methods[0].fn()[0], bench.ref, bench.lowp, torch.float32)
-    bad, _, _ = bk.check_rule(bench.methods[0].fn()[0] + 1e-3, bench.ref, bench.lowp, torch.float32)
+    out = bench.methods[0].fn(bench.inputs)[0]
+    ok, _, _ = bk.check_rule(out, bench.ref, bench.lowp, torch.float32)
+    bad, _, _ = bk.check_rule(out + 1e-3, bench.ref, bench.lowp, torch.float32)
     assert ok and not bad
