@@ -144,3 +144,41 @@ def test_rule_checks_in_bench_catch_a_wrong_method():
     ok, _, _ = bk.check_rule(out, bench.ref, bench.lowp, torch.float32)
     bad, _, _ = bk.check_rule(out + 1e-3, bench.ref, bench.lowp, torch.float32)
     assert ok and not bad
+
+
+def test_unranked_variants_are_timed_but_never_the_best_baseline(monkeypatch):
+    times = {"ours": (50.0, 10.0), "variant": (40.0, 5.0), "rival": (60.0, 20.0)}
+
+    def fake_gpu(method, inputs, device):
+        eager, graph = times[method.name]
+        return {"eager_us": eager, "graph_us": graph, "host_us": 1.0, "copies": 1, "cold_l2": 1}
+
+    monkeypatch.setattr(bk, "time_gpu", fake_gpu)
+    methods = [
+        bk.Method("ours", lambda a: None, ours=True, check="exact"),
+        bk.Method("variant", lambda a: None, check="exact", rank=False),
+        bk.Method("rival", lambda a: None, check="exact"),
+    ]
+    case = next(c for c in CASES["topb_gather"] if "gpu" in c.where)
+    rows = {
+        r["method"]: r for r in bk.run_case(case, bk.Bench(methods, None, None), torch.bfloat16, torch.device("cuda"))
+    }
+    assert rows["ours"]["best_baseline"] == "rival" and rows["ours"]["speedup_vs_best"] == "2.00"
+    assert rows["variant"]["graph_us"] == "5.00" and "time_over_ours" not in rows["variant"]
+
+
+def test_torch_gather_baseline_matches_the_reference_rows():
+    """The copy-only top-B baseline (torch.gather from the same indices) gives the reference rows, zero padding."""
+    from triton_kernels import reference as R
+
+    gen = torch.Generator().manual_seed(3)
+    scores, k, v = (
+        torch.rand(3, 2, 40, generator=gen),
+        torch.randn(3, 40, 2, 8, generator=gen),
+        torch.randn(3, 40, 2, 8),
+    )
+    lens = torch.tensor([40, 5, 17])
+    k_out, v_out, idx, _ = R.topb_gather(scores, k, v, 12, lens=lens)
+    assert (idx < 0).any()  # padding rows present (chunk 1 keeps 5 of 12)
+    got_k, got_v = bk.torch_gather_rows(idx, k, v)
+    assert torch.equal(got_k, k_out) and torch.equal(got_v, v_out)
