@@ -32,7 +32,7 @@ import torch
 # the H200 (the H100/H200 die has 50 MB of L2; 60 MB leaves a margin).
 L2_BYTES_DEFAULT = 60 * 10**6
 COLD_L2_FACTOR = 2  # bytes touched between two uses of one copy >= this many L2s: LRU keeps none of it
-MAX_COPIES = 64
+MAX_COPIES = 256  # a graph of 256 small calls still captures in well under a second
 MIN_GRAPH_CALLS = 8  # calls per captured graph at least: one replay's launch cost is spread thin
 
 

@@ -182,3 +182,18 @@ def test_torch_gather_baseline_matches_the_reference_rows():
     assert (idx < 0).any()  # padding rows present (chunk 1 keeps 5 of 12)
     got_k, got_v = bk.torch_gather_rows(idx, k, v)
     assert torch.equal(got_k, k_out) and torch.equal(got_v, v_out)
+
+
+def test_time_gpu_rotates_only_the_methods_inputs(monkeypatch):
+    """The graph gets one call per copy; copies clone what the method reads and share the rest."""
+    seen = []
+    monkeypatch.setattr(T, "eager_us", lambda fn, n, sync: (fn(), 7.0)[1])
+    monkeypatch.setattr(T, "host_time_us", lambda fn, n, sync: 3.0)
+    monkeypatch.setattr(T, "device_l2_bytes", lambda device: 60 * 10**6)
+    monkeypatch.setattr(T, "graph_time_us", lambda fns: ([f() for f in fns], 2.0)[1])
+    inputs = {"q": torch.zeros(10**6, dtype=torch.uint8), "big": torch.zeros(10, dtype=torch.uint8)}
+    m = bk.Method("m", lambda a: seen.append((a["q"].data_ptr(), a["big"].data_ptr())), reads=("q",))
+    row = bk.time_gpu(m, inputs, torch.device("cpu"))
+    assert row == {"eager_us": 7.0, "host_us": 3.0, "graph_us": 2.0, "copies": 121, "cold_l2": 1}
+    graph_calls = seen[-121:]
+    assert len({q for q, _ in graph_calls}) == 121 and len({b for _, b in graph_calls}) == 1
