@@ -115,7 +115,7 @@ log "mode: $(pick "GPU (real sizes)" "dry run (small CPU configuration)"), deadl
     echo "commit: $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
     echo "dry_run: $DRY_RUN"
     command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    "$PYTHON" - <<'PY' 2>&1
+    [ "$PLAN_ONLY" = 1 ] && echo "plan only: no environment probe" || "$PYTHON" - <<'PY' 2>&1
 import sys
 print("python", sys.version.split()[0])
 try:
