@@ -197,3 +197,29 @@ def test_time_gpu_rotates_only_the_methods_inputs(monkeypatch):
     assert row == {"eager_us": 7.0, "host_us": 3.0, "graph_us": 2.0, "copies": 121, "cold_l2": 1}
     graph_calls = seen[-121:]
     assert len({q for q, _ in graph_calls}) == 121 and len({b for _, b in graph_calls}) == 1
+
+
+def test_flex_pad8_takes_the_first_kernel_options_that_compile():
+    """FlexAttention's decoding kernel defaults to BLOCK_M = next_pow2(M * 8) = 512 at M = 64, which no 128-query
+    block-mask block divides (the H200 run's NoValidChoicesError); the baseline tries explicit BLOCK_Ms in order."""
+    assert all(128 % o["BLOCK_M"] == 0 for o in bk.FLEX_PAD8_OPTIONS)
+    m, hq, hkv, g = 4, 14, 2, 7
+    tried = []
+
+    def fake_flex(q, k, v, block_mask, scale, enable_gqa, kernel_options):
+        tried.append(kernel_options["BLOCK_M"])
+        if kernel_options["BLOCK_M"] == 64:
+            raise RuntimeError("NoValidChoicesError")
+        return q  # [1, Hkv * 8, M, D]: the padded query itself
+
+    a = {"q": torch.randn(1, m, hq, 128), "kf": None, "vf": None}
+    meth = bk._flex_pad8(fake_flex, a, None, m, hq, hkv, g, 8, 1.0)
+    assert tried == [64, 32] and meth.note == "kernel_options={'BLOCK_M': 32}"
+    assert torch.equal(meth.fn(a), a["q"])  # padding then un-padding gives back the real heads
+
+    def never(*args, **kwargs):
+        raise RuntimeError("no")
+
+    failed = bk._flex_pad8(never, a, None, m, hq, hkv, g, 8, 1.0)
+    with pytest.raises(RuntimeError, match="no FlexAttention decoding config compiled"):
+        failed.fn(a)
