@@ -12,7 +12,8 @@ Per op, side by side in one run, after a warm-up:
     as a padded pool plus the live block, with a cached ``BlockMask`` (built untimed);
   - ``flex_gqa_pad8`` (GPU, when G is not a power of two, e.g. Dream's 7): the same with each
     KV head's query group zero-padded to 8 heads, so FlexAttention can take its decoding
-    kernel (power-of-two groups only); the pad and the un-pad are timed;
+    kernel (power-of-two groups only), with an explicit BLOCK_M (:data:`FLEX_PAD8_OPTIONS`:
+    its default errored on the H200); the pad and the un-pad are timed;
   - ``sdpa_pregathered``: ``scaled_dot_product_attention`` (``enable_gqa``) over a
     contiguous copy of the selected keys + live keys (gather untimed);
   - ``sdpa_gather_included``: the same with the gather (indexing + ``cat``) timed.
@@ -23,11 +24,22 @@ Per op, side by side in one run, after a warm-up:
 
 Every method's output is checked before it is timed, with the rule of
 :mod:`triton_kernels.testing` (error <= 2 x plain torch's error in the same dtype + a
-floor; top-B: exact). A method that fails its check is timed but ranks nowhere. Each row
-reports the median latency (``triton.testing.do_bench`` on a GPU), achieved GB/s and
-TFLOP/s of the op's minimal work (``bench/roofline.py``), on a GPU the percentage of the
-H200 lower bound, and ``speedup_vs_best``: the fastest passing baseline's time over ours
-(> 1: we are faster), naming that baseline.
+floor; top-B: exact). A method that fails its check is timed but ranks nowhere.
+
+Timing (issue 35.1, primitives in ``bench/gpu_timing.py``). On a GPU, per method:
+
+* ``eager_us``: synchronise, call, synchronise (median of 30) with the default settings:
+  the latency a caller who waits for the result sees, host work and any sync included;
+* ``graph_us``: the GPU's own time, from CUDA-graph replay with a cold L2: the graph cycles
+  through enough copies of the inputs the method reads (``copies``) that together they move
+  more than twice the L2 (``cold_l2`` = 1), as FlashInfer's benchmark does;
+* ``host_us``: 50 calls back to back without a sync, wall time / 50: the CPU's cost per call;
+* ``pct_of_h200_bound``: the H200 lower bound (``bench/roofline.py``) over ``graph_us``;
+* ``speedup_vs_best``: the fastest passing baseline's graph time over ours (> 1: ours is
+  faster), naming that baseline; ``time_over_ours`` per baseline.
+
+On a CPU there is no graph: ``eager_us`` is the median of repeated calls (value checks off) and
+the speedups compare those. ``gbps`` / ``tflops``: the op's minimal work over the ranked time.
 
 Writes ``DIR/bench_kernels_{gpu,cpu}.csv`` (provenance columns on every row) and prints a
 summary table.
@@ -42,12 +54,13 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench import gpu_timing as T
 from bench import roofline
 from bench.kernel_cases import HEAD_DIM, Case, cases, make_inputs
 from bench.provenance import provenance, write_csv
@@ -58,12 +71,10 @@ from triton_kernels.testing import check_rule, lowp_attention
 
 
 def time_fn(fn, device: torch.device, rep_ms: int = 100) -> dict:
-    """Median and 20/80 % quantiles in ms."""
-    if device.type == "cuda":
-        import triton.testing
+    """CPU: median and 20/80 % quantiles in ms of repeated calls (about a second at most).
 
-        med, lo, hi = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-        return {"median_ms": med, "p20_ms": lo, "p80_ms": hi}
+    On a GPU :func:`time_gpu` gives the three numbers of issue 35 instead.
+    """
     fn()  # warm-up (compile caches, allocator)
     times = []
     t_end = time.perf_counter() + 1.0
@@ -73,6 +84,36 @@ def time_fn(fn, device: torch.device, rep_ms: int = 100) -> dict:
         times.append((time.perf_counter() - t0) * 1e3)
     qs = statistics.quantiles(times, n=5) if len(times) >= 5 else [min(times)] * 4
     return {"median_ms": statistics.median(times), "p20_ms": qs[0], "p80_ms": qs[-1]}
+
+
+def time_gpu(method, inputs: dict, device: torch.device) -> dict:
+    """Eager latency and host time with the default settings, graph time with a cold L2 (``bench/gpu_timing.py``).
+
+    The graph cycles through :func:`bench.gpu_timing.rotation_count` copies of the inputs the
+    method reads (its ``reads``, default all), each captured call on its own copy; it is
+    captured with the value checks off (a host sync cannot be captured).
+    """
+    import triton_kernels as tk
+
+    fn = lambda: method.fn(inputs)  # noqa: E731
+    fn()  # warm-up: compilation, allocator
+    row = {
+        "eager_us": T.eager_us(fn, 30, sync=T.cuda_sync),
+        "host_us": T.host_time_us(fn, 50, sync=T.cuda_sync),
+    }
+    keys = list(inputs) if method.reads is None else list(method.reads)
+    nbytes = max(1, T.tensor_bytes({k: inputs[k] for k in keys}))
+    l2 = T.device_l2_bytes(device)
+    copies = T.rotation_count(nbytes, l2)
+    sets = [inputs] + [dict(inputs, **T.clone_inputs({k: inputs[k] for k in keys})) for _ in range(copies - 1)]
+    with tk.skip_value_checks():
+        try:
+            row["graph_us"] = T.graph_time_us([lambda a=a: method.fn(a) for a in sets])
+        except Exception as exc:  # a method that cannot be captured keeps its eager numbers
+            row["graph_note"] = f"no graph: {type(exc).__name__}: {str(exc)[:100]}"
+    row.update(copies=copies, cold_l2=int(T.is_cold(copies, nbytes, l2)))
+    del sets
+    return row
 
 
 @contextlib.contextmanager
@@ -91,18 +132,27 @@ def _env(key: str, value: str):
 @dataclass
 class Method:
     name: str
-    fn: object  # () -> output tensor (or tuple whose [0] is compared)
+    fn: object  # (inputs dict) -> output tensor (or tuple whose [0] is compared)
     ours: bool = False
     check: str | None = None  # a verdict decided by the caller (exact comparisons)
+    reads: tuple | None = None  # the input keys it reads (the cold-L2 rotation copies these); None: all
+    note: str = ""
+    rank: bool = True  # False: a variant timed for the record (another tile config, one phase alone), never a rival
 
 
 @dataclass
 class Bench:
-    """What one case needs: the methods, the fp32 reference and plain torch's low-precision output."""
+    """What one case needs: the inputs, the methods, the fp32 reference and plain torch's low-precision output."""
 
     methods: list
     ref: torch.Tensor | None  # None: every method carries its own (exact) verdict
     lowp: torch.Tensor | None
+    inputs: dict = field(default_factory=dict)
+
+
+def _timed(row: dict, device: torch.device) -> float | None:
+    """The time a row is ranked by, in us: graph time on a GPU (graph vs graph), else the eager median."""
+    return row.get("graph_us") if device.type == "cuda" else row.get("eager_us")
 
 
 def run_case(case: Case, bench: Bench, dtype, device) -> list[dict]:
@@ -117,41 +167,47 @@ def run_case(case: Case, bench: Bench, dtype, device) -> list[dict]:
     rows = []
     for m in bench.methods:
         row = dict(base, method=m.name, ours=int(m.ours))
+        if m.note:
+            row["note"] = m.note
         try:
-            out = m.fn()
+            out = m.fn(bench.inputs)
             out = out[0] if isinstance(out, (tuple, list)) else out
             if m.check is not None:
                 row.update(check=m.check)
             else:
                 ok, err, tol = check_rule(out, bench.ref, bench.lowp, dtype)
                 row.update(max_err=f"{err:.3e}", tol=f"{tol:.3e}", check="ok" if ok else "FAIL")
-            # Timed without the per-call value checks (one host sync each): they ran just above.
-            with _env("PREFILLING_DLLM_CHECK_VALUES", "0"):
-                row.update(time_fn(m.fn, device))
+            if device.type == "cuda":
+                row.update(time_gpu(m, bench.inputs, device))
+            else:  # timed without the per-call value checks: they ran just above
+                with _env("PREFILLING_DLLM_CHECK_VALUES", "0"):
+                    t = time_fn(lambda m=m: m.fn(bench.inputs), device)
+                row.update(eager_us=1e3 * t["median_ms"], p20_us=1e3 * t["p20_ms"], p80_us=1e3 * t["p80_ms"])
         except Exception as exc:  # a baseline that cannot run here is reported, not fatal
             row.update(check="ERROR", note=f"{type(exc).__name__}: {str(exc)[:160]}")
         rows.append(row)
     good = ("ok", "exact")
-    ours = next((r for r in rows if r["ours"] and r.get("check") in good and "median_ms" in r), None)
-    rivals = [r for r in rows if not r["ours"] and r.get("check") in good and "median_ms" in r]
-    best = min(rivals, key=lambda r: r["median_ms"], default=None)
+    ranked = [r for r in rows if r.get("check") in good and _timed(r, device)]
+    ours = next((r for r in ranked if r["ours"]), None)
+    rivals = {m.name for m in bench.methods if m.rank and not m.ours}
+    best = min((r for r in ranked if r["method"] in rivals), key=lambda r: _timed(r, device), default=None)
     for r in rows:
-        t = r.get("median_ms")
+        t = _timed(r, device)
         if not t:
             continue
-        r["gbps"] = f"{c.bytes / (t * 1e-3) / 1e9:.1f}"
-        r["tflops"] = f"{(c.mma_flops + c.simt_flops) / (t * 1e-3) / 1e12:.3f}"
+        r["gbps"] = f"{c.bytes / (t * 1e-6) / 1e9:.1f}"
+        r["tflops"] = f"{(c.mma_flops + c.simt_flops) / (t * 1e-6) / 1e12:.3f}"
         if device.type == "cuda":
-            r["pct_of_h200_bound"] = f"{100 * bound_us / (t * 1e3):.1f}"
-        if ours is not None and not r["ours"]:
-            r["time_over_ours"] = f"{t / ours['median_ms']:.2f}"
+            r["pct_of_h200_bound"] = f"{100 * bound_us / t:.1f}"
+        if ours is not None and r["method"] in rivals:
+            r["time_over_ours"] = f"{t / _timed(ours, device):.2f}"
     if ours is not None and best is not None:
-        ours["speedup_vs_best"] = f"{best['median_ms'] / ours['median_ms']:.2f}"
+        ours["speedup_vs_best"] = f"{_timed(best, device) / _timed(ours, device):.2f}"
         ours["best_baseline"] = best["method"]
     for r in rows:
-        for k in ("median_ms", "p20_ms", "p80_ms"):
+        for k in ("eager_us", "graph_us", "host_us", "p20_us", "p80_us"):
             if k in r:
-                r[k] = f"{r[k]:.4f}"
+                r[k] = f"{r[k]:.2f}"
     return rows
 
 
@@ -164,6 +220,13 @@ def _flex(flex_cache):
         return None
     torch._dynamo.reset()
     return torch.compile(flex_cache["fn"], dynamic=False)
+
+
+# kernel_options that let FlexAttention's decoding kernel take a padded GQA group of 8: its default
+# BLOCK_M is next_pow2(M * G), 512 at M = 64, which no 128-query block-mask block divides, so every
+# config was filtered out ("NoValidChoicesError" on the H200 run). Tried in order; the first that
+# compiles and passes the accuracy check is timed (its options go to the row's note).
+FLEX_PAD8_OPTIONS = ({"BLOCK_M": 64}, {"BLOCK_M": 32}, {"BLOCK_M": 16})
 
 
 def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
@@ -184,25 +247,19 @@ def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
     v_cat = torch.cat([v_pool[sel].flatten(0, 1), v_live[0]])
     lowp = lowp_attention(q[0], k_cat, v_cat, scale, dtype)[0][None]
     del args32
+    op_keys = ("q", "k_pool", "v_pool", "seg_slots", "seg_lens", "k_live", "v_live")
+
+    def ours_fn(x, backend):
+        return tk.split_s_attention(*(x[k] for k in op_keys), backend=backend)
 
     if device.type == "cuda":
-        ours = Method(
-            "split_s_triton",
-            lambda: tk.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live, backend="triton"),
-            ours=True,
-        )
-    else:
-        # what CPU tensors dispatch to: torch's fused CPU attention, one call per row shape
-        ours = Method(
-            "split_s_cpu",
-            lambda: tk.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live, backend="torch"),
-            ours=True,
-        )
-    methods = [ours]
+        ours = Method("split_s_triton", lambda x: ours_fn(x, "triton"), ours=True, reads=op_keys)
+        methods = [ours, _split_s_block_m128(op_keys)]
+    else:  # what CPU tensors dispatch to: torch's fused CPU attention, one call per row shape
+        ours = Method("split_s_cpu", lambda x: ours_fn(x, "torch"), ours=True, reads=op_keys)
+        methods = [ours]
     if device.type != "cuda":  # the naive reference beside it
-        methods.append(
-            Method("torch_reference", lambda: R.split_s_attention(q, k_pool, v_pool, slots, lens, k_live, v_live))
-        )
+        methods.append(Method("torch_reference", lambda x: R.split_s_attention(*(x[k] for k in op_keys))))
 
     flex = _flex(flex_cache)
     if flex is not None:
@@ -211,9 +268,9 @@ def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
         p_slots, t = k_pool.shape[0], k_pool.shape[1]
         slot_len = torch.zeros(p_slots, dtype=torch.int32, device=device)
         slot_len[sel] = lens[0]
-        kf = torch.cat([k_pool.flatten(0, 1), k_live[0]]).transpose(0, 1)[None]  # [1, Hkv, P*T + M, D]
-        vf = torch.cat([v_pool.flatten(0, 1), v_live[0]]).transpose(0, 1)[None]
-        qf = q.transpose(1, 2)  # [1, Hq, M, D]
+        a["kf"] = torch.cat([k_pool.flatten(0, 1), k_live[0]]).transpose(0, 1)[None]  # [1, Hkv, P*T + M, D]
+        a["vf"] = torch.cat([v_pool.flatten(0, 1), v_live[0]]).transpose(0, 1)[None]
+        a["qf"] = q.transpose(1, 2)  # [1, Hq, M, D]
 
         def mask_mod(b, h, q_idx, kv_idx):
             slot = torch.clamp(kv_idx // t, max=p_slots - 1)
@@ -223,34 +280,78 @@ def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
         methods.append(
             Method(
                 "flex_compiled",
-                lambda: flex(qf, kf, vf, block_mask=block_mask, scale=scale, enable_gqa=True).transpose(1, 2),
+                lambda x: flex(
+                    x["qf"], x["kf"], x["vf"], block_mask=block_mask, scale=scale, enable_gqa=True
+                ).transpose(1, 2),
+                reads=("qf", "kf", "vf"),
             )
         )
         g8 = 1 << (g - 1).bit_length()
         if device.type == "cuda" and g8 != g:
+            methods.append(_flex_pad8(flex, a, block_mask, m, hq, hkv, g, g8, scale))
 
-            def flex_pad():
-                qp = q.new_zeros(1, m, hkv, g8, HEAD_DIM)
-                qp[:, :, :, :g] = q.view(1, m, hkv, g, HEAD_DIM)
-                o = flex(qp.view(1, m, hkv * g8, HEAD_DIM).transpose(1, 2), kf, vf, block_mask=block_mask,
-                         scale=scale, enable_gqa=True)  # fmt: skip
-                return o.transpose(1, 2).reshape(1, m, hkv, g8, HEAD_DIM)[:, :, :, :g].reshape(1, m, hq, HEAD_DIM)
+    a["kc"], a["vc"] = k_cat.transpose(0, 1)[None], v_cat.transpose(0, 1)[None]  # [1, Hkv, keys, D] (views)
+    a["qt"] = q.transpose(1, 2)
 
-            methods.append(Method("flex_gqa_pad8", flex_pad))
+    def sdpa_pre(x):
+        return F.scaled_dot_product_attention(x["qt"], x["kc"], x["vc"], scale=scale, enable_gqa=True).transpose(1, 2)
 
-    kc, vc = k_cat.transpose(0, 1)[None], v_cat.transpose(0, 1)[None]  # [1, Hkv, keys, D] (views)
-    qt = q.transpose(1, 2)
+    def sdpa_gather(x):
+        s_ = x["seg_slots"][0].long()
+        kg = torch.cat([x["k_pool"][s_].flatten(0, 1), x["k_live"][0]]).transpose(0, 1)[None]
+        vg = torch.cat([x["v_pool"][s_].flatten(0, 1), x["v_live"][0]]).transpose(0, 1)[None]
+        return F.scaled_dot_product_attention(x["qt"], kg, vg, scale=scale, enable_gqa=True).transpose(1, 2)
 
-    def sdpa_pre():
-        return F.scaled_dot_product_attention(qt, kc, vc, scale=scale, enable_gqa=True).transpose(1, 2)
+    methods += [
+        Method("sdpa_pregathered", sdpa_pre, reads=("qt", "kc", "vc")),
+        Method("sdpa_gather_included", sdpa_gather, reads=("qt", "k_pool", "v_pool", "seg_slots", "k_live", "v_live")),
+    ]
+    return Bench(methods, ref, lowp, a)
 
-    def sdpa_gather():
-        kg = torch.cat([k_pool[sel].flatten(0, 1), k_live[0]]).transpose(0, 1)[None]
-        vg = torch.cat([v_pool[sel].flatten(0, 1), v_live[0]]).transpose(0, 1)[None]
-        return F.scaled_dot_product_attention(qt, kg, vg, scale=scale, enable_gqa=True).transpose(1, 2)
 
-    methods += [Method("sdpa_pregathered", sdpa_pre), Method("sdpa_gather_included", sdpa_gather)]
-    return Bench(methods, ref, lowp)
+def _split_s_block_m128(op_keys) -> Method:
+    """Ours with 128-row query tiles (two warpgroups, 8 warps) instead of the plan's 64, split as the
+    plan's cost model splits them: a variant timed for the record (issue 35.4: which wgmma tile the
+    H200 prefers), not a rival."""
+    from triton_kernels.split_s import split_s_launch
+
+    def fn(x):
+        q = x["q"]
+        scale = 1 / math.sqrt(q.shape[-1])
+        return split_s_launch(*(x[k] for k in op_keys), scale, None, block_m=128)
+
+    return Method("split_s_triton_bm128", fn, reads=op_keys, rank=False, note="BLOCK_M=128, 8 warps; not ranked")
+
+
+def _flex_pad8(flex, a, block_mask, m, hq, hkv, g, g8, scale) -> Method:
+    """FlexAttention with each KV head's query group zero-padded to ``g8`` heads (its decoding kernel
+    takes power-of-two groups only); the pad and the un-pad are timed. The first of
+    :data:`FLEX_PAD8_OPTIONS` that compiles here is kept."""
+
+    def make(opts):
+        def flex_pad(x):
+            qp = x["q"].new_zeros(1, m, hkv, g8, HEAD_DIM)
+            qp[:, :, :, :g] = x["q"].view(1, m, hkv, g, HEAD_DIM)
+            o = flex(qp.view(1, m, hkv * g8, HEAD_DIM).transpose(1, 2), x["kf"], x["vf"], block_mask=block_mask,
+                     scale=scale, enable_gqa=True, kernel_options=opts)  # fmt: skip
+            return o.transpose(1, 2).reshape(1, m, hkv, g8, HEAD_DIM)[:, :, :, :g].reshape(1, m, hq, HEAD_DIM)
+
+        return flex_pad
+
+    errors = []
+    for opts in FLEX_PAD8_OPTIONS:
+        fn = make(opts)
+        try:
+            fn(a)  # compiles (untimed)
+        except Exception as exc:
+            errors.append(f"{opts}: {type(exc).__name__}")
+            continue
+        return Method("flex_gqa_pad8", fn, reads=("q", "kf", "vf"), note=f"kernel_options={opts}")
+
+    def failed(x):
+        raise RuntimeError("no FlexAttention decoding config compiled: " + "; ".join(errors))
+
+    return Method("flex_gqa_pad8", failed)
 
 
 # ----------------------------------------------------------------------------- merge
@@ -271,14 +372,14 @@ def merge_bench(case: Case, dtype, device) -> Bench:
     ref, _ = R.merge_states(o.float(), lse)
     lowp, _ = R.merge_states(o, lse)  # the same math, rounded to the dtype
     ours = (
-        Method("merge_triton", lambda: tk.merge_states(o, lse, backend="triton"), ours=True)
+        Method("merge_triton", lambda x: tk.merge_states(x["o"], x["lse"], backend="triton"), ours=True)
         if device.type == "cuda"
-        else Method("torch_reference", lambda: R.merge_states(o, lse), ours=True)
+        else Method("torch_reference", lambda x: R.merge_states(x["o"], x["lse"]), ours=True)
     )
-    methods = [ours, Method("torch_logsumexp", lambda: torch_logsumexp_merge(o, lse))]
+    methods = [ours, Method("torch_logsumexp", lambda x: torch_logsumexp_merge(x["o"], x["lse"]))]
     if device.type == "cuda":
-        methods.append(Method("torch_reference", lambda: R.merge_states(o, lse)))
-    return Bench(methods, ref, lowp)
+        methods.append(Method("torch_reference", lambda x: R.merge_states(x["o"], x["lse"])))
+    return Bench(methods, ref, lowp, a)
 
 
 # ----------------------------------------------------------------------------- chunk scores
@@ -325,11 +426,12 @@ def scores_bench(case: Case, dtype, device) -> Bench:
         name, ours_fn, rival = "row_mass", tk.chunk_row_mass, torch_row_mass
         ref_fn = R.chunk_row_mass
     ours = (
-        Method(f"{name}_triton", lambda: ours_fn(q, k, None, x, backend="triton"), ours=True)
+        Method(f"{name}_triton", lambda a_: ours_fn(a_["q"], a_["k"], None, a_["k_extra"], backend="triton"), ours=True)
         if device.type == "cuda"
-        else Method("torch_reference", lambda: ref_fn(q, k, None, x), ours=True)
+        else Method("torch_reference", lambda a_: ref_fn(a_["q"], a_["k"], None, a_["k_extra"]), ours=True)
     )
-    return Bench([ours, Method("torch_vectorised", lambda: rival(q, k, x, scale))], ref, lowp)
+    rival_m = Method("torch_vectorised", lambda a_: rival(a_["q"], a_["k"], a_["k_extra"], scale))
+    return Bench([ours, rival_m], ref, lowp, a)
 
 
 # ----------------------------------------------------------------------------- top-b gather
@@ -343,21 +445,43 @@ def torch_topb(scores, k, v, b):
     return torch.gather(k, 1, gi), torch.gather(v, 1, gi), idx, kept
 
 
+def torch_gather_rows(idx, k, v):
+    """``torch.gather`` of the rows ``idx [N, H, b]`` (-1: zeros) of ``k, v [N, T, H, D]`` into ``[N, b, H, D]``."""
+    gi = idx.clamp(min=0).transpose(1, 2)[..., None].expand(-1, -1, -1, k.shape[-1])  # [N, b, H, D] int64
+    pad = (idx < 0).transpose(1, 2)[..., None]
+    return torch.gather(k, 1, gi).masked_fill(pad, 0), torch.gather(v, 1, gi).masked_fill(pad, 0)
+
+
 def topb_bench(case: Case, dtype, device) -> Bench:
     import triton_kernels as tk
 
     a = make_inputs(case, device, dtype)
     scores, k, v, b = a["scores"], a["k"], a["v"], a["b"]
     ref = R.topb_gather(scores, k, v, b)
+    keys = ("scores", "k", "v")
     ours = (
-        Method("topb_triton", lambda: tk.topb_gather(scores, k, v, b, backend="triton"), ours=True)
+        Method("topb_triton", lambda x: tk.topb_gather(x["scores"], x["k"], x["v"], b, backend="triton"), ours=True)
         if device.type == "cuda"
-        else Method("torch_reference", lambda: R.topb_gather(scores, k, v, b), ours=True)
+        else Method("torch_reference", lambda x: R.topb_gather(x["scores"], x["k"], x["v"], b), ours=True)
     )
-    methods = [ours, Method("torch_gather", lambda: torch_topb(scores, k, v, b))]
+    methods = [ours, Method("torch_gather", lambda x: torch_topb(x["scores"], x["k"], x["v"], b))]
     for m in methods:  # exact check: same indices, same gathered rows
-        m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(), ref, strict=True)) else "FAIL"
-    return Bench(methods, None, None)
+        m.reads = keys
+        m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(a), ref, strict=True)) else "FAIL"
+    if device.type == "cuda":  # the copy alone, from the same indices: our kernel vs torch.gather (issue 35.5)
+        from triton_kernels.topb import gather_rows_launch
+
+        a["idx"] = ref[2]
+        copy_keys = ("idx", "k", "v")
+        gathers = [
+            Method("gather_kernel_only", lambda x: gather_rows_launch(x["idx"], x["k"], x["v"]), rank=False),
+            Method("torch_gather_only", lambda x: torch_gather_rows(x["idx"], x["k"], x["v"]), rank=False),
+        ]
+        for m in gathers:
+            m.reads, m.note = copy_keys, "copy only (selection excluded); not ranked"
+            m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(a), ref[:2], strict=True)) else "FAIL"
+        methods += gathers
+    return Bench(methods, None, None, a)
 
 
 BENCHES = {
@@ -374,16 +498,19 @@ BENCHES = {
 
 def summarise(rows: list[dict], device: torch.device) -> str:
     label = "GPU" if device.type == "cuda" else "CPU"
-    cols = ["op", "case", "method", "median_ms", "gbps", "tflops"]
-    cols += ["pct_of_h200_bound"] if device.type == "cuda" else []
+    cols = ["op", "case", "method", "eager_us"]
+    cols += ["graph_us", "host_us", "pct_of_h200_bound"] if device.type == "cuda" else []
+    cols += ["gbps", "tflops"]
     cols += ["check", "speedup_vs_best", "best_baseline", "time_over_ours"]
     widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in cols}
     lines = [f"[{label}] " + " ".join(c.ljust(widths[c]) for c in cols)]
     for r in rows:
         lines.append(f"[{label}] " + " ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
     lines.append(
-        f"[{label}] speedup_vs_best = fastest passing baseline's time / ours (> 1: ours is faster); "
-        "time_over_ours = that method's time / ours; pct_of_h200_bound = H200 lower bound / latency (bench/roofline.py)"
+        f"[{label}] speedup_vs_best = fastest passing baseline's time / ours (> 1: ours is faster; on a GPU "
+        "graph time vs graph time); time_over_ours = that method's time / ours; eager_us = sync, call, sync with "
+        "the default settings; graph_us = CUDA-graph replay, cold L2; host_us = back-to-back calls, no sync; "
+        "pct_of_h200_bound = H200 lower bound / graph time (bench/roofline.py)"
     )
     return "\n".join(lines)
 

@@ -73,7 +73,7 @@ def cost(case: Case, elt: int = 2) -> Cost:
         nbytes = 2 * queries * d * elt + queries * 4 + sum(2 * n * hkv * d * elt for n in keys)
         qk = sum(n * hq * kk for n, kk in zip(live, keys, strict=True))  # scores
         plan = plan_split_s(b, m, hq, hkv, d, k, c, True, elt, H200)
-        note = f"{plan.n_parts} partials, {plan.ctas} CTAs"
+        note = f"{plan.n_parts} partials, {plan.ctas} CTAs, predicted {plan.predicted_us:.1f} us"
         return Cost(nbytes, 4 * qk * d, qk, kernel_bytes=nbytes + plan.partial_bytes, note=note)
     if case.op == "merge_states":
         n, rows = p["n"], p["rows"]

@@ -8,21 +8,26 @@ H200 or a 108-SM A100 on a machine without a GPU (:func:`assume_gpu`), compiling
 exactly the specialisations a real launch would choose. Integer arithmetic only
 (no ``triton.cdiv`` on the hot path: it costs microseconds per call on Triton 3.5+).
 
-The split-S cost model (:func:`plan_split_s`), from the AOT study of issue 16:
+The split-S cost model (:func:`plan_split_s`, issue 35.4; it replaced issue 16's two caps). Every
+partition of the keys the kernel supports (``segs_per_prog`` consecutive segments per partial, or
+``n_splits`` pieces per segment, the live block folded into the last partial) gets a predicted
+time (:func:`predict_split_s_us`) and the fastest is taken, ties to fewer partials:
 
-* the call is compute-bound at decode shapes (about 400 FLOP/B at Dream-7B
-  K=4, C=1024), so the grid should fill the machine: about one wave, i.e.
-  ``sm_count * ctas_per_sm`` programs, at the occupancy the compile gate
-  measures for the tile config (:data:`CTAS_PER_SM`);
-* every extra partial writes and reads back ``B*M*Hq*(D+1)`` fp32 values,
-  so the partial traffic is capped at the K/V bytes the call must read anyway;
-* a split keeps at least :data:`MIN_SPLIT_TILES` key tiles, so the software
-  pipeline of the key loop has something to overlap.
+* phase 1 is compute-bound at Dream's decode shapes (about 450 FLOP per byte of K/V, above
+  the H200's ridge), so its time is the busiest SM's: the CTAs it runs (round-robin over the
+  SMs) times the MMA FLOPs of the heaviest CTA (its padded BLOCK_M rows x its keys), at the
+  tensor-core rate one SM reaches with one resident attention CTA (:data:`ATTN_EFF_1`) or
+  with two or more overlapping each other's softmax (:data:`ATTN_EFF_2`), plus a fixed cost
+  per round of resident CTAs (:data:`CTA_ROUND_US`: Q load, pipeline fill, epilogue);
+  memory-bound shapes (LLaDA, G = 1) are limited by HBM, at a share that grows with the
+  SMs pulling it (:func:`hbm_rate`);
+* a plan with more than one partial pays the merge: one more kernel (:data:`LAUNCH_US` in a
+  graph) reading the fp32 partials from L2 (they stay there while they fit in half of it);
+* one launch of phase 1 (:data:`LAUNCH_US`).
 
-Among the partitions the kernel supports (``segs_per_prog`` consecutive
-segments per partial, or ``n_splits`` pieces per segment; the live block is
-folded into the last partial) it takes the largest partial count that meets
-both caps; with one partial there is no merge at all.
+The constants are assumptions for an H200 (sources beside them), so every time this model gives
+is *predicted*; ``bench/results/split_s_plan_h200.md`` lists them per case, and the GPU run's
+``bench_kernels`` graph times are what confirms or corrects them.
 """
 
 from __future__ import annotations
@@ -64,12 +69,16 @@ class GpuSpec:
     regs_per_sm: int = 65536
     max_threads_per_sm: int = 2048
     max_ctas_per_sm: int = 32
+    mma_flops_s: float = 989e12  # dense fp16/bf16 tensor-core peak (the cost model's compute rate)
+    hbm_bytes_s: float = 4.8e12
 
 
 # CUDA C Programming Guide, "Technical Specifications per Compute Capability" (8.0 and 9.0);
 # SM counts: NVIDIA A100 (108 SMs) and H100/H200 SXM (132 SMs) datasheets.
 H200 = GpuSpec("H200", 90, 132, smem_per_block=227 * 1024, smem_per_sm=228 * 1024)
-A100 = GpuSpec("A100", 80, 108, smem_per_block=163 * 1024, smem_per_sm=164 * 1024)
+A100 = GpuSpec(
+    "A100", 80, 108, smem_per_block=163 * 1024, smem_per_sm=164 * 1024, mma_flops_s=312e12, hbm_bytes_s=2.04e12
+)
 # Non-CUDA devices (the Triton interpreter): plan as for a small GPU.
 INTERPRETER = GpuSpec("interpreter", 0, 8, smem_per_block=227 * 1024, smem_per_sm=228 * 1024)
 PRESETS = {"h200": H200, "a100": A100}
@@ -106,6 +115,8 @@ def _cuda_spec(index: int) -> GpuSpec:
         smem_per_sm=getattr(p, "shared_memory_per_multiprocessor", base.smem_per_sm),
         regs_per_sm=getattr(p, "regs_per_multiprocessor", base.regs_per_sm),
         max_threads_per_sm=getattr(p, "max_threads_per_multi_processor", base.max_threads_per_sm),
+        mma_flops_s=base.mma_flops_s,
+        hbm_bytes_s=base.hbm_bytes_s,
     )
 
 
@@ -153,8 +164,6 @@ def assumed_ctas_per_sm(kernel: str, gpu: GpuSpec, block_m: int, block_d: int, e
 
 
 # ----------------------------------------------------------------------------- attention tiles
-
-MIN_SPLIT_TILES = 4  # key tiles per split at least: the pipelined key loop needs work to overlap
 
 
 def attention_tiles(d: int, rows: int, block_m: int | None = None, block_n: int | None = None) -> tuple[int, int, int]:
@@ -220,6 +229,30 @@ def plan_merge(n_parts: int, rows: int, d: int, gpu: GpuSpec) -> MergePlan:
 
 # ----------------------------------------------------------------------------- split-S
 
+# Cost-model constants for sm_90 (predicted, to be confirmed by bench_kernels' graph times):
+ATTN_EFF_1 = 0.35  # share of it one resident FlashAttention-2-style CTA reaches (FA2 on Hopper: ~35%)
+ATTN_EFF_2 = 0.50  # two or more resident CTAs overlap softmax and MMA (Triton FA on H100: ~45-55%)
+CTA_ROUND_US = 1.0  # per round of resident CTAs: Q tile load, first K/V loads (~1 us HBM latency), store
+LAUNCH_US = 2.0  # one kernel node of a CUDA graph: launch latency + tail
+HBM_SHARE = 0.85  # reachable share of the datasheet HBM bandwidth
+L2_OVER_HBM = 1.7  # L2 read bandwidth for the merge's partials, relative to HBM (about 8 TB/s on Hopper)
+L2_BYTES = 50 * 2**20  # H100/H200 L2
+SPLIT_S_MIN_TILES = 1  # key tiles per split-S piece at least (the model's round cost prices small pieces)
+
+
+KV_IN_FLIGHT = 2 * 2 * 64 * 128 * 2  # bytes one CTA keeps in flight: 2 stages of a 64 x 128 bf16 K and V tile
+HBM_LATENCY_US = 2.0  # loaded HBM latency (Little's law: in-flight bytes / latency = bandwidth)
+
+
+def hbm_rate(ctas: int, gpu: GpuSpec, ctas_per_sm_: int = 1) -> float:
+    """HBM bytes/s that ``ctas`` CTAs pull: Little's law on their in-flight K/V tiles, each SM at most
+    three times its 1/SMs share, the whole at most :data:`HBM_SHARE` of the datasheet rate."""
+    peak = HBM_SHARE * gpu.hbm_bytes_s
+    resident = min(ctas, gpu.sm_count * max(1, ctas_per_sm_))
+    by_latency = resident * KV_IN_FLIGHT / (HBM_LATENCY_US * 1e-6)
+    by_sms = 3.0 * peak * min(ctas, gpu.sm_count) / gpu.sm_count
+    return min(peak, by_latency, by_sms)
+
 
 @dataclass(frozen=True)
 class SplitSPlan:
@@ -240,6 +273,7 @@ class SplitSPlan:
     partial_bytes: int  # fp32 partial outputs + LSEs written and read back (0 with one partial)
     wave: int  # CTAs the machine holds at the assumed occupancy
     merge: MergePlan | None
+    predicted_us: float = 0.0  # the cost model's time for a CUDA-graph replay (predicted, not measured)
 
     @property
     def ctas(self) -> int:
@@ -253,11 +287,43 @@ def _partitions(s: int, t: int, block_n: int):
     seen = {}
     for spp in range(1, s + 1):  # grouped; for equal counts keep the smallest group (the most balanced)
         seen.setdefault(cdiv(s, spp), (whole, 1, spp))
-    for pieces in range(2, n_tok_blocks // MIN_SPLIT_TILES + 1):
+    for pieces in range(2, n_tok_blocks // SPLIT_S_MIN_TILES + 1):
         split_len = cdiv(n_tok_blocks, pieces) * block_n
         n_splits = cdiv(t, split_len)
         seen.setdefault(s * n_splits, (split_len, n_splits, 1))
     return sorted((n, *rest) for n, rest in seen.items())
+
+
+def predict_split_s_us(
+    *, b: int, m: int, hq: int, hkv: int, d: int, s: int, t: int, has_live: bool, elt: int, gpu: GpuSpec,
+    block_m: int, m_tiles: int, n_parts: int, split_len: int, segs_per_prog: int, ctas_per_sm_: int,
+) -> float:  # fmt: skip
+    """Predicted graph-replay microseconds of one split-S call under a partition (module docstring).
+
+    Counts the heaviest CTA: ``segs_per_prog`` whole segments or one ``split_len`` piece, plus the
+    live block's M keys in the last partial; padded BLOCK_M rows (the tensor cores compute them).
+    """
+    if n_parts == 0:
+        return 0.0
+    block_d = next_pow2(d)
+    keys = (segs_per_prog * t if segs_per_prog > 1 else min(split_len, t)) + (m if has_live else 0)
+    flops_cta = 4 * block_m * keys * block_d
+    ctas = b * hkv * m_tiles * n_parts
+    per_sm = cdiv(ctas, gpu.sm_count)  # CTAs the busiest SM runs
+    resident = max(1, min(per_sm, ctas_per_sm_))
+    eff = ATTN_EFF_1 if resident == 1 else ATTN_EFF_2
+    compute_us = (
+        1e6 * per_sm * flops_cta / (gpu.mma_flops_s / gpu.sm_count * eff) + cdiv(per_sm, ctas_per_sm_) * CTA_ROUND_US
+    )
+    io = b * m * hq * d * elt * 2  # q read, out written
+    kv_bytes = 2 * b * hkv * d * elt * (s * t + (m if has_live else 0))  # each key once from HBM (tiles share L2)
+    mem_us = 1e6 * (kv_bytes + io) / hbm_rate(ctas, gpu, ctas_per_sm_)
+    total = LAUNCH_US + max(compute_us, mem_us)
+    if n_parts > 1:
+        part = 2 * b * m * hq * (d + 1) * 4 * n_parts  # fp32 partials written, then read by the merge
+        rate = HBM_SHARE * gpu.hbm_bytes_s * (L2_OVER_HBM if part <= L2_BYTES // 2 else 1.0)
+        total += LAUNCH_US + 1e6 * (part / rate) + CTA_ROUND_US
+    return total
 
 
 @functools.lru_cache(maxsize=4096)
@@ -279,6 +345,7 @@ def plan_split_s(
 ) -> SplitSPlan:
     """Plan a split-S call: ``q [b, m, hq, d]``, ``s`` segment columns of ``t`` tokens, ``elt`` bytes.
 
+    Takes the partition with the smallest :func:`predict_split_s_us` (ties: fewer partials).
     ``block_m``/``block_n``/``split_len``/``segs_per_prog`` override the cost model (tests use
     them to force splits and grouped partials on small shapes).
 
@@ -289,11 +356,17 @@ def plan_split_s(
     g = hq // hkv
     block_m, block_n, block_d = attention_tiles(d, m * g, block_m, block_n)
     m_tiles = cdiv(m * g, block_m)
-    tiles = b * hkv * m_tiles
     num_warps = attention_warps(block_m, block_d)
-    wave = gpu.sm_count * assumed_ctas_per_sm("split_s", gpu, block_m, block_d, elt)
+    cps = assumed_ctas_per_sm("split_s", gpu, block_m, block_d, elt)
+    wave = gpu.sm_count * cps
     kv_bytes = 2 * b * (s * t + (m if has_live else 0)) * hkv * d * elt
     part_bytes = 2 * b * m * hq * (d + 1) * 4  # one partial, written then read back
+
+    def predict(n_parts, split_len_, spp_):
+        return predict_split_s_us(
+            b=b, m=m, hq=hq, hkv=hkv, d=d, s=s, t=t, has_live=has_live, elt=elt, gpu=gpu, block_m=block_m,
+            m_tiles=m_tiles, n_parts=n_parts, split_len=split_len_, segs_per_prog=spp_, ctas_per_sm_=cps,
+        )  # fmt: skip
 
     n_tok_blocks = max(1, cdiv(t, block_n))
     if s == 0:
@@ -308,12 +381,12 @@ def plan_split_s(
             raise ValueError("segs_per_prog must be >= 1, and 1 when segments are split")
         n_parts = cdiv(s, spp) * n_splits
     else:
-        n_parts, split_len, n_splits, spp = 1, n_tok_blocks * block_n, 1, s
+        best = None
         for cand in _partitions(s, t, block_n):
-            fits_wave = tiles * cand[0] <= wave
-            fits_traffic = cand[0] == 1 or cand[0] * part_bytes <= kv_bytes
-            if fits_wave and fits_traffic:
-                n_parts, split_len, n_splits, spp = cand
+            us = predict(cand[0], cand[1], cand[3])
+            if best is None or us < best[0] - 1e-9:
+                best = (us, cand)
+        n_parts, split_len, n_splits, spp = best[1]
     merge = plan_merge(n_parts, b * m * hq, d, gpu) if n_parts > 1 else None
     return SplitSPlan(
         block_m=block_m,
@@ -331,10 +404,13 @@ def plan_split_s(
         partial_bytes=part_bytes * n_parts if n_parts > 1 else 0,
         wave=wave,
         merge=merge,
+        predicted_us=predict(n_parts, split_len, spp),
     )
 
 
 # ----------------------------------------------------------------------------- chunk scores
+
+MIN_SPLIT_TILES = 4  # key tiles per row-LSE split at least: the pipelined key loop needs work to overlap
 
 MAX_KEY_SPLITS = 16  # row-LSE partials per row at most (pass 2 combines them unrolled)
 

@@ -95,7 +95,7 @@ def test_gate_compiled_the_h200_plans(gate):
     """The specialisations compiled are those of the 132-SM plan (not the CPU branch)."""
     _, rows = gate
     dream = "split_s_attention:dream7b/b1-k4-c1024-m64"
-    assert _row(rows, 90, "bf16", dream, "_split_s_partial_kernel")["grid"] == [28, 4, 1]
+    assert _row(rows, 90, "bf16", dream, "_split_s_partial_kernel")["grid"] == [28, 8, 1]
     assert _row(rows, 90, "bf16", dream, "_merge_states_kernel")["ctas"] >= H200.sm_count
     joint = "chunk_attention_scores:dream7b/n1-t4096-m64"
     assert _row(rows, 90, "bf16", joint, "_row_lse_kernel")["ctas"] >= H200.sm_count

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from triton_kernels import plan as P
 from triton_kernels.plan import (
     A100,
+    CTAS_PER_SM,
     H200,
     INTERPRETER,
     MIN_SPLIT_TILES,
@@ -44,15 +46,28 @@ def _covered(plan, s: int, t: int) -> dict:
 
 
 def test_dream_decode_k4_c1024_m64_on_h200():
-    """The issue's acceptance shape: partial traffic <= K/V bytes, merge grid >= 132 CTAs (or no merge)."""
+    """The paper's configuration: 8 partials (each segment split in two), 224 CTAs = 1-2 per SM of 132,
+    and the cost model's time recomputed by hand from its constants (predicted, <= the 20 us target)."""
     plan = plan_split_s(1, 64, 28, 4, 128, 4, 1024, True, BF16, H200)
-    kv = 2 * (4 * 1024 + 64) * 4 * 128 * BF16
-    assert plan.kv_bytes == kv
-    assert plan.partial_bytes <= kv
-    assert plan.merge is None or plan.merge.ctas >= H200.sm_count
-    assert plan.n_parts == 4 and plan.ctas == 4 * 7 * 4  # one partial per segment, live folded in
-    # The old heuristic (4 CTAs/SM) made 17 partials: 15.6 MB of fp32 partials against 8.4 MB of K/V.
-    assert plan.n_parts * 64 * 28 * 129 * 4 * 2 <= kv
+    assert plan.kv_bytes == 2 * (4 * 1024 + 64) * 4 * 128 * BF16
+    assert (plan.n_parts, plan.split_len, plan.grid) == (8, 512, (28, 8, 1))
+    assert H200.sm_count <= plan.ctas <= 2 * H200.sm_count
+    assert plan.merge is not None and plan.merge.ctas >= H200.sm_count
+    peak_sm = 989e12 / 132
+    flops_cta = 4 * 64 * (512 + 64) * 128  # padded rows x (its half segment + the live block) x D
+    compute = 1e6 * 2 * flops_cta / (peak_sm * P.ATTN_EFF_2) + P.CTA_ROUND_US  # 2 CTAs on the busiest SM
+    io = 2 * (4 * 1024 + 64) * 4 * 128 * 2 + 2 * 64 * 28 * 128 * 2
+    mem = 1e6 * io / (P.HBM_SHARE * 4.8e12)
+    partials = 8 * 2 * 64 * 28 * 129 * 4
+    merge = P.LAUNCH_US + 1e6 * partials / (P.HBM_SHARE * 4.8e12 * P.L2_OVER_HBM) + P.CTA_ROUND_US
+    assert plan.predicted_us == pytest.approx(P.LAUNCH_US + max(compute, mem) + merge)
+    assert plan.predicted_us <= 20.0
+
+
+def test_c256_plans_more_than_one_cta_per_sm_quarter():
+    """C = 256 (the bundled default) planned 28 CTAs under issue 16's caps; now about one per SM."""
+    plan = plan_split_s(1, 64, 28, 4, 128, 4, 256, True, BF16, H200)
+    assert plan.ctas >= 0.8 * H200.sm_count and plan.n_parts >= 4
 
 
 def test_joint_row_lse_on_h200_fills_the_machine():
@@ -72,13 +87,19 @@ def test_decode_plans_keep_the_cost_model(k, c, m, model, gpu):
     hq, hkv = MODELS[model]
     plan = plan_split_s(1, m, hq, hkv, 128, k, c, True, BF16, gpu)
     assert plan.n_parts >= 1
+    # only tile configs whose occupancy the compile gate measured (no spill, the CTAs/SM it assumes)
+    assert ("split_s", gpu.arch, plan.block_m, plan.block_d, BF16) in CTAS_PER_SM
+    # the model never predicts faster than the roofline of the same work (tensor peak, HBM)
+    keys = k * c + m
+    assert plan.predicted_us * 1e-6 >= max(
+        4 * m * hq * keys * 128 / gpu.mma_flops_s, 2 * keys * hkv * 128 * BF16 / gpu.hbm_bytes_s
+    )
     if plan.n_parts > 1:
-        assert plan.partial_bytes <= plan.kv_bytes, "fp32 partial traffic over the K/V bytes"
-        assert plan.ctas <= plan.wave, "more than one wave"
         assert plan.merge is not None and plan.merge.n_unroll == min(plan.n_parts, 16)
         assert plan.merge.ctas >= gpu.sm_count or plan.merge.block_r == 1
-    if plan.n_splits > 1:
-        assert plan.split_len >= MIN_SPLIT_TILES * plan.block_n
+    # the chosen partition is predicted no slower than one partial per segment (issue 16's plan at C=256)
+    base = plan_split_s(1, m, hq, hkv, 128, k, c, True, BF16, gpu, segs_per_prog=1)
+    assert plan.predicted_us <= base.predicted_us + 1e-9
     seen = _covered(plan, k, c)
     assert seen.pop("live") == 1
     assert set(seen.values()) == {1} and len(seen) == k * c, "every key read exactly once"
@@ -141,3 +162,9 @@ def test_int_helpers():
     assert [next_pow2(x) for x in (0, 1, 2, 3, 64, 65)] == [1, 1, 2, 4, 64, 128]
     assert [prev_pow2(x) for x in (0, 1, 2, 3, 64, 65)] == [1, 1, 2, 2, 64, 64]
     assert [cdiv(a, 4) for a in (0, 1, 4, 5)] == [0, 1, 1, 2]
+
+
+def test_hbm_rate_grows_with_ctas_and_saturates():
+    rates = [P.hbm_rate(n, H200, 2) for n in (1, 16, 64, 132, 264, 1000)]
+    assert rates == sorted(rates) and rates[0] > 0
+    assert rates[-1] == pytest.approx(P.HBM_SHARE * H200.hbm_bytes_s)

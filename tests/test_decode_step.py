@@ -1,0 +1,59 @@
+"""``bench/decode_step.py`` without a GPU: the kernel classification, the per-kernel and per-kind tables, the
+report, and the skip of a run without CUDA (issue 35.6's measurement half runs on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import decode_step as ds
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("_split_s_partial_kernel", "attention: split-S"),
+        ("_merge_states_kernel", "attention: merge"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM (weights, LM head)"),
+        ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", "GEMM (weights, LM head)"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel", "norm"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>",
+            "elementwise (SwiGLU, residual, casts)",
+        ),
+        ("Memcpy DtoD (Device -> Device)", "copy / cat / index"),
+        ("something_unheard_of", "other"),
+    ],
+)
+def test_kernel_kind(name, kind):
+    assert ds.kernel_kind(name) == kind
+
+
+def test_kernel_table_per_step_and_shares():
+    events = [("gemm_a", 280, 9000.0), ("_split_s_partial_kernel", 56, 600.0), ("rms_norm_kernel", 114, 400.0)]
+    rows = ds.kernel_table(events, steps=2)
+    assert [r["kernel"] for r in rows] == ["gemm_a", "_split_s_partial_kernel", "rms_norm_kernel"]
+    assert rows[0]["us_per_step"] == 4500.0 and rows[0]["calls_per_step"] == 140
+    assert rows[0]["share"] == pytest.approx(0.9) and sum(r["share"] for r in rows) == pytest.approx(1.0)
+    kinds = ds.by_kind(rows + [dict(kernel="gemm_b", kind=rows[0]["kind"], calls_per_step=1, us_per_step=10, share=0)])
+    assert (
+        kinds[0]["kind"] == "GEMM (weights, LM head)" and kinds[0]["kernels"] == 2 and kinds[0]["us_per_step"] == 4510
+    )
+    with pytest.raises(ValueError):
+        ds.kernel_table(events, steps=0)
+
+
+def test_report_carries_the_bound_ratio_and_both_modes():
+    summary = dict(layers=28, gen=32, repeats=20, weight_gb=15.23, kv_gb=0.5, bound_ms=3.17, eager_ms=33.0)
+    summary |= dict(host_ms=20.0, graph_ms=11.5)
+    rows = ds.kernel_table([("gemm", 10, 100.0)], steps=1)
+    text = ds.report(summary, {"graph replay": rows, "eager": []}, command="python -m bench.decode_step", machine="m")
+    assert "| 33.000 | 20.000 | 11.500 | 3.170 | 3.63x | <= 1.5x |" in text
+    assert "## graph replay: 0.100 ms of kernel time per step, by kind" in text
+    assert "## eager: no kernels recorded by the profiler" in text
+
+
+def test_without_cuda_it_skips_and_says_why(tmp_path, capsys):
+    assert ds.main(["--out", str(tmp_path), "--dry-run"]) == 0
+    assert "Skipped: dry run" in (tmp_path / "decode_step.md").read_text()
+    assert ds.main(["--out", str(tmp_path), "--repeats", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
