@@ -398,7 +398,32 @@ def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_
     return out
 
 
+def _layout(q_tokens_are_chunk: bool) -> str:
+    q = "q [N, T, Hq, D] (one query per chunk token)" if q_tokens_are_chunk else "q [N, M, Hq, D]"
+    return f"{q}, k [N, T, Hkv, D], k_extra [N, E, Hkv, D] (token-major)"
+
+
 def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> None:
+    try:
+        _validate_shapes(op, q, k, lens, k_extra, q_tokens_are_chunk)
+    except ValueError as err:
+        raise V.with_layout(err, _layout(q_tokens_are_chunk), _sdpa_hint(q, k, k_extra, q_tokens_are_chunk)) from None
+    V.check_device(op, q=q, k=k, k_extra=k_extra, lens=lens)
+    V.check_last_dim_contiguous(op, q=q, k=k, k_extra=k_extra)
+    V.check_scale(op, sm_scale)
+
+
+def _sdpa_hint(q, k, k_extra, q_tokens_are_chunk: bool) -> str:
+    """Name the tensor that looks like SDPA's [N, H, L, D] where the shapes tell (else the general note)."""
+    if q.dim() == 4 and k.dim() == 4:
+        if q_tokens_are_chunk and q.shape[2] == k.shape[1] and q.shape[1] != k.shape[1]:
+            return f"q {tuple(q.shape)} looks like SDPA's [N, Hq, T, D]: pass q.transpose(1, 2)"
+        if k_extra is not None and k_extra.dim() == 4 and k_extra.shape[1] == k.shape[2] != k_extra.shape[2]:
+            return f"k_extra {tuple(k_extra.shape)} looks like SDPA's [N, Hkv, E, D]: pass k_extra.transpose(1, 2)"
+    return V.SDPA_NOTE
+
+
+def _validate_shapes(op, q, k, lens, k_extra, q_tokens_are_chunk: bool) -> None:
     V.check_ndim(op, "q", q, 4, "[N, T, Hq, D]" if q_tokens_are_chunk else "[N, M, Hq, D]")
     V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
     if k_extra is not None:
@@ -410,8 +435,9 @@ def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> No
         raise ValueError(f"{op}: q has N={n} chunks but k has N={nk}")
     if dk != d:
         raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k has D={dk}")
+    V.check_head_dim_positive(op, d)
     if q_tokens_are_chunk and mq != t:
-        raise ValueError(f"{op}: q must hold one query per chunk token: q has T={mq}, k has T={t}")
+        raise ValueError(f"{op}: q must hold one query per chunk token: q has T={mq} (q.shape[1]), k has T={t}")
     V.check_gqa(op, hq, hkv)
     if k_extra is not None:
         ne, _, he, de = k_extra.shape
@@ -419,9 +445,6 @@ def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> No
             raise ValueError(f"{op}: k_extra must be [N={n}, E, Hkv={hkv}, D={d}], got shape {tuple(k_extra.shape)}")
     if lens is not None:
         V.check_index_tensor(op, "lens", lens, (n,), "[N]")
-    V.check_device(op, q=q, k=k, k_extra=k_extra, lens=lens)
-    V.check_last_dim_contiguous(op, q=q, k=k, k_extra=k_extra)
-    V.check_scale(op, sm_scale)
 
 
 # ----------------------------------------------------------------------------- public ops
@@ -441,7 +464,11 @@ def _register(name: str, returns: str, reference, launch, fake):
             return reference(q, k, lens, k_extra, sm_scale=sm_scale)
         return launch(q, k, lens, k_extra, sm_scale)
 
-    op = torch.library.custom_op(f"prefilling_dllm::{name}", impl, mutates_args=(), schema=_SIGNATURE + returns)
+    def entry(q, k, lens, k_extra, sm_scale, backend):  # a direct torch.ops call gets the metadata checks too
+        _validate(name, q, k, lens, k_extra, sm_scale, name == "chunk_row_mass")
+        return impl(q, k, lens, k_extra, sm_scale, backend)
+
+    op = torch.library.custom_op(f"prefilling_dllm::{name}", entry, mutates_args=(), schema=_SIGNATURE + returns)
     op.register_fake(fake)
     return impl, op
 
@@ -520,7 +547,9 @@ def chunk_attention_scores(
 
     Raises:
         TypeError: unsupported or mismatched dtypes; lens not int32/int64.
-        ValueError: sm_scale NaN or infinite; bad ranks/shapes, N/D/Hkv mismatch between q, k, k_extra,
+        ValueError: sm_scale NaN or infinite; bad ranks/shapes (the message states the expected
+            layout and names a tensor that looks like SDPA's ``[N, H, L, D]``), ``D = 0``,
+            N/D/Hkv mismatch between q, k, k_extra,
             ``Hq % Hkv != 0``, unsupported D, device mismatch, last dim not
             contiguous, lens outside ``[0, T]``.
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.

@@ -178,7 +178,13 @@ def _merge_states_impl(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tupl
     return out.view(*rest, o.shape[-1]), out_lse.view(*rest)
 
 
-_merge_states_op = torch.library.custom_op("prefilling_dllm::merge_states", _merge_states_impl, mutates_args=())
+def _merge_states_entry(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The registered op: metadata checks first (a direct ``torch.ops`` call skips the public function's)."""
+    _validate(o, lse)
+    return _merge_states_impl(o, lse, backend)
+
+
+_merge_states_op = torch.library.custom_op("prefilling_dllm::merge_states", _merge_states_entry, mutates_args=())
 
 
 @_merge_states_op.register_fake

@@ -277,31 +277,27 @@ def split_s_launch(
     return merged.view(bsz, m, hq, d), merged_lse.view(bsz, m, hq)
 
 
+SPLIT_S_LAYOUT = "q [B, M, Hq, D], k_pool/v_pool [P, T, Hkv, D], k_live/v_live [B, M, Hkv, D] (token-major)"
+
+
+def _sdpa_hint(q, k_pool, k_live) -> str:
+    """A hint naming the tensor that looks like SDPA's [B, H, M, D] (empty when none does)."""
+    hkv = k_pool.shape[2] if k_pool.dim() == 4 else None
+    if k_live is not None and k_live.dim() == 4 and q.dim() == 4:
+        if k_live.shape[1] == hkv and k_live.shape[2] != hkv:
+            return f"k_live {tuple(k_live.shape)} looks like SDPA's [B, Hkv, M, D]: pass k_live.transpose(1, 2)"
+        if k_live.shape[1] == q.shape[2] and k_live.shape[1] != q.shape[1]:
+            m = k_live.shape[1]
+            return f"q {tuple(q.shape)} looks like SDPA's [B, Hq, M, D] (k_live has M={m}): pass q.transpose(1, 2)"
+    return V.SDPA_NOTE
+
+
 def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens) -> None:
+    try:
+        _validate_shapes(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
+    except ValueError as err:
+        raise V.with_layout(err, SPLIT_S_LAYOUT, _sdpa_hint(q, k_pool, k_live)) from None
     op = "split_s_attention"
-    V.check_ndim(op, "q", q, 4, "[B, M, Hq, D]")
-    V.check_ndim(op, "k_pool", k_pool, 4, "[P, T, Hkv, D]")
-    V.check_ndim(op, "v_pool", v_pool, 4, "[P, T, Hkv, D]")
-    if (k_live is None) != (v_live is None):
-        raise ValueError(f"{op}: pass both k_live and v_live, or neither")
-    V.check_float(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
-    bsz, m, hq, d = q.shape
-    p_slots, t, hkv, dk = k_pool.shape
-    if dk != d:
-        raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k_pool has D={dk}")
-    V.check_shape(op, "v_pool", v_pool, k_pool.shape, "k_pool.shape [P, T, Hkv, D]")
-    V.check_gqa(op, hq, hkv)
-    V.check_ndim(op, "seg_slots", seg_slots, 2, "[B, S]")
-    V.check_index_tensor(op, "seg_slots", seg_slots, (bsz, seg_slots.shape[1]), "[B, S] with B = q.shape[0]")
-    V.check_index_tensor(op, "seg_lens", seg_lens, tuple(seg_slots.shape), "seg_slots.shape [B, S]")
-    if seg_lens.dtype != seg_slots.dtype:
-        raise TypeError(f"{op}: seg_slots ({seg_slots.dtype}) and seg_lens ({seg_lens.dtype}) must share a dtype")
-    if k_live is not None:
-        V.check_ndim(op, "k_live", k_live, 4, "[B, M, Hkv, D]")
-        V.check_shape(op, "k_live", k_live, (bsz, m, hkv, d), "[B, M, Hkv, D]")
-        V.check_shape(op, "v_live", v_live, (bsz, m, hkv, d), "[B, M, Hkv, D]")
-    if live_lens is not None:
-        V.check_index_tensor(op, "live_lens", live_lens, (bsz,), "[B] with B = q.shape[0]")
     V.check_device(
         op,
         q=q,
@@ -315,6 +311,34 @@ def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, 
     )
     V.check_last_dim_contiguous(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
     V.check_scale(op, sm_scale)
+
+
+def _validate_shapes(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens) -> None:
+    op = "split_s_attention"
+    V.check_ndim(op, "q", q, 4, "[B, M, Hq, D]")
+    V.check_ndim(op, "k_pool", k_pool, 4, "[P, T, Hkv, D]")
+    V.check_ndim(op, "v_pool", v_pool, 4, "[P, T, Hkv, D]")
+    if (k_live is None) != (v_live is None):
+        raise ValueError(f"{op}: pass both k_live and v_live, or neither")
+    V.check_float(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
+    bsz, m, hq, d = q.shape
+    p_slots, t, hkv, dk = k_pool.shape
+    if dk != d:
+        raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k_pool has D={dk}")
+    V.check_head_dim_positive(op, d)
+    V.check_shape(op, "v_pool", v_pool, k_pool.shape, "k_pool.shape [P, T, Hkv, D]")
+    V.check_gqa(op, hq, hkv)
+    V.check_ndim(op, "seg_slots", seg_slots, 2, "[B, S]")
+    V.check_index_tensor(op, "seg_slots", seg_slots, (bsz, seg_slots.shape[1]), "[B, S] with B = q.shape[0]")
+    V.check_index_tensor(op, "seg_lens", seg_lens, tuple(seg_slots.shape), "seg_slots.shape [B, S]")
+    if seg_lens.dtype != seg_slots.dtype:
+        raise TypeError(f"{op}: seg_slots ({seg_slots.dtype}) and seg_lens ({seg_lens.dtype}) must share a dtype")
+    if k_live is not None:
+        V.check_ndim(op, "k_live", k_live, 4, "[B, M, Hkv, D]")
+        V.check_shape(op, "k_live", k_live, (bsz, m, hkv, d), "[B, M, Hkv, D] (M = q.shape[1], Hkv = k_pool.shape[2])")
+        V.check_shape(op, "v_live", v_live, (bsz, m, hkv, d), "[B, M, Hkv, D] (M = q.shape[1], Hkv = k_pool.shape[2])")
+    if live_lens is not None:
+        V.check_index_tensor(op, "live_lens", live_lens, (bsz,), "[B] with B = q.shape[0]")
 
 
 # ----------------------------------------------------------------------------- public op
@@ -344,7 +368,25 @@ def _split_s_impl(
     return split_s_launch(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
 
 
-_split_s_op = torch.library.custom_op("prefilling_dllm::split_s_attention", _split_s_impl, mutates_args=())
+def _split_s_entry(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seg_slots: torch.Tensor,
+    seg_lens: torch.Tensor,
+    k_live: torch.Tensor | None,
+    v_live: torch.Tensor | None,
+    live_lens: torch.Tensor | None,
+    sm_scale: float,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The registered op: the metadata checks first (a direct ``torch.ops`` call, e.g. opcheck, skips
+    the public function's), so a tensor on the wrong device is named before any value is read."""
+    _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+    return _split_s_impl(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale, backend)
+
+
+_split_s_op = torch.library.custom_op("prefilling_dllm::split_s_attention", _split_s_entry, mutates_args=())
 
 
 @_split_s_op.register_fake
@@ -412,7 +454,10 @@ def split_s_attention(
     Raises:
         TypeError: dtype not fp32/fp16/bf16 or q/k/v dtypes differ; segment tables or live_lens
             not int32/int64, or seg_slots and seg_lens of different dtypes; sm_scale not a number.
-        ValueError: sm_scale NaN or infinite; wrong ranks or shapes, device mismatch, ``Hq % Hkv != 0``,
+        ValueError: sm_scale NaN or infinite; wrong ranks or shapes (every such message states the
+            expected layout, and names q or k_live when it looks like SDPA's ``[B, H, M, D]``: caught
+            when k_live is given or when ``Hq % Hkv != 0``; a transposed q without live keys whose
+            M divides by Hkv cannot be told from a valid call), ``D = 0``, device mismatch, ``Hq % Hkv != 0``,
             unsupported D for the Triton kernels (a multiple of 16 in 16..256), last dim not contiguous,
             only one of k_live/v_live, slot outside ``[-1, P)``, length outside ``[0, T]``,
             live length outside ``[0, M]`` (the value checks: see :func:`check_segment_table`).

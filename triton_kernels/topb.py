@@ -127,31 +127,51 @@ def gather_rows_launch(idx, k, v):
     return k_out, v_out
 
 
-def _validate(scores, k, v, b, lens, pool_kernel, keep_first) -> None:
+TOPB_LAYOUT = (
+    "scores [N, Hkv, T] (token scores last: the selection sorts along T), "
+    "k/v [N, T, Hkv, D] (token-major, the KV cache's layout)"
+)
+
+
+def _layout_hint(scores, k) -> str:
+    if scores.dim() == 3 and k.dim() == 4:
+        n, a, c = scores.shape
+        if k.shape[:3] == (n, a, c) and a != c:  # one of the two is in the other's axis order
+            return (
+                f"scores {tuple(scores.shape)} and k {tuple(k.shape)} share one axis order: scores are "
+                "[N, Hkv, T] and k/v [N, T, Hkv, D]; transpose(1, 2) the one built the other way"
+            )
+    return V.SDPA_NOTE
+
+
+def _validate(scores, k, v, b, lens, pool_kernel, keep_first) -> tuple[int, int]:
+    """Metadata checks; returns ``(b, pool_kernel)`` as Python ints."""
     op = "topb_gather"
-    V.check_ndim(op, "scores", scores, 3, "[N, Hkv, T]")
-    V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
-    V.check_ndim(op, "v", v, 4, "[N, T, Hkv, D]")
-    if not scores.dtype.is_floating_point:
-        raise TypeError(f"{op}: scores must be a floating tensor, got {scores.dtype}")
-    V.check_float(op, k=k, v=v)
-    n, h, t = scores.shape
-    V.check_shape(op, "k", k, (n, t, h, k.shape[-1]), "[N, T, Hkv, D] matching scores [N, Hkv, T]")
-    V.check_shape(op, "v", v, k.shape, "k.shape")
-    if isinstance(b, bool) or not isinstance(b, int):
-        raise TypeError(f"{op}: b must be an int, got {type(b).__name__}")
+    try:
+        V.check_ndim(op, "scores", scores, 3, "[N, Hkv, T]")
+        V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
+        V.check_ndim(op, "v", v, 4, "[N, T, Hkv, D]")
+        if not scores.dtype.is_floating_point:
+            raise TypeError(f"{op}: scores must be a floating tensor, got {scores.dtype}")
+        V.check_float(op, k=k, v=v)
+        n, h, t = scores.shape
+        V.check_shape(op, "k", k, (n, t, h, k.shape[-1]), "[N, T, Hkv, D] matching scores [N, Hkv, T]")
+        V.check_shape(op, "v", v, k.shape, "k.shape")
+        if lens is not None:
+            V.check_index_tensor(op, "lens", lens, (n,), "[N]")
+    except ValueError as err:
+        raise V.with_layout(err, TOPB_LAYOUT, _layout_hint(scores, k)) from None
+    b = V.as_int(op, "b", b)
     if b < 1:
         raise ValueError(f"{op}: b (tokens kept per chunk and head) must be >= 1, got {b}")
-    if isinstance(pool_kernel, bool) or not isinstance(pool_kernel, int):
-        raise TypeError(f"{op}: pool_kernel must be an int, got {type(pool_kernel).__name__}")
+    pool_kernel = V.as_int(op, "pool_kernel", pool_kernel)
     if pool_kernel < 1 or pool_kernel % 2 == 0:
         raise ValueError(f"{op}: pool_kernel must be odd and >= 1 (same-length pooling), got {pool_kernel}")
     if not isinstance(keep_first, bool):
         raise TypeError(f"{op}: keep_first must be a bool, got {type(keep_first).__name__}")
-    if lens is not None:
-        V.check_index_tensor(op, "lens", lens, (n,), "[N]")
     V.check_device(op, scores=scores, k=k, v=v, lens=lens)
     V.check_last_dim_contiguous(op, k=k, v=v)
+    return b, pool_kernel
 
 
 # ----------------------------------------------------------------------------- public op
@@ -176,7 +196,22 @@ def _topb_impl(
     return k_out, v_out, idx, kept
 
 
-_topb_op = torch.library.custom_op("prefilling_dllm::topb_gather", _topb_impl, mutates_args=())
+def _topb_entry(
+    scores: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b: int,
+    lens: torch.Tensor | None,
+    pool_kernel: int,
+    keep_first: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The registered op: metadata checks first (a direct ``torch.ops`` call skips the public function's)."""
+    _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+    return _topb_impl(scores, k, v, b, lens, pool_kernel, keep_first, backend)
+
+
+_topb_op = torch.library.custom_op("prefilling_dllm::topb_gather", _topb_entry, mutates_args=())
 
 
 @_topb_op.register_fake
@@ -204,13 +239,21 @@ def topb_gather(
 ):
     """Keep the top-``b`` tokens per (chunk, KV head) by max-pooled score; gather their K/V.
 
+    Two axis orders, on purpose: ``scores`` are ``[N, Hkv, T]`` because the selection pools
+    and sorts along the tokens, which must be the last (contiguous) dim, and because that is
+    what :func:`chunk_attention_scores` and :func:`chunk_row_mass` return; ``k``/``v`` are
+    ``[N, T, Hkv, D]``, token-major like the KV cache they come from and are written back to
+    (``k_out`` is a slice of the pool's layout). A ``k`` passed as ``[N, Hkv, T, D]`` or scores
+    as ``[N, T, Hkv]`` is a ValueError naming the transposed tensor (when ``T != Hkv``).
+
     Args:
         scores: ``[N, Hkv, T]`` token scores (any float dtype; higher = keep), e.g.
             ``mass`` of :func:`chunk_attention_scores` (+ :func:`chunk_row_mass`).
         k, v: ``[N, T, Hkv, D]`` chunk keys/values (fp32/fp16/bf16, same dtype).
-        b: tokens kept per chunk and KV head, ``>= 1``.
+        b: tokens kept per chunk and KV head, ``>= 1``: an int, a numpy integer or a 0-d integer
+            tensor (bools and floats are refused).
         lens: ``[N]`` int32/int64 valid tokens per chunk in ``0..T``; None = all T.
-        pool_kernel: odd window of the max-pool along tokens (stride 1, same
+        pool_kernel: (int, numpy integer or 0-d integer tensor) odd window of the max-pool along tokens (stride 1, same
             length, windows clipped at the chunk ends); 1 disables pooling.
         keep_first: always keep token 0 (BOS anchor) when the chunk is non-empty.
         backend: ``"triton"``, ``"torch"`` or None (auto).
@@ -225,7 +268,7 @@ def topb_gather(
     Raises:
         TypeError: non-float scores, unsupported/mismatched K/V dtypes, ``b`` /
             ``pool_kernel`` not int, ``keep_first`` not bool, lens not int32/int64.
-        ValueError: bad ranks or shapes, ``b < 1``, even or non-positive
+        ValueError: bad ranks or shapes (the message names the expected layout), ``b < 1``, even or non-positive
             ``pool_kernel``, lens outside ``[0, T]``, NaN among the scores of valid
             tokens (beyond ``lens`` they are ignored), device mismatch, last dim of
             K/V not contiguous.
@@ -235,6 +278,6 @@ def topb_gather(
     scores as in SnapKV. Selection by torch stable sort (see module docstring
     for why), gather by a Triton kernel.
     """
-    _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+    b, pool_kernel = _validate(scores, k, v, b, lens, pool_kernel, keep_first)
     args = (scores, k, v, b, lens, pool_kernel, keep_first, resolve_backend(backend, k.device))
     return call_op(_topb_op, _topb_impl, *args)
