@@ -243,3 +243,42 @@ def with_layout(err: ValueError, layout: str, hint: str = "") -> ValueError:
 
 
 SDPA_NOTE = "tensors in SDPA's [B, H, M, D] layout must be transposed first (x.transpose(1, 2))"
+
+
+# ----------------------------------------------------------------------------- memo
+
+_PASSED: dict = {}  # metadata signatures of calls whose metadata checks passed
+_MAX_PASSED = 4096
+
+
+def signature(op: str, tensors: tuple, extra: tuple):
+    """Key of everything the metadata checks of ``op`` read (each tensor's shape, dtype, device and
+    strides, plus ``extra`` scalars), or None when one is not a plain ``torch.Tensor`` (then the
+    checks run in full: FakeTensors under tracing, wrong types that must raise)."""
+    sig = [op, extra]
+    for t in tensors:
+        if t is None:
+            sig.append(None)
+        elif type(t) is torch.Tensor:
+            sig.append((t.shape, t.dtype, t.device, t.stride()))
+        else:
+            return None
+    return tuple(sig)
+
+
+def passed(sig) -> bool:
+    """True when a call with this metadata signature already passed its op's checks (a decode loop
+    then pays only for the key, not for the checks)."""
+    try:
+        return sig is not None and sig in _PASSED
+    except TypeError:  # an unhashable scalar (e.g. a list for sm_scale): the checks will say what is wrong
+        return False
+
+
+def remember(sig) -> None:
+    """Record that ``sig`` passed (bounded: the memo is cleared at 4096 signatures)."""
+    if sig is None:
+        return
+    if len(_PASSED) >= _MAX_PASSED:
+        _PASSED.clear()
+    _PASSED[sig] = True

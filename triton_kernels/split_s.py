@@ -40,9 +40,11 @@ from triton_kernels._dispatch import (
     call_op,
     check_values_enabled,
     compute_dtype,
+    error_word,
     require_runnable,
     resolve_backend,
 )
+from triton_kernels._launch import launch
 from triton_kernels.merge import merge_states_launch
 from triton_kernels.plan import gpu_spec, plan_split_s
 from triton_kernels.split_s_cpu import split_s_attention_cpu
@@ -107,8 +109,11 @@ def _split_s_partial_kernel(
     live_lens_ptr,  # [B] int valid live tokens per row (read only when HAS_LIVE_LENS)
     o_ptr,  # [NP, B, M, Hq, D] partial outputs (fp32, or the final dtype when NP == 1)
     lse_ptr,  # [NP, B, M, Hq] fp32 partial LSEs, natural log
+    err_ptr,  # [1] int32 device error word (triton_kernels.check_errors): bits OR-ed in on a bad index
     M,
     S,
+    P,  # slots in the pool: a slot outside [-1, P) reads nothing (bounds guard, issue 35.2)
+    T,  # tokens per slot: a length outside [0, T] reads nothing
     split_len,  # tokens of one segment per partial (multiple of BLOCK_N)
     n_splits,  # pieces per segment
     segs_per_prog,  # consecutive segments per partial (1 when split, 0 without segments)
@@ -140,8 +145,12 @@ def _split_s_partial_kernel(
     h = (pid_mh // n_mtiles).to(tl.int64)
     mt = pid_mh % n_mtiles
     n_live = M  # real query rows (and live keys) of this batch row; the rest is padding
+    err_bits = tl.zeros([], tl.int32)  # bad indices seen: 1 slot, 2 segment length, 4 live length
     if HAS_LIVE_LENS:
         n_live = tl.load(live_lens_ptr + b).to(tl.int32)
+        bad_live = (n_live < 0) | (n_live > M)
+        err_bits = err_bits | tl.where(bad_live, 4, 0)
+        n_live = tl.where(bad_live, 0, n_live)
 
     rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head-in-group)
     row_in = rows < M * GROUP  # rows of the output tensor
@@ -171,8 +180,13 @@ def _split_s_partial_kernel(
         in_table = (seg < S) & (j < segs_per_prog)
         slot = tl.load(slots_ptr + b * stride_sb + seg * stride_ss, mask=in_table, other=-1)
         n_valid = tl.load(lens_ptr + b * stride_nb + seg * stride_ns, mask=in_table, other=0)
-        n_valid = tl.where(slot >= 0, n_valid, 0)  # slot -1: no segment, whatever its length says
-        slot64 = tl.maximum(slot, 0).to(tl.int64)
+        # Bounds guard: a slot outside [-1, P) or a length outside [0, T] reads no key; the row is
+        # NaN and the error word says why (no host read of the table on the default CUDA path).
+        bad_slot = (slot < -1) | (slot >= P)
+        bad_len = (n_valid < 0) | (n_valid > T)
+        err_bits = err_bits | tl.where(bad_slot, 1, 0) | tl.where(bad_len, 2, 0)
+        n_valid = tl.where((slot >= 0) & ~bad_slot & ~bad_len, n_valid, 0)  # slot -1: no segment
+        slot64 = tl.where(bad_slot, 0, tl.maximum(slot, 0)).to(tl.int64)
         k_base = kp_ptr + slot64 * stride_kp + h * stride_kh
         v_base = vp_ptr + slot64 * stride_vp + h * stride_vh
         s_kt = stride_kt + tl.zeros([], tl.int64)  # int64 in both branches (scf.if needs one type)
@@ -196,6 +210,10 @@ def _split_s_partial_kernel(
     l_safe = tl.where(live, l_i, 1.0)
     out = tl.where(live[:, None], acc / l_safe[:, None], 0.0)  # [BLOCK_M, BLOCK_D]
     lse = tl.where(live, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))  # [BLOCK_M] natural log
+    if err_bits != 0:  # a bad index in this row's table: its rows are NaN, never plausible
+        out = tl.where(row_in[:, None], float("nan"), out)
+        lse = tl.where(row_in, float("nan"), lse)
+        tl.atomic_or(err_ptr, err_bits)
 
     part64 = part.to(tl.int64)
     o_ptrs = (
@@ -238,43 +256,74 @@ def split_s_launch(
             return out, lse
         if n_parts == 0:  # no segment columns and no live block: nothing to attend to
             return out.zero_(), lse.fill_(float("-inf"))
-        o_part, lse_part = out.unsqueeze(0), lse.unsqueeze(0)
+        o_part, lse_part = out, lse  # partial 0 is the output (its partial stride is never used)
+        so, sx = (0, *out.stride()), (0, *lse.stride())
     else:
         o_part = alloc((n_parts, bsz, m, hq, d), torch.float32, q.device)
         lse_part = alloc((n_parts, bsz, m, hq), torch.float32, q.device)
+        so, sx = o_part.stride(), lse_part.stride()
 
     kl = k_live if has_live else k_pool
     vl = v_live if has_live else v_pool
     comp = compute_dtype(_split_s_partial_kernel, q.dtype)
     sq, skp, svp, skl, svl = q.stride(), k_pool.stride(), v_pool.stride(), kl.stride(), vl.stride()
-    ss, sn, so, sx = seg_slots.stride(), seg_lens.stride(), o_part.stride(), lse_part.stride()
-    _split_s_partial_kernel[plan.grid](
-        q_ptr=q, kp_ptr=k_pool, vp_ptr=v_pool, kl_ptr=kl, vl_ptr=vl,
-        slots_ptr=seg_slots, lens_ptr=seg_lens, live_lens_ptr=q if live_lens is None else live_lens,
-        o_ptr=o_part, lse_ptr=lse_part,
-        M=m, S=s, split_len=plan.split_len, n_splits=plan.n_splits, segs_per_prog=plan.segs_per_prog,
-        n_parts=n_parts, qk_scale=float(sm_scale) * LOG2E.value,
-        stride_qb=sq[0], stride_qm=sq[1], stride_qh=sq[2],
-        stride_kp=skp[0], stride_kt=skp[1], stride_kh=skp[2],
-        stride_vp=svp[0], stride_vt=svp[1], stride_vh=svp[2],
-        stride_klb=skl[0], stride_klm=skl[1], stride_klh=skl[2],
-        stride_vlb=svl[0], stride_vlm=svl[1], stride_vlh=svl[2],
-        stride_sb=ss[0], stride_ss=ss[1],
-        stride_nb=sn[0], stride_ns=sn[1],
-        stride_op=so[0], stride_ob=so[1], stride_om=so[2], stride_oh=so[3],
-        stride_xp=sx[0], stride_xb=sx[1], stride_xm=sx[2], stride_xh=sx[3],
-        GROUP=hq // hkv, HEAD_DIM=d, HAS_LIVE=int(has_live), HAS_LIVE_LENS=live_lens is not None,
-        BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
-        COMPUTE=comp, DOT_PREC="ieee" if comp == tl.float32 else "tf32",
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
-    )  # fmt: skip
+    args = (
+        q,
+        k_pool,
+        v_pool,
+        kl,
+        vl,
+        seg_slots,
+        seg_lens,
+        q if live_lens is None else live_lens,
+        o_part,
+        lse_part,
+        error_word(q.device),
+        m,
+        s,
+        k_pool.shape[0],
+        t,
+        plan.split_len,
+        plan.n_splits,
+        plan.segs_per_prog,
+        n_parts,
+        float(sm_scale) * LOG2E.value,
+        sq[0],
+        sq[1],
+        sq[2],
+        skp[0],
+        skp[1],
+        skp[2],
+        svp[0],
+        svp[1],
+        svp[2],
+        skl[0],
+        skl[1],
+        skl[2],
+        svl[0],
+        svl[1],
+        svl[2],
+        *seg_slots.stride(),
+        *seg_lens.stride(),
+        *so[:4],
+        *sx,
+        hq // hkv,
+        d,
+        int(has_live),
+        live_lens is not None,
+        plan.block_m,
+        plan.block_n,
+        plan.block_d,
+        comp,
+        "ieee" if comp == tl.float32 else "tf32",
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_split_s_partial_kernel, plan.grid, args, plan.num_warps, plan.num_stages)
     if n_parts == 1:
         return out, lse
-    rows = bsz * m * hq
-    merged, merged_lse = merge_states_launch(
-        o_part.view(n_parts, rows, d), lse_part.view(n_parts, rows), out_dtype=q.dtype, plan=plan.merge
+    # the partial buffers are contiguous: rows of (b, m, h) flatten to strides d (o) and 1 (lse)
+    return merge_states_launch(
+        o_part, lse_part, out_dtype=q.dtype, plan=plan.merge, rows_shape=(bsz, m, hq), row_strides=(d, 1)
     )
-    return merged.view(bsz, m, hq, d), merged_lse.view(bsz, m, hq)
 
 
 SPLIT_S_LAYOUT = "q [B, M, Hq, D], k_pool/v_pool [P, T, Hkv, D], k_live/v_live [B, M, Hkv, D] (token-major)"
@@ -356,7 +405,8 @@ def _split_s_impl(
     sm_scale: float,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if check_values_enabled():
+    # The torch paths index with the table's values: they are always checked first (unless skipped).
+    if check_values_enabled(q.device if backend == "triton" else None):
         p, t = k_pool.shape[0], k_pool.shape[1]
         V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
     if backend == "torch":
@@ -468,10 +518,14 @@ def split_s_attention(
     long segments; FlashInfer merge_states math. Partials are fp32; the partition of
     the keys into partials is planned per shape (:func:`triton_kernels.plan.plan_split_s`).
     """
-    _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
-    backend = resolve_backend(backend, q.device)
-    if backend == "triton":  # the torch reference takes any D
-        V.check_head_dim("split_s_attention", q.shape[-1])
+    backend = resolve_backend(backend, q.device) if isinstance(q, torch.Tensor) else backend
+    tensors = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
+    sig = V.signature("split_s_attention", tensors, (sm_scale, backend))
+    if not V.passed(sig):  # metadata checks, memoised per metadata signature
+        _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+        if backend == "triton":  # the torch reference takes any D
+            V.check_head_dim("split_s_attention", q.shape[-1])
+        V.remember(sig)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     args = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, scale, backend)
     return call_op(_split_s_op, _split_s_impl, *args)

@@ -19,8 +19,10 @@ Split of the work, and why:
   written as zeros), reading only the selected rows, from any row strides
   (64-bit offsets).
 
-NaN scores have no rank (a sort would place them arbitrarily), so the value
-checks reject NaN among the valid tokens' scores with a ``ValueError``.
+NaN scores have no rank (a sort would place them arbitrarily): the host value checks
+reject NaN among the valid tokens' scores with a ``ValueError``; where they are off (CUDA by
+default, see :mod:`triton_kernels._dispatch`) such a chunk's ``k_out``/``v_out`` are NaN and
+:func:`triton_kernels.check_errors` raises.
 """
 
 from __future__ import annotations
@@ -31,7 +33,16 @@ import triton.language as tl
 
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
-from triton_kernels._dispatch import alloc, call_op, check_values_enabled, require_runnable, resolve_backend
+from triton_kernels._dispatch import (
+    ERR_TOPB,
+    alloc,
+    call_op,
+    check_values_enabled,
+    error_word,
+    require_runnable,
+    resolve_backend,
+)
+from triton_kernels._launch import launch
 from triton_kernels.plan import cdiv, next_pow2
 
 # ----------------------------------------------------------------------------- kernel
@@ -114,16 +125,23 @@ def gather_rows_launch(idx, k, v):
         return k_out, v_out
     block_d = next_pow2(d)
     block_b = max(1, min(64, 4096 // block_d, next_pow2(b)))
-    _gather_rows_kernel[(cdiv(b, block_b), h, n)](
-        idx_ptr=idx, k_ptr=k, v_ptr=v, ko_ptr=k_out, vo_ptr=v_out, n_out=b,
-        stride_in=idx.stride(0), stride_ih=idx.stride(1), stride_ib=idx.stride(2),
-        stride_kn=k.stride(0), stride_kt=k.stride(1), stride_kh=k.stride(2),
-        stride_vn=v.stride(0), stride_vt=v.stride(1), stride_vh=v.stride(2),
-        stride_kon=k_out.stride(0), stride_kob=k_out.stride(1), stride_koh=k_out.stride(2),
-        stride_von=v_out.stride(0), stride_vob=v_out.stride(1), stride_voh=v_out.stride(2),
-        HEAD_DIM=d, BLOCK_B=block_b, BLOCK_D=block_d,
-        num_warps=4,
-    )  # fmt: skip
+    args = (
+        idx,
+        k,
+        v,
+        k_out,
+        v_out,
+        b,
+        *idx.stride(),
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *k_out.stride()[:3],
+        *v_out.stride()[:3],
+        d,
+        block_b,
+        block_d,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_gather_rows_kernel, (cdiv(b, block_b), h, n), args, 4)
     return k_out, v_out
 
 
@@ -187,13 +205,38 @@ def _topb_impl(
     keep_first: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if check_values_enabled():
+    # The torch reference indexes with the values: it is always checked first (unless skipped).
+    checked = check_values_enabled(k.device if backend == "triton" else None)
+    if checked:
         V.check_scores_values("topb_gather", scores, lens)
     if backend == "torch":
         return _ref.topb_gather(scores, k, v, b, lens=lens, pool_kernel=pool_kernel, keep_first=keep_first)
     idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
     k_out, v_out = gather_rows_launch(idx, k, v)
+    if not checked:
+        _flag_bad_chunks(scores, lens, k_out, v_out)
     return k_out, v_out, idx, kept
+
+
+def _flag_bad_chunks(scores, lens, k_out, v_out) -> None:
+    """Without a host check: chunks with a NaN valid score or a length outside [0, T] get NaN
+    ``k_out``/``v_out`` and set the error word (:func:`triton_kernels.check_errors`); no sync.
+
+    The selection never indexes out of bounds whatever the values (indices come from a sort over
+    T), so this only keeps a bad chunk from passing as plausible data.
+    """
+    n, _, t = scores.shape
+    nan = torch.isnan(scores)  # [N, Hkv, T]
+    if lens is not None:
+        nan = nan & (torch.arange(t, device=scores.device) < lens[:, None])[:, None, :]
+    bad = nan.flatten(1).any(1)  # [N]
+    if lens is not None:
+        bad = bad | (lens < 0) | (lens > t)
+    if k_out.numel():
+        k_out.masked_fill_(bad[:, None, None, None], float("nan"))
+        v_out.masked_fill_(bad[:, None, None, None], float("nan"))
+    word = error_word(scores.device)
+    word.bitwise_or_(bad.any().to(torch.int32) * ERR_TOPB)
 
 
 def _topb_entry(
@@ -278,6 +321,9 @@ def topb_gather(
     scores as in SnapKV. Selection by torch stable sort (see module docstring
     for why), gather by a Triton kernel.
     """
-    b, pool_kernel = _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+    sig = V.signature("topb_gather", (scores, k, v, lens), (b, pool_kernel, keep_first))
+    if not V.passed(sig) or type(b) is not int or type(pool_kernel) is not int:  # memoised metadata checks
+        b, pool_kernel = _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+        V.remember(sig)
     args = (scores, k, v, b, lens, pool_kernel, keep_first, resolve_backend(backend, k.device))
     return call_op(_topb_op, _topb_impl, *args)
