@@ -33,6 +33,12 @@ no NaN score) follow one policy:
 
 Shape/dtype/device checks read only metadata and always run.
 
+Host time: every kernel is launched through :func:`triton_kernels._launch.launch` (compiled
+kernels cached per specialisation and called directly, ``kernel[grid]`` only on a miss or
+where that path is not verified), plans are memoised (:mod:`triton_kernels.plan`), the
+metadata checks are memoised per metadata signature (:func:`triton_kernels._validate.signature`),
+and an op allocates only its outputs (plus split-S's partial buffers when its plan merges).
+
 In eager mode the public ops call their implementation directly; under
 ``torch.compile`` (or any tracing dispatch mode, or tensor subclasses such as
 FakeTensor) they go through the registered ``torch.library`` op

@@ -613,7 +613,9 @@ def chunk_attention_scores(
             layout and names a tensor that looks like SDPA's ``[N, H, L, D]``), ``D = 0``,
             N/D/Hkv mismatch between q, k, k_extra,
             ``Hq % Hkv != 0``, unsupported D, device mismatch, last dim not
-            contiguous, lens outside ``[0, T]``.
+            contiguous; lens outside ``[0, T]`` where the host value checks run (CPU, the torch
+            backend, the checked mode). On CUDA by default that chunk's outputs are NaN instead
+            and :func:`triton_kernels.check_errors` raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk scoring; FlashAttention-2 online

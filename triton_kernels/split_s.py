@@ -145,12 +145,13 @@ def _split_s_partial_kernel(
     h = (pid_mh // n_mtiles).to(tl.int64)
     mt = pid_mh % n_mtiles
     n_live = M  # real query rows (and live keys) of this batch row; the rest is padding
-    err_bits = tl.zeros([], tl.int32)  # bad indices seen: 1 slot, 2 segment length, 4 live length
+    bad_live = n_live < 0  # bounds guard (issue 35.2): a live length outside [0, M] ...
     if HAS_LIVE_LENS:
         n_live = tl.load(live_lens_ptr + b).to(tl.int32)
         bad_live = (n_live < 0) | (n_live > M)
-        err_bits = err_bits | tl.where(bad_live, 4, 0)
-        n_live = tl.where(bad_live, 0, n_live)
+        if bad_live:
+            tl.atomic_or(err_ptr, 4)  # ERR_LIVE_LEN of triton_kernels._dispatch
+        n_live = tl.where(bad_live, M, n_live)  # ... reads only the M rows that exist; NaN rows below
 
     rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head-in-group)
     row_in = rows < M * GROUP  # rows of the output tensor
@@ -165,7 +166,7 @@ def _split_s_partial_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # [BLOCK_M, BLOCK_D]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # [BLOCK_M]
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # [BLOCK_M]
+    l_i = tl.where(bad_live, float("nan"), tl.zeros([BLOCK_M], tl.float32))  # [BLOCK_M]; NaN: NaN rows
 
     # One inlined copy of the key loop serves segments and the live block: a second copy (an
     # if/else around two calls) would double the shared memory of its software pipeline.
@@ -181,12 +182,14 @@ def _split_s_partial_kernel(
         slot = tl.load(slots_ptr + b * stride_sb + seg * stride_ss, mask=in_table, other=-1)
         n_valid = tl.load(lens_ptr + b * stride_nb + seg * stride_ns, mask=in_table, other=0)
         # Bounds guard: a slot outside [-1, P) or a length outside [0, T] reads no key; the row is
-        # NaN and the error word says why (no host read of the table on the default CUDA path).
+        # NaN (l_i below) and the error word says why (no host read of the table on CUDA).
         bad_slot = (slot < -1) | (slot >= P)
         bad_len = (n_valid < 0) | (n_valid > T)
-        err_bits = err_bits | tl.where(bad_slot, 1, 0) | tl.where(bad_len, 2, 0)
-        n_valid = tl.where((slot >= 0) & ~bad_slot & ~bad_len, n_valid, 0)  # slot -1: no segment
-        slot64 = tl.where(bad_slot, 0, tl.maximum(slot, 0)).to(tl.int64)
+        bad = bad_slot | bad_len
+        if bad:
+            tl.atomic_or(err_ptr, tl.where(bad_slot, 1, 0) | tl.where(bad_len, 2, 0))  # ERR_SEG_SLOT/LEN
+        n_valid = tl.where((slot >= 0) & ~bad, n_valid, 0)  # slot -1: no segment
+        slot64 = tl.where(bad, 0, tl.maximum(slot, 0)).to(tl.int64)
         k_base = kp_ptr + slot64 * stride_kp + h * stride_kh
         v_base = vp_ptr + slot64 * stride_vp + h * stride_vh
         s_kt = stride_kt + tl.zeros([], tl.int64)  # int64 in both branches (scf.if needs one type)
@@ -203,6 +206,7 @@ def _split_s_partial_kernel(
             acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, lo, hi, qk_scale,
             HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
         )  # fmt: skip
+        l_i = tl.where(bad, float("nan"), l_i)  # a NaN sum stays NaN: out and lse of the row are NaN
 
     # No keys (empty segment / split past the end) or a padding row: o = 0, lse = -inf. A row with
     # keys has l_i >= 1, or NaN after a non-finite logit: that NaN reaches o and lse.
@@ -210,10 +214,6 @@ def _split_s_partial_kernel(
     l_safe = tl.where(live, l_i, 1.0)
     out = tl.where(live[:, None], acc / l_safe[:, None], 0.0)  # [BLOCK_M, BLOCK_D]
     lse = tl.where(live, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))  # [BLOCK_M] natural log
-    if err_bits != 0:  # a bad index in this row's table: its rows are NaN, never plausible
-        out = tl.where(row_in[:, None], float("nan"), out)
-        lse = tl.where(row_in, float("nan"), lse)
-        tl.atomic_or(err_ptr, err_bits)
 
     part64 = part.to(tl.int64)
     o_ptrs = (
@@ -509,8 +509,11 @@ def split_s_attention(
             when k_live is given or when ``Hq % Hkv != 0``; a transposed q without live keys whose
             M divides by Hkv cannot be told from a valid call), ``D = 0``, device mismatch, ``Hq % Hkv != 0``,
             unsupported D for the Triton kernels (a multiple of 16 in 16..256), last dim not contiguous,
-            only one of k_live/v_live, slot outside ``[-1, P)``, length outside ``[0, T]``,
-            live length outside ``[0, M]`` (the value checks: see :func:`check_segment_table`).
+            only one of k_live/v_live; and, where the host value checks run (CPU, the torch backend,
+            the checked mode: see :mod:`triton_kernels._dispatch`), a slot outside ``[-1, P)``, a length
+            outside ``[0, T]`` or a live length outside ``[0, M]``. Where they do not (CUDA by
+            default, no host sync), the kernel reads nothing for such an entry, that batch row's
+            ``out`` and ``lse`` are NaN, and :func:`triton_kernels.check_errors` raises later.
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM Split-S attention (per-segment programs + LSE
@@ -541,9 +544,11 @@ def check_segment_table(
 ) -> None:
     """Check a segment table's values once, for a cache that then calls the ops without checks.
 
-    ``split_s_attention`` checks the same ranges on every call, at the price of one
-    device-to-host sync on CUDA. A KV-cache owner calls this when its table changes, then
-    runs its decode loop inside :func:`triton_kernels.skip_value_checks`.
+    One device-to-host sync on CUDA. ``split_s_attention`` checks the same ranges on the host
+    on every call where the host checks are on (CPU by default; on CUDA its kernel guards the
+    indices instead and :func:`triton_kernels.check_errors` reports a bad one). A KV-cache owner
+    calls this when its table changes, then runs its decode loop inside
+    :func:`triton_kernels.skip_value_checks`.
 
     Args:
         seg_slots, seg_lens: ``[B, S]`` int32/int64 tables as for :func:`split_s_attention`.

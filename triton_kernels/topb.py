@@ -312,9 +312,11 @@ def topb_gather(
         TypeError: non-float scores, unsupported/mismatched K/V dtypes, ``b`` /
             ``pool_kernel`` not int, ``keep_first`` not bool, lens not int32/int64.
         ValueError: bad ranks or shapes (the message names the expected layout), ``b < 1``, even or non-positive
-            ``pool_kernel``, lens outside ``[0, T]``, NaN among the scores of valid
-            tokens (beyond ``lens`` they are ignored), device mismatch, last dim of
-            K/V not contiguous.
+            ``pool_kernel``, device mismatch, last dim of K/V not contiguous; lens outside
+            ``[0, T]`` or NaN among the scores of valid tokens (beyond ``lens`` they are ignored)
+            where the host value checks run (CPU, the torch backend, the checked mode). On CUDA
+            by default such a chunk's ``k_out``/``v_out`` are NaN instead and
+            :func:`triton_kernels.check_errors` raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk top-B with BOS kept; max-pooled
