@@ -3,7 +3,9 @@
 Public API: ``split_s_attention``, ``merge_states``,
 ``chunk_attention_scores``, ``chunk_row_mass``, ``topb_gather``; for a KV-cache
 owner, ``check_segment_table`` (validate once) and ``skip_value_checks`` (then skip
-the per-call checks). :mod:`triton_kernels.plan` holds the launch plans,
+the per-call checks); ``check_errors`` (raise if a kernel met a bad index: on CUDA the
+ops do not read index values on the host) and ``eager_value_checks`` (checked mode).
+:mod:`triton_kernels.plan` holds the launch plans,
 :mod:`triton_kernels.testing` the accuracy oracle the tests and benchmarks share.
 
 Each op validates its inputs, then dispatches (see :mod:`triton_kernels._dispatch`):
@@ -14,7 +16,7 @@ fused CPU attention, :mod:`triton_kernels.split_s_cpu`); ``backend="triton"|"tor
 ``torch.library`` (namespace ``prefilling_dllm``) so they compose with ``torch.compile``.
 """
 
-from triton_kernels._dispatch import skip_value_checks
+from triton_kernels._dispatch import check_errors, eager_value_checks, skip_value_checks
 from triton_kernels.chunk_scores import chunk_attention_scores, chunk_row_mass
 from triton_kernels.merge import merge_states
 from triton_kernels.split_s import check_segment_table, split_s_attention
@@ -28,4 +30,6 @@ __all__ = [
     "topb_gather",
     "check_segment_table",
     "skip_value_checks",
+    "eager_value_checks",
+    "check_errors",
 ]

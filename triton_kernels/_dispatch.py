@@ -13,12 +13,31 @@ Triton interpreter, i.e. ``TRITON_INTERPRET=1`` was set before ``triton_kernels`
 was first imported; otherwise :func:`require_runnable` raises a ``RuntimeError``
 saying so (a compiled kernel cannot read host memory).
 
-Value checks that need the tensors' contents (segment slot in range, lengths
-in range) cost one device-to-host sync per call on CUDA. A caller that owns a
-KV cache validates its tables once (:func:`triton_kernels.check_segment_table`)
-and then calls the ops inside :func:`skip_value_checks` (or sets
-``PREFILLING_DLLM_CHECK_VALUES=0``), e.g. in a decode loop or under CUDA graph
-capture. Shape/dtype/device checks read only metadata and always run.
+Value checks that need the tensors' contents (segment slot in range, lengths in range,
+no NaN score) follow one policy:
+
+* CUDA, by default: **no host read** (no device-to-host sync in any op). The kernels guard
+  every index they load: a slot outside ``[-1, P)`` or a length outside its range reads
+  nothing, the affected output rows become NaN (never plausible numbers), and a bit is
+  OR-ed into a per-device error word that :func:`triton_kernels.check_errors` reads
+  lazily and raises from (``topb_gather``'s selection runs in torch: it sets its bit and
+  NaN-fills the chunk with sync-free torch ops). Also safe under CUDA graph capture.
+* Checked mode, ``PREFILLING_DLLM_CHECK_VALUES=1`` or inside :func:`eager_value_checks`:
+  every op reads the values on the host first and raises a ValueError at the bad call
+  (one sync per call on CUDA).
+* Other devices (CPU, the interpreter): the host checks run by default (no sync to
+  save); the kernels' guards still back them up.
+* ``PREFILLING_DLLM_CHECK_VALUES=0`` or :func:`skip_value_checks`: no host checks on
+  any device (a caller that validated its tables once with
+  :func:`triton_kernels.check_segment_table`).
+
+Shape/dtype/device checks read only metadata and always run.
+
+Host time: every kernel is launched through :func:`triton_kernels._launch.launch` (compiled
+kernels cached per specialisation and called directly, ``kernel[grid]`` only on a miss or
+where that path is not verified), plans are memoised (:mod:`triton_kernels.plan`), the
+metadata checks are memoised per metadata signature (:func:`triton_kernels._validate.signature`),
+and an op allocates only its outputs (plus split-S's partial buffers when its plan merges).
 
 In eager mode the public ops call their implementation directly; under
 ``torch.compile`` (or any tracing dispatch mode, or tensor subclasses such as
@@ -33,6 +52,8 @@ import os
 
 import torch
 import triton.language as tl
+
+from triton_kernels import _launch
 
 BACKENDS = ("triton", "torch")
 
@@ -59,8 +80,9 @@ def is_interpreted(kernel) -> bool:
 
 
 def require_runnable(kernel, device: torch.device, op: str) -> None:
-    """Raise a clear error when a Triton kernel cannot run on ``device``."""
-    if device.type == "cuda" or is_interpreted(kernel):
+    """Raise a clear error when a Triton kernel cannot run on ``device`` (never inside
+    :func:`triton_kernels._launch.stub_launches`, where nothing runs)."""
+    if device.type == "cuda" or is_interpreted(kernel) or _launch._STUB is not None:
         return
     raise RuntimeError(
         f"{op}: backend 'triton' was requested for {device.type} tensors, but the Triton kernels were "
@@ -70,23 +92,52 @@ def require_runnable(kernel, device: torch.device, op: str) -> None:
 
 
 _SKIP_VALUE_CHECKS = False
+_FORCE_VALUE_CHECKS = False
 
 
-def check_values_enabled() -> bool:
-    """Data-dependent input checks (one host sync on CUDA) unless PREFILLING_DLLM_CHECK_VALUES=0
-    or inside :func:`skip_value_checks`."""
+def check_values_enabled(device: torch.device | None = None) -> bool:
+    """Whether an op reads its index tensors' values on the host before it runs (see the module docstring).
+
+    ``device``: the call's device. CUDA: no (the kernels guard and flag instead), unless
+    ``PREFILLING_DLLM_CHECK_VALUES=1`` or inside :func:`eager_value_checks`; any other device
+    (or None, for callers that predate the device rule): yes. ``PREFILLING_DLLM_CHECK_VALUES=0``
+    and :func:`skip_value_checks` turn the host checks off everywhere.
+    """
     if _SKIP_VALUE_CHECKS:
         return False
-    return os.environ.get("PREFILLING_DLLM_CHECK_VALUES", "1").strip() not in ("0", "false", "no")
+    if _FORCE_VALUE_CHECKS:
+        return True
+    env = os.environ.get("PREFILLING_DLLM_CHECK_VALUES", "auto").strip().lower()
+    if env in ("0", "false", "no"):
+        return False
+    if env in ("1", "true", "yes"):
+        return True
+    return device is None or device.type not in _SYNC_FREE_TYPES
+
+
+_SYNC_FREE_TYPES = ("cuda",)  # device types whose ops read no value on the host by default
+
+
+@contextlib.contextmanager
+def cuda_check_policy_on(device_type: str):
+    """Test/benchmark hook: ``device_type`` tensors (e.g. ``"cpu"``) get CUDA's value-check policy
+    (no host read by default), so the CUDA branch's Python path can be audited without a GPU."""
+    global _SYNC_FREE_TYPES
+    old = _SYNC_FREE_TYPES
+    _SYNC_FREE_TYPES = (*old, device_type)
+    try:
+        yield
+    finally:
+        _SYNC_FREE_TYPES = old
 
 
 @contextlib.contextmanager
 def skip_value_checks():
-    """Skip the data-dependent checks (slot/length ranges) of the ops inside this block.
+    """Skip the host-side value checks (slot/length ranges) of the ops inside this block.
 
-    For hot loops whose index tensors were validated once (a decode loop over a static
-    KV cache): the checks cost one host sync per call on CUDA. Shape/dtype/device checks
-    still run.
+    For hot loops whose index tensors were validated once (:func:`triton_kernels.check_segment_table`)
+    on a device where the checks are on by default (CPU), or under ``PREFILLING_DLLM_CHECK_VALUES=1``.
+    Shape/dtype/device checks and the kernels' own bounds guards still run.
     """
     global _SKIP_VALUE_CHECKS
     old = _SKIP_VALUE_CHECKS
@@ -95,6 +146,77 @@ def skip_value_checks():
         yield
     finally:
         _SKIP_VALUE_CHECKS = old
+
+
+@contextlib.contextmanager
+def eager_value_checks():
+    """Checked mode: every op inside this block reads its index tensors' values on the host (one
+    device-to-host sync per call on CUDA) and raises a ValueError at the call that holds a bad one.
+
+    For debugging a caller whose :func:`check_errors` reported a bad index. An enclosing or nested
+    :func:`skip_value_checks` wins.
+    """
+    global _FORCE_VALUE_CHECKS
+    old = _FORCE_VALUE_CHECKS
+    _FORCE_VALUE_CHECKS = True
+    try:
+        yield
+    finally:
+        _FORCE_VALUE_CHECKS = old
+
+
+# Bits of the device error word, and what each means.
+ERR_SEG_SLOT, ERR_SEG_LEN, ERR_LIVE_LEN, ERR_CHUNK_LEN, ERR_TOPB = 1, 2, 4, 8, 16
+ERROR_MEANINGS = {
+    ERR_SEG_SLOT: "split_s_attention: a seg_slots entry outside [-1, P)",
+    ERR_SEG_LEN: "split_s_attention: a seg_lens entry outside [0, T]",
+    ERR_LIVE_LEN: "split_s_attention: a live_lens entry outside [0, M]",
+    ERR_CHUNK_LEN: "chunk_attention_scores / chunk_row_mass: a lens entry outside [0, T]",
+    ERR_TOPB: "topb_gather: a lens entry outside [0, T] or a NaN score among the valid tokens",
+}
+_ERROR_WORDS: dict[torch.device, torch.Tensor] = {}
+
+
+def error_word(device: torch.device) -> torch.Tensor:
+    """The ``[1]`` int32 error word of ``device`` that kernels OR their bad-index bits into.
+
+    Allocated (zeroed) at the first launch on that device, then reused: no allocation per call.
+    Make that first launch before capturing a CUDA graph (a warm-up call does).
+    """
+    word = _ERROR_WORDS.get(device)
+    if word is None:
+        word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return word
+
+
+def check_errors(device: torch.device | str | None = None) -> None:
+    """Raise if an op met a bad index since the last call, and clear the record.
+
+    The ops do not read index tensors on the host by default on CUDA (no sync per call); their
+    kernels read nothing out of bounds, make the affected output rows NaN and OR a bit into a
+    per-device error word. This reads that word (one device-to-host sync per device that ran a
+    kernel), e.g. once per denoising step or at the end of a generation.
+
+    Args:
+        device: only this device's word; None: every device that ran a kernel.
+
+    Raises:
+        ValueError: naming each kind of bad index seen (op, tensor, allowed range). Rerun the
+            call inside :func:`eager_value_checks` to have the call that holds it raise.
+    """
+    want = None if device is None else torch.device(device)
+    for dev, word in list(_ERROR_WORDS.items()):
+        if want is not None and dev != want:
+            continue
+        bits = int(word.item())
+        if bits:
+            word.zero_()
+            seen = "; ".join(msg for bit, msg in ERROR_MEANINGS.items() if bits & bit)
+            raise ValueError(
+                f"a kernel on {dev} met a bad index since the last check_errors() ({seen}); it read nothing "
+                "out of bounds and made the affected output rows NaN. Run the calls inside "
+                "triton_kernels.eager_value_checks() to find the one."
+            )
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ Every error names the op, the argument and what was expected.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -79,6 +80,27 @@ def check_last_dim_contiguous(op: str, **tensors: torch.Tensor) -> None:
             )
 
 
+def check_head_dim_positive(op: str, d: int) -> None:
+    """Every backend needs D >= 1 (the default scale is 1/sqrt(D))."""
+    if d < 1:
+        raise ValueError(f"{op}: head_dim D must be >= 1, got D={d} (the last dim of q and k)")
+
+
+def as_int(op: str, name: str, value) -> int:
+    """``value`` as a Python int: an int, a numpy integer or a 0-d integer torch tensor (read on the host).
+
+    Raises:
+        TypeError: a bool (numpy/torch bools too), a float, or anything else that is not an integer.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and not value.dtype.is_floating_point and not value.dtype.is_complex:
+            if value.dtype != torch.bool:
+                return int(value)
+    elif not isinstance(value, bool) and isinstance(value, numbers.Integral):
+        return int(value)
+    raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+
+
 def check_head_dim(op: str, d: int) -> None:
     if d % 16 != 0 or not (MIN_HEAD_DIM <= d <= MAX_HEAD_DIM):
         raise ValueError(f"{op}: head_dim D={d} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
@@ -138,7 +160,12 @@ def check_segment_table_values(
     live_lens: torch.Tensor | None = None,
     m: int = 0,
 ) -> None:
-    """seg_slots in [-1, P), seg_lens in [0, T] and live_lens in [0, M], with one host sync."""
+    """seg_slots in [-1, P), seg_lens in [0, T] and live_lens in [0, M], with one host sync.
+
+    The tables' devices are compared first, so a table on another device is named (ValueError)
+    instead of failing inside the reduction below.
+    """
+    check_device(op, seg_slots=seg_slots, seg_lens=seg_lens, live_lens=live_lens)
     conds = []
     if seg_slots.numel():
         conds += [(seg_slots < -1).any(), (seg_slots >= p).any(), (seg_lens < 0).any(), (seg_lens > t).any()]
@@ -178,6 +205,7 @@ def check_lens_values(op: str, lens: torch.Tensor | None, t: int) -> None:
 
 def check_scores_values(op: str, scores: torch.Tensor, lens: torch.Tensor | None) -> None:
     """lens in [0, T] and no NaN among the valid tokens' scores (NaN has no rank), with one host sync."""
+    check_device(op, scores=scores, lens=lens)
     t = scores.shape[-1]
     valid = None if lens is None else torch.arange(t, device=scores.device)[None, :] < lens[:, None]  # [N, T]
     nan = torch.isnan(scores)  # [N, Hkv, T]
@@ -196,3 +224,61 @@ def check_scores_values(op: str, scores: torch.Tensor, lens: torch.Tensor | None
             f"{op}: scores hold NaN at {int(nan.sum())} valid token(s) (first: chunk {n}, KV head {h}, "
             f"token {tok}); NaN has no rank. Fix the scores' source or clean them (torch.nan_to_num)."
         )
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def with_layout(err: ValueError, layout: str, hint: str = "") -> ValueError:
+    """``err`` with the op's expected layout appended (and a hint when a tensor looks transposed).
+
+    Engineers come from ``scaled_dot_product_attention``, whose tensors are ``[B, H, M, D]``;
+    the ops here are token-major (``[B, M, H, D]``, the KV cache's layout), so every shape
+    error says which layout it expected.
+    """
+    msg = f"{err}. Expected layout: {layout}"
+    if hint:
+        msg += f"; {hint}"
+    return ValueError(msg)
+
+
+SDPA_NOTE = "tensors in SDPA's [B, H, M, D] layout must be transposed first (x.transpose(1, 2))"
+
+
+# ----------------------------------------------------------------------------- memo
+
+_PASSED: dict = {}  # metadata signatures of calls whose metadata checks passed
+_MAX_PASSED = 4096
+
+
+def signature(op: str, tensors: tuple, extra: tuple):
+    """Key of everything the metadata checks of ``op`` read (each tensor's shape, dtype, device and
+    strides, plus ``extra`` scalars), or None when one is not a plain ``torch.Tensor`` (then the
+    checks run in full: FakeTensors under tracing, wrong types that must raise)."""
+    sig = [op, extra]
+    for t in tensors:
+        if t is None:
+            sig.append(None)
+        elif type(t) is torch.Tensor:
+            sig.append((t.shape, t.dtype, t.device, t.stride()))
+        else:
+            return None
+    return tuple(sig)
+
+
+def passed(sig) -> bool:
+    """True when a call with this metadata signature already passed its op's checks (a decode loop
+    then pays only for the key, not for the checks)."""
+    try:
+        return sig is not None and sig in _PASSED
+    except TypeError:  # an unhashable scalar (e.g. a list for sm_scale): the checks will say what is wrong
+        return False
+
+
+def remember(sig) -> None:
+    """Record that ``sig`` passed (bounded: the memo is cleared at 4096 signatures)."""
+    if sig is None:
+        return
+    if len(_PASSED) >= _MAX_PASSED:
+        _PASSED.clear()
+    _PASSED[sig] = True

@@ -38,14 +38,19 @@ from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
 from triton_kernels._dispatch import (
+    ERR_CHUNK_LEN,
     alloc,
     call_op,
     check_values_enabled,
     compute_dtype,
+    error_word,
     require_runnable,
     resolve_backend,
 )
+from triton_kernels._launch import launch
 from triton_kernels.plan import attention_tiles, cdiv, gpu_spec, plan_chunk_scores
+
+ERR_LEN = tl.constexpr(ERR_CHUNK_LEN)
 
 # ----------------------------------------------------------------------------- kernels
 
@@ -92,6 +97,7 @@ def _row_lse_kernel(
     x_ptr,  # [N, E, Hkv, D] extra keys (k again when E == 0: never read)
     lens_ptr,  # [N] int valid chunk keys (unused when HAS_LENS is False)
     lse_ptr,  # [NS, N, M, Hq] fp32 out: LSE of each key split, natural log
+    err_ptr,  # [1] int32 device error word: ERR_CHUNK_LEN OR-ed in on a lens outside [0, T]
     M,
     T,
     E,
@@ -125,8 +131,11 @@ def _row_lse_kernel(
     q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0).to(COMPUTE)
 
     n_chunk = T
+    bad = tl.zeros([], tl.int1)  # bounds guard (issue 35.2): a length outside [0, T] reads no key
     if HAS_LENS:
         n_chunk = tl.load(lens_ptr + n).to(tl.int32)
+        bad = (n_chunk < 0) | (n_chunk > T)
+        n_chunk = tl.where(bad, 0, n_chunk)
     lo = split * split_len
     hi = tl.minimum(n_chunk, lo + split_len)
     e_hi = tl.where(split == n_splits - 1, E, 0)
@@ -142,6 +151,9 @@ def _row_lse_kernel(
     )  # fmt: skip
     live = l_i != 0  # no keys: l_i = 0; keys: l_i >= 1, or NaN (a non-finite logit), which propagates
     lse = tl.where(live, (m_i + tl.log2(tl.where(live, l_i, 1.0))) * LN2, float("-inf"))  # [BLOCK_M]
+    if bad:  # NaN rows (and so NaN mass in pass 2), and the error word says why
+        lse = tl.where(row_ok, float("nan"), lse)
+        tl.atomic_or(err_ptr, ERR_LEN)
     x_ptrs = lse_ptr + split.to(tl.int64) * stride_ls + n * stride_ln + m_idx * stride_lm + hq * stride_lh
     tl.store(x_ptrs, lse, mask=row_ok)
 
@@ -195,8 +207,11 @@ def _column_mass_kernel(
     h = tl.program_id(1).to(tl.int64)
     n = tl.program_id(2).to(tl.int64)
     n_valid = L
+    bad = tl.zeros([], tl.int1)  # a length outside [0, L] reads no key (pass 1 set the error word)
     if HAS_LENS:
         n_valid = tl.load(lens_ptr + n).to(tl.int32)
+        bad = (n_valid < 0) | (n_valid > L)
+        n_valid = tl.where(bad, 0, n_valid)
     offs_n = pid_t * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions of this tile
     col_ok = offs_n < n_valid
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
@@ -234,6 +249,7 @@ def _column_mass_kernel(
             p = tl.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N] softmax probabilities
             p = tl.where(row_ok[:, None] & col_ok[None, :], p, 0.0)
             mass += tl.sum(p, 0)
+    mass = tl.where(bad, float("nan"), mass)
     tl.store(mass_ptr + n * stride_mn + h * stride_mh + offs_n.to(tl.int64) * stride_mt, mass, mask=offs_n < L)
 
 
@@ -244,6 +260,7 @@ def _row_mass_kernel(
     x_ptr,  # [N, E, Hkv, D] extra keys (scoring tokens'), E >= 1
     lens_ptr,  # [N] int valid chunk tokens (unused when HAS_LENS is False)
     out_ptr,  # [N, Hkv, T] fp32 out
+    err_ptr,  # [1] int32 device error word: ERR_CHUNK_LEN OR-ed in on a lens outside [0, T]
     T,
     E,
     qk_scale,
@@ -264,8 +281,13 @@ def _row_mass_kernel(
     h = tl.program_id(1).to(tl.int64)
     n = tl.program_id(2).to(tl.int64)
     n_valid = T
+    bad = tl.zeros([], tl.int1)  # bounds guard (issue 35.2): a length outside [0, T] reads no key
     if HAS_LENS:
         n_valid = tl.load(lens_ptr + n).to(tl.int32)
+        bad = (n_valid < 0) | (n_valid > T)
+        n_valid = tl.where(bad, 0, n_valid)
+        if bad:
+            tl.atomic_or(err_ptr, ERR_LEN)
     rows = pid_t * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] chunk tokens (one head at a time)
     row_ok = rows < n_valid
     rows64 = rows.to(tl.int64)
@@ -298,7 +320,7 @@ def _row_mass_kernel(
             total += w_x / (w_c + w_x)  # = exp(lse_extra - lse_all)
     tl.store(
         out_ptr + n * stride_on + h * stride_oh + rows64 * stride_ot,
-        tl.where(row_ok, total, 0.0),
+        tl.where(bad, float("nan"), tl.where(row_ok, total, 0.0)),
         mask=rows < T,
     )
 
@@ -334,35 +356,59 @@ def chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale, *, block_m=None
     lens_arg = lens if lens is not None else k  # dummy pointer when HAS_LENS is False
     comp = compute_dtype(_row_lse_kernel, q.dtype)
     qk_scale = float(sm_scale) * LOG2E.value
-    common = dict(
-        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
-        COMPUTE=comp, DOT_PREC=_dot_prec(comp), num_warps=plan.num_warps,
-    )  # fmt: skip
-    q_strides = dict(stride_qn=q.stride(0), stride_qm=q.stride(1), stride_qh=q.stride(2))
-    part_strides = dict(
-        stride_ls=lse_part.stride(0), stride_ln=lse_part.stride(1), stride_lm=lse_part.stride(2),
-        stride_lh=lse_part.stride(3),
-    )  # fmt: skip
-    _row_lse_kernel[plan.lse_grid](
-        q_ptr=q, k_ptr=k, x_ptr=x, lens_ptr=lens_arg, lse_ptr=lse_part,
-        M=m, T=t, E=e, split_len=plan.split_len, n_splits=plan.n_splits, qk_scale=qk_scale,
-        stride_kn=k.stride(0), stride_kt=k.stride(1), stride_kh=k.stride(2),
-        stride_xn=x.stride(0), stride_xt=x.stride(1), stride_xh=x.stride(2),
-        HAS_LENS=lens is not None, **q_strides, **part_strides, **common,
-    )  # fmt: skip
+    tiles = (plan.block_m, plan.block_n, plan.block_d, comp, _dot_prec(comp))  # the constexprs every kernel ends with
+    sq, sp = q.stride()[:3], lse_part.stride()
+    group = hq // hkv
+    args = (
+        q,
+        k,
+        x,
+        lens_arg,
+        lse_part,
+        error_word(q.device),
+        m,
+        t,
+        e,
+        plan.split_len,
+        plan.n_splits,
+        qk_scale,
+        *sq,
+        *k.stride()[:3],
+        *x.stride()[:3],
+        *sp,
+        group,
+        d,
+        lens is not None,
+        *tiles,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_row_lse_kernel, plan.lse_grid, args, plan.num_warps)
     write_lse = split  # with splits, the first column launch stores the combined LSEs
     for keys, n_keys, has_lens, out in ((k, t, lens is not None, mass), (k_extra, e, False, extra_mass)):
         if n_keys == 0:
             continue
-        _column_mass_kernel[(cdiv(n_keys, plan.block_n), hkv, n)](
-            q_ptr=q, k_ptr=keys, lens_ptr=lens_arg, lse_ptr=lse_part, lse_out_ptr=lse, mass_ptr=out,
-            M=m, L=n_keys, qk_scale=qk_scale,
-            stride_kn=keys.stride(0), stride_kt=keys.stride(1), stride_kh=keys.stride(2),
-            stride_yn=lse.stride(0), stride_ym=lse.stride(1), stride_yh=lse.stride(2),
-            stride_mn=out.stride(0), stride_mh=out.stride(1), stride_mt=out.stride(2),
-            HAS_LENS=has_lens, KEY_SPLITS=plan.n_splits, WRITE_LSE=write_lse,
-            **q_strides, **part_strides, **common,
-        )  # fmt: skip
+        args = (
+            q,
+            keys,
+            lens_arg,
+            lse_part,
+            lse,
+            out,
+            m,
+            n_keys,
+            qk_scale,
+            *sq,
+            *keys.stride()[:3],
+            *sp,
+            *lse.stride(),
+            *out.stride(),
+            group,
+            d,
+            has_lens,
+            plan.n_splits,
+            write_lse,
+            *tiles,
+        )  # the kernel's signature order
+        launch(_column_mass_kernel, (cdiv(n_keys, plan.block_n), hkv, n), args, plan.num_warps)
         write_lse = False
     if write_lse:  # no key at all (T = E = 0): nothing was attended
         lse.fill_(float("-inf"))
@@ -384,21 +430,59 @@ def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_
     x = k_extra
     lens_arg = lens if lens is not None else k
     comp = compute_dtype(_row_mass_kernel, q.dtype)
-    _row_mass_kernel[(cdiv(t, block_m), hkv, n)](
-        q_ptr=q, k_ptr=k, x_ptr=x, lens_ptr=lens_arg, out_ptr=out,
-        T=t, E=e, qk_scale=float(sm_scale) * LOG2E.value,
-        stride_qn=q.stride(0), stride_qt=q.stride(1), stride_qh=q.stride(2),
-        stride_kn=k.stride(0), stride_kt=k.stride(1), stride_kh=k.stride(2),
-        stride_xn=x.stride(0), stride_xt=x.stride(1), stride_xh=x.stride(2),
-        stride_on=out.stride(0), stride_oh=out.stride(1), stride_ot=out.stride(2),
-        GROUP=hq // hkv, HEAD_DIM=d, HAS_LENS=lens is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE=comp, DOT_PREC=_dot_prec(comp),
-        num_warps=4,
-    )  # fmt: skip
+    args = (
+        q,
+        k,
+        x,
+        lens_arg,
+        out,
+        error_word(q.device),
+        t,
+        e,
+        float(sm_scale) * LOG2E.value,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *x.stride()[:3],
+        *out.stride(),
+        hq // hkv,
+        d,
+        lens is not None,
+        block_m,
+        block_n,
+        block_d,
+        comp,
+        _dot_prec(comp),
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_row_mass_kernel, (cdiv(t, block_m), hkv, n), args, 4)
     return out
 
 
+def _layout(q_tokens_are_chunk: bool) -> str:
+    q = "q [N, T, Hq, D] (one query per chunk token)" if q_tokens_are_chunk else "q [N, M, Hq, D]"
+    return f"{q}, k [N, T, Hkv, D], k_extra [N, E, Hkv, D] (token-major)"
+
+
 def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> None:
+    try:
+        _validate_shapes(op, q, k, lens, k_extra, q_tokens_are_chunk)
+    except ValueError as err:
+        raise V.with_layout(err, _layout(q_tokens_are_chunk), _sdpa_hint(q, k, k_extra, q_tokens_are_chunk)) from None
+    V.check_device(op, q=q, k=k, k_extra=k_extra, lens=lens)
+    V.check_last_dim_contiguous(op, q=q, k=k, k_extra=k_extra)
+    V.check_scale(op, sm_scale)
+
+
+def _sdpa_hint(q, k, k_extra, q_tokens_are_chunk: bool) -> str:
+    """Name the tensor that looks like SDPA's [N, H, L, D] where the shapes tell (else the general note)."""
+    if q.dim() == 4 and k.dim() == 4:
+        if q_tokens_are_chunk and q.shape[2] == k.shape[1] and q.shape[1] != k.shape[1]:
+            return f"q {tuple(q.shape)} looks like SDPA's [N, Hq, T, D]: pass q.transpose(1, 2)"
+        if k_extra is not None and k_extra.dim() == 4 and k_extra.shape[1] == k.shape[2] != k_extra.shape[2]:
+            return f"k_extra {tuple(k_extra.shape)} looks like SDPA's [N, Hkv, E, D]: pass k_extra.transpose(1, 2)"
+    return V.SDPA_NOTE
+
+
+def _validate_shapes(op, q, k, lens, k_extra, q_tokens_are_chunk: bool) -> None:
     V.check_ndim(op, "q", q, 4, "[N, T, Hq, D]" if q_tokens_are_chunk else "[N, M, Hq, D]")
     V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
     if k_extra is not None:
@@ -410,8 +494,9 @@ def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> No
         raise ValueError(f"{op}: q has N={n} chunks but k has N={nk}")
     if dk != d:
         raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k has D={dk}")
+    V.check_head_dim_positive(op, d)
     if q_tokens_are_chunk and mq != t:
-        raise ValueError(f"{op}: q must hold one query per chunk token: q has T={mq}, k has T={t}")
+        raise ValueError(f"{op}: q must hold one query per chunk token: q has T={mq} (q.shape[1]), k has T={t}")
     V.check_gqa(op, hq, hkv)
     if k_extra is not None:
         ne, _, he, de = k_extra.shape
@@ -419,9 +504,6 @@ def _validate(op, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk: bool) -> No
             raise ValueError(f"{op}: k_extra must be [N={n}, E, Hkv={hkv}, D={d}], got shape {tuple(k_extra.shape)}")
     if lens is not None:
         V.check_index_tensor(op, "lens", lens, (n,), "[N]")
-    V.check_device(op, q=q, k=k, k_extra=k_extra, lens=lens)
-    V.check_last_dim_contiguous(op, q=q, k=k, k_extra=k_extra)
-    V.check_scale(op, sm_scale)
 
 
 # ----------------------------------------------------------------------------- public ops
@@ -435,13 +517,17 @@ def _register(name: str, returns: str, reference, launch, fake):
     """``(impl, op)`` for one scoring op: value checks, then the torch reference or the launcher."""
 
     def impl(q, k, lens, k_extra, sm_scale, backend):
-        if check_values_enabled():
+        if check_values_enabled(q.device if backend == "triton" else None):  # the reference indexes by lens
             V.check_lens_values(name, lens, k.shape[1])
         if backend == "torch":
             return reference(q, k, lens, k_extra, sm_scale=sm_scale)
         return launch(q, k, lens, k_extra, sm_scale)
 
-    op = torch.library.custom_op(f"prefilling_dllm::{name}", impl, mutates_args=(), schema=_SIGNATURE + returns)
+    def entry(q, k, lens, k_extra, sm_scale, backend):  # a direct torch.ops call gets the metadata checks too
+        _validate(name, q, k, lens, k_extra, sm_scale, name == "chunk_row_mass")
+        return impl(q, k, lens, k_extra, sm_scale, backend)
+
+    op = torch.library.custom_op(f"prefilling_dllm::{name}", entry, mutates_args=(), schema=_SIGNATURE + returns)
     op.register_fake(fake)
     return impl, op
 
@@ -475,10 +561,13 @@ _row_mass_impl, _chunk_row_mass_op = _register(
 
 
 def _run(op_name, op, impl, q, k, lens, k_extra, sm_scale, backend, q_tokens_are_chunk):
-    _validate(op_name, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk)
-    backend = resolve_backend(backend, q.device)
-    if backend == "triton":  # the torch reference takes any D
-        V.check_head_dim(op_name, q.shape[-1])
+    backend = resolve_backend(backend, q.device) if isinstance(q, torch.Tensor) else backend
+    sig = V.signature(op_name, (q, k, lens, k_extra), (sm_scale, backend))
+    if not V.passed(sig):  # metadata checks, memoised per metadata signature
+        _validate(op_name, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk)
+        if backend == "triton":  # the torch reference takes any D
+            V.check_head_dim(op_name, q.shape[-1])
+        V.remember(sig)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     return call_op(op, impl, q, k, lens, k_extra, scale, backend)
 
@@ -520,9 +609,13 @@ def chunk_attention_scores(
 
     Raises:
         TypeError: unsupported or mismatched dtypes; lens not int32/int64.
-        ValueError: sm_scale NaN or infinite; bad ranks/shapes, N/D/Hkv mismatch between q, k, k_extra,
+        ValueError: sm_scale NaN or infinite; bad ranks/shapes (the message states the expected
+            layout and names a tensor that looks like SDPA's ``[N, H, L, D]``), ``D = 0``,
+            N/D/Hkv mismatch between q, k, k_extra,
             ``Hq % Hkv != 0``, unsupported D, device mismatch, last dim not
-            contiguous, lens outside ``[0, T]``.
+            contiguous; lens outside ``[0, T]`` where the host value checks run (CPU, the torch
+            backend, the checked mode). On CUDA by default that chunk's outputs are NaN instead
+            and :func:`triton_kernels.check_errors` raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk scoring; FlashAttention-2 online

@@ -38,6 +38,7 @@ from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
 from triton_kernels._dispatch import alloc, call_op, require_runnable, resolve_backend
+from triton_kernels._launch import launch
 from triton_kernels.plan import gpu_spec, plan_merge
 
 # ----------------------------------------------------------------------------- kernel
@@ -119,31 +120,58 @@ def _merge_states_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
-def merge_states_launch(o: torch.Tensor, lse: torch.Tensor, out_dtype: torch.dtype | None = None, *, plan=None):
+def merge_states_launch(
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    *,
+    plan=None,
+    rows_shape=None,
+    row_strides=None,
+):
     """Run the merge kernel on validated inputs.
 
     o [N, R, D] (last dim contiguous), lse [N, R] -> (out [R, D] in ``out_dtype``
     (default o.dtype), lse [R] fp32). ``plan``: a :class:`triton_kernels.plan.MergePlan`
     for these shapes (``split_s_attention`` passes the one of its own plan), else planned here.
+    ``rows_shape``, ``row_strides``: o is ``[N, *rows_shape, D]`` and lse ``[N, *rows_shape]``,
+    whose row dims flatten to the row strides ``(o's, lse's)``; the outputs are then
+    ``[*rows_shape, D]`` and ``[*rows_shape]`` (no reshape on the way in or out).
     """
     require_runnable(_merge_states_kernel, o.device, "merge_states")
-    n, r, d = o.shape
+    if rows_shape is None:
+        n, r, d = o.shape
+        out_shape, lse_shape = (r, d), (r,)
+        row_strides = (o.stride(1), lse.stride(1))
+    else:
+        n, d, r = o.shape[0], o.shape[-1], math.prod(rows_shape)
+        out_shape, lse_shape = (*rows_shape, d), tuple(rows_shape)
     out_dtype = o.dtype if out_dtype is None else out_dtype
-    out = alloc((r, d), out_dtype, o.device)
-    out_lse = alloc((r,), torch.float32, o.device)
+    out = alloc(out_shape, out_dtype, o.device)
+    out_lse = alloc(lse_shape, torch.float32, o.device)
     if r == 0:
         return out, out_lse
     if n == 0:
         return out.zero_(), out_lse.fill_(float("-inf"))
     plan = plan_merge(n, r, d, gpu_spec(o.device)) if plan is None else plan
-    _merge_states_kernel[plan.grid](
-        o_ptr=o, lse_ptr=lse, out_ptr=out, out_lse_ptr=out_lse,
-        n_parts=n, n_rows=r,
-        stride_on=o.stride(0), stride_or=o.stride(1), stride_ln=lse.stride(0), stride_lr=lse.stride(1),
-        stride_outr=out.stride(0),
-        HEAD_DIM=d, BLOCK_R=plan.block_r, BLOCK_D=plan.block_d, N_UNROLL=plan.n_unroll,
-        num_warps=plan.num_warps,
-    )  # fmt: skip
+    args = (
+        o,
+        lse,
+        out,
+        out_lse,
+        n,
+        r,
+        o.stride(0),
+        row_strides[0],
+        lse.stride(0),
+        row_strides[1],
+        d,  # out's row stride: it is allocated contiguous
+        d,
+        plan.block_r,
+        plan.block_d,
+        plan.n_unroll,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_merge_states_kernel, plan.grid, args, plan.num_warps)
     return out, out_lse
 
 
@@ -172,13 +200,32 @@ def _merge_states_impl(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tupl
     n = o.shape[0]
     rest = o.shape[1:-1]
     rows = math.prod(rest)
-    o3 = o.reshape(n, rows, o.shape[-1])  # a view when the leading dims allow it, else a copy
+    so, sl = _row_stride(o, 1, o.dim() - 1), _row_stride(lse, 1, lse.dim())
+    if so is not None and sl is not None:  # no reshape: the row dims flatten to one stride each
+        return merge_states_launch(o, lse, rows_shape=rest, row_strides=(so, sl))
+    o3 = o.reshape(n, rows, o.shape[-1])  # a copy: the row dims do not flatten to one stride
     l2 = lse.reshape(n, rows)
     out, out_lse = merge_states_launch(o3, l2)
     return out.view(*rest, o.shape[-1]), out_lse.view(*rest)
 
 
-_merge_states_op = torch.library.custom_op("prefilling_dllm::merge_states", _merge_states_impl, mutates_args=())
+def _row_stride(t: torch.Tensor, lo: int, hi: int) -> int | None:
+    """The one stride of the rows when dims ``lo..hi-1`` of ``t`` flatten without a copy, else None."""
+    shape, stride = t.shape, t.stride()
+    dims = [i for i in range(lo, hi) if shape[i] != 1]  # size-1 dims have any stride
+    for a, b in zip(dims, dims[1:]):
+        if stride[a] != stride[b] * shape[b]:
+            return None
+    return stride[dims[-1]] if dims else 0
+
+
+def _merge_states_entry(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The registered op: metadata checks first (a direct ``torch.ops`` call skips the public function's)."""
+    _validate(o, lse)
+    return _merge_states_impl(o, lse, backend)
+
+
+_merge_states_op = torch.library.custom_op("prefilling_dllm::merge_states", _merge_states_entry, mutates_args=())
 
 
 @_merge_states_op.register_fake
@@ -215,5 +262,8 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
     Algorithm: flash-decoding split-K reduction; FlashInfer ``merge_states`` math in
     natural log, folded in one pass with a running max (online softmax) in fp32.
     """
-    _validate(o, lse)
+    sig = V.signature("merge_states", (o, lse), ())
+    if not V.passed(sig):  # metadata checks, memoised per metadata signature
+        _validate(o, lse)
+        V.remember(sig)
     return call_op(_merge_states_op, _merge_states_impl, o, lse, resolve_backend(backend, o.device))

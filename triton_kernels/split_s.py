@@ -40,9 +40,11 @@ from triton_kernels._dispatch import (
     call_op,
     check_values_enabled,
     compute_dtype,
+    error_word,
     require_runnable,
     resolve_backend,
 )
+from triton_kernels._launch import launch
 from triton_kernels.merge import merge_states_launch
 from triton_kernels.plan import gpu_spec, plan_split_s
 from triton_kernels.split_s_cpu import split_s_attention_cpu
@@ -107,8 +109,11 @@ def _split_s_partial_kernel(
     live_lens_ptr,  # [B] int valid live tokens per row (read only when HAS_LIVE_LENS)
     o_ptr,  # [NP, B, M, Hq, D] partial outputs (fp32, or the final dtype when NP == 1)
     lse_ptr,  # [NP, B, M, Hq] fp32 partial LSEs, natural log
+    err_ptr,  # [1] int32 device error word (triton_kernels.check_errors): bits OR-ed in on a bad index
     M,
     S,
+    P,  # slots in the pool: a slot outside [-1, P) reads nothing (bounds guard, issue 35.2)
+    T,  # tokens per slot: a length outside [0, T] reads nothing
     split_len,  # tokens of one segment per partial (multiple of BLOCK_N)
     n_splits,  # pieces per segment
     segs_per_prog,  # consecutive segments per partial (1 when split, 0 without segments)
@@ -140,8 +145,13 @@ def _split_s_partial_kernel(
     h = (pid_mh // n_mtiles).to(tl.int64)
     mt = pid_mh % n_mtiles
     n_live = M  # real query rows (and live keys) of this batch row; the rest is padding
+    bad_live = n_live < 0  # bounds guard (issue 35.2): a live length outside [0, M] ...
     if HAS_LIVE_LENS:
         n_live = tl.load(live_lens_ptr + b).to(tl.int32)
+        bad_live = (n_live < 0) | (n_live > M)
+        if bad_live:
+            tl.atomic_or(err_ptr, 4)  # ERR_LIVE_LEN of triton_kernels._dispatch
+        n_live = tl.where(bad_live, M, n_live)  # ... reads only the M rows that exist; NaN rows below
 
     rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed (token, head-in-group)
     row_in = rows < M * GROUP  # rows of the output tensor
@@ -156,7 +166,7 @@ def _split_s_partial_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # [BLOCK_M, BLOCK_D]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # [BLOCK_M]
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # [BLOCK_M]
+    l_i = tl.where(bad_live, float("nan"), tl.zeros([BLOCK_M], tl.float32))  # [BLOCK_M]; NaN: NaN rows
 
     # One inlined copy of the key loop serves segments and the live block: a second copy (an
     # if/else around two calls) would double the shared memory of its software pipeline.
@@ -171,8 +181,15 @@ def _split_s_partial_kernel(
         in_table = (seg < S) & (j < segs_per_prog)
         slot = tl.load(slots_ptr + b * stride_sb + seg * stride_ss, mask=in_table, other=-1)
         n_valid = tl.load(lens_ptr + b * stride_nb + seg * stride_ns, mask=in_table, other=0)
-        n_valid = tl.where(slot >= 0, n_valid, 0)  # slot -1: no segment, whatever its length says
-        slot64 = tl.maximum(slot, 0).to(tl.int64)
+        # Bounds guard: a slot outside [-1, P) or a length outside [0, T] reads no key; the row is
+        # NaN (l_i below) and the error word says why (no host read of the table on CUDA).
+        bad_slot = (slot < -1) | (slot >= P)
+        bad_len = (n_valid < 0) | (n_valid > T)
+        bad = bad_slot | bad_len
+        if bad:
+            tl.atomic_or(err_ptr, tl.where(bad_slot, 1, 0) | tl.where(bad_len, 2, 0))  # ERR_SEG_SLOT/LEN
+        n_valid = tl.where((slot >= 0) & ~bad, n_valid, 0)  # slot -1: no segment
+        slot64 = tl.where(bad, 0, tl.maximum(slot, 0)).to(tl.int64)
         k_base = kp_ptr + slot64 * stride_kp + h * stride_kh
         v_base = vp_ptr + slot64 * stride_vp + h * stride_vh
         s_kt = stride_kt + tl.zeros([], tl.int64)  # int64 in both branches (scf.if needs one type)
@@ -189,6 +206,7 @@ def _split_s_partial_kernel(
             acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, lo, hi, qk_scale,
             HEAD_DIM, BLOCK_N, BLOCK_D, COMPUTE, DOT_PREC,
         )  # fmt: skip
+        l_i = tl.where(bad, float("nan"), l_i)  # a NaN sum stays NaN: out and lse of the row are NaN
 
     # No keys (empty segment / split past the end) or a padding row: o = 0, lse = -inf. A row with
     # keys has l_i >= 1, or NaN after a non-finite logit: that NaN reaches o and lse.
@@ -238,70 +256,97 @@ def split_s_launch(
             return out, lse
         if n_parts == 0:  # no segment columns and no live block: nothing to attend to
             return out.zero_(), lse.fill_(float("-inf"))
-        o_part, lse_part = out.unsqueeze(0), lse.unsqueeze(0)
+        o_part, lse_part = out, lse  # partial 0 is the output (its partial stride is never used)
+        so, sx = (0, *out.stride()), (0, *lse.stride())
     else:
         o_part = alloc((n_parts, bsz, m, hq, d), torch.float32, q.device)
         lse_part = alloc((n_parts, bsz, m, hq), torch.float32, q.device)
+        so, sx = o_part.stride(), lse_part.stride()
 
     kl = k_live if has_live else k_pool
     vl = v_live if has_live else v_pool
     comp = compute_dtype(_split_s_partial_kernel, q.dtype)
     sq, skp, svp, skl, svl = q.stride(), k_pool.stride(), v_pool.stride(), kl.stride(), vl.stride()
-    ss, sn, so, sx = seg_slots.stride(), seg_lens.stride(), o_part.stride(), lse_part.stride()
-    _split_s_partial_kernel[plan.grid](
-        q_ptr=q, kp_ptr=k_pool, vp_ptr=v_pool, kl_ptr=kl, vl_ptr=vl,
-        slots_ptr=seg_slots, lens_ptr=seg_lens, live_lens_ptr=q if live_lens is None else live_lens,
-        o_ptr=o_part, lse_ptr=lse_part,
-        M=m, S=s, split_len=plan.split_len, n_splits=plan.n_splits, segs_per_prog=plan.segs_per_prog,
-        n_parts=n_parts, qk_scale=float(sm_scale) * LOG2E.value,
-        stride_qb=sq[0], stride_qm=sq[1], stride_qh=sq[2],
-        stride_kp=skp[0], stride_kt=skp[1], stride_kh=skp[2],
-        stride_vp=svp[0], stride_vt=svp[1], stride_vh=svp[2],
-        stride_klb=skl[0], stride_klm=skl[1], stride_klh=skl[2],
-        stride_vlb=svl[0], stride_vlm=svl[1], stride_vlh=svl[2],
-        stride_sb=ss[0], stride_ss=ss[1],
-        stride_nb=sn[0], stride_ns=sn[1],
-        stride_op=so[0], stride_ob=so[1], stride_om=so[2], stride_oh=so[3],
-        stride_xp=sx[0], stride_xb=sx[1], stride_xm=sx[2], stride_xh=sx[3],
-        GROUP=hq // hkv, HEAD_DIM=d, HAS_LIVE=int(has_live), HAS_LIVE_LENS=live_lens is not None,
-        BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
-        COMPUTE=comp, DOT_PREC="ieee" if comp == tl.float32 else "tf32",
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
-    )  # fmt: skip
+    args = (
+        q,
+        k_pool,
+        v_pool,
+        kl,
+        vl,
+        seg_slots,
+        seg_lens,
+        q if live_lens is None else live_lens,
+        o_part,
+        lse_part,
+        error_word(q.device),
+        m,
+        s,
+        k_pool.shape[0],
+        t,
+        plan.split_len,
+        plan.n_splits,
+        plan.segs_per_prog,
+        n_parts,
+        float(sm_scale) * LOG2E.value,
+        sq[0],
+        sq[1],
+        sq[2],
+        skp[0],
+        skp[1],
+        skp[2],
+        svp[0],
+        svp[1],
+        svp[2],
+        skl[0],
+        skl[1],
+        skl[2],
+        svl[0],
+        svl[1],
+        svl[2],
+        *seg_slots.stride(),
+        *seg_lens.stride(),
+        *so[:4],
+        *sx,
+        hq // hkv,
+        d,
+        int(has_live),
+        live_lens is not None,
+        plan.block_m,
+        plan.block_n,
+        plan.block_d,
+        comp,
+        "ieee" if comp == tl.float32 else "tf32",
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_split_s_partial_kernel, plan.grid, args, plan.num_warps, plan.num_stages)
     if n_parts == 1:
         return out, lse
-    rows = bsz * m * hq
-    merged, merged_lse = merge_states_launch(
-        o_part.view(n_parts, rows, d), lse_part.view(n_parts, rows), out_dtype=q.dtype, plan=plan.merge
+    # the partial buffers are contiguous: rows of (b, m, h) flatten to strides d (o) and 1 (lse)
+    return merge_states_launch(
+        o_part, lse_part, out_dtype=q.dtype, plan=plan.merge, rows_shape=(bsz, m, hq), row_strides=(d, 1)
     )
-    return merged.view(bsz, m, hq, d), merged_lse.view(bsz, m, hq)
+
+
+SPLIT_S_LAYOUT = "q [B, M, Hq, D], k_pool/v_pool [P, T, Hkv, D], k_live/v_live [B, M, Hkv, D] (token-major)"
+
+
+def _sdpa_hint(q, k_pool, k_live) -> str:
+    """A hint naming the tensor that looks like SDPA's [B, H, M, D] (empty when none does)."""
+    hkv = k_pool.shape[2] if k_pool.dim() == 4 else None
+    if k_live is not None and k_live.dim() == 4 and q.dim() == 4:
+        if k_live.shape[1] == hkv and k_live.shape[2] != hkv:
+            return f"k_live {tuple(k_live.shape)} looks like SDPA's [B, Hkv, M, D]: pass k_live.transpose(1, 2)"
+        if k_live.shape[1] == q.shape[2] and k_live.shape[1] != q.shape[1]:
+            m = k_live.shape[1]
+            return f"q {tuple(q.shape)} looks like SDPA's [B, Hq, M, D] (k_live has M={m}): pass q.transpose(1, 2)"
+    return V.SDPA_NOTE
 
 
 def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens) -> None:
+    try:
+        _validate_shapes(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
+    except ValueError as err:
+        raise V.with_layout(err, SPLIT_S_LAYOUT, _sdpa_hint(q, k_pool, k_live)) from None
     op = "split_s_attention"
-    V.check_ndim(op, "q", q, 4, "[B, M, Hq, D]")
-    V.check_ndim(op, "k_pool", k_pool, 4, "[P, T, Hkv, D]")
-    V.check_ndim(op, "v_pool", v_pool, 4, "[P, T, Hkv, D]")
-    if (k_live is None) != (v_live is None):
-        raise ValueError(f"{op}: pass both k_live and v_live, or neither")
-    V.check_float(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
-    bsz, m, hq, d = q.shape
-    p_slots, t, hkv, dk = k_pool.shape
-    if dk != d:
-        raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k_pool has D={dk}")
-    V.check_shape(op, "v_pool", v_pool, k_pool.shape, "k_pool.shape [P, T, Hkv, D]")
-    V.check_gqa(op, hq, hkv)
-    V.check_ndim(op, "seg_slots", seg_slots, 2, "[B, S]")
-    V.check_index_tensor(op, "seg_slots", seg_slots, (bsz, seg_slots.shape[1]), "[B, S] with B = q.shape[0]")
-    V.check_index_tensor(op, "seg_lens", seg_lens, tuple(seg_slots.shape), "seg_slots.shape [B, S]")
-    if seg_lens.dtype != seg_slots.dtype:
-        raise TypeError(f"{op}: seg_slots ({seg_slots.dtype}) and seg_lens ({seg_lens.dtype}) must share a dtype")
-    if k_live is not None:
-        V.check_ndim(op, "k_live", k_live, 4, "[B, M, Hkv, D]")
-        V.check_shape(op, "k_live", k_live, (bsz, m, hkv, d), "[B, M, Hkv, D]")
-        V.check_shape(op, "v_live", v_live, (bsz, m, hkv, d), "[B, M, Hkv, D]")
-    if live_lens is not None:
-        V.check_index_tensor(op, "live_lens", live_lens, (bsz,), "[B] with B = q.shape[0]")
     V.check_device(
         op,
         q=q,
@@ -315,6 +360,34 @@ def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, 
     )
     V.check_last_dim_contiguous(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
     V.check_scale(op, sm_scale)
+
+
+def _validate_shapes(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens) -> None:
+    op = "split_s_attention"
+    V.check_ndim(op, "q", q, 4, "[B, M, Hq, D]")
+    V.check_ndim(op, "k_pool", k_pool, 4, "[P, T, Hkv, D]")
+    V.check_ndim(op, "v_pool", v_pool, 4, "[P, T, Hkv, D]")
+    if (k_live is None) != (v_live is None):
+        raise ValueError(f"{op}: pass both k_live and v_live, or neither")
+    V.check_float(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
+    bsz, m, hq, d = q.shape
+    p_slots, t, hkv, dk = k_pool.shape
+    if dk != d:
+        raise ValueError(f"{op}: head_dim mismatch: q has D={d} but k_pool has D={dk}")
+    V.check_head_dim_positive(op, d)
+    V.check_shape(op, "v_pool", v_pool, k_pool.shape, "k_pool.shape [P, T, Hkv, D]")
+    V.check_gqa(op, hq, hkv)
+    V.check_ndim(op, "seg_slots", seg_slots, 2, "[B, S]")
+    V.check_index_tensor(op, "seg_slots", seg_slots, (bsz, seg_slots.shape[1]), "[B, S] with B = q.shape[0]")
+    V.check_index_tensor(op, "seg_lens", seg_lens, tuple(seg_slots.shape), "seg_slots.shape [B, S]")
+    if seg_lens.dtype != seg_slots.dtype:
+        raise TypeError(f"{op}: seg_slots ({seg_slots.dtype}) and seg_lens ({seg_lens.dtype}) must share a dtype")
+    if k_live is not None:
+        V.check_ndim(op, "k_live", k_live, 4, "[B, M, Hkv, D]")
+        V.check_shape(op, "k_live", k_live, (bsz, m, hkv, d), "[B, M, Hkv, D] (M = q.shape[1], Hkv = k_pool.shape[2])")
+        V.check_shape(op, "v_live", v_live, (bsz, m, hkv, d), "[B, M, Hkv, D] (M = q.shape[1], Hkv = k_pool.shape[2])")
+    if live_lens is not None:
+        V.check_index_tensor(op, "live_lens", live_lens, (bsz,), "[B] with B = q.shape[0]")
 
 
 # ----------------------------------------------------------------------------- public op
@@ -332,7 +405,8 @@ def _split_s_impl(
     sm_scale: float,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if check_values_enabled():
+    # The torch paths index with the table's values: they are always checked first (unless skipped).
+    if check_values_enabled(q.device if backend == "triton" else None):
         p, t = k_pool.shape[0], k_pool.shape[1]
         V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
     if backend == "torch":
@@ -344,7 +418,25 @@ def _split_s_impl(
     return split_s_launch(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
 
 
-_split_s_op = torch.library.custom_op("prefilling_dllm::split_s_attention", _split_s_impl, mutates_args=())
+def _split_s_entry(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seg_slots: torch.Tensor,
+    seg_lens: torch.Tensor,
+    k_live: torch.Tensor | None,
+    v_live: torch.Tensor | None,
+    live_lens: torch.Tensor | None,
+    sm_scale: float,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The registered op: the metadata checks first (a direct ``torch.ops`` call, e.g. opcheck, skips
+    the public function's), so a tensor on the wrong device is named before any value is read."""
+    _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+    return _split_s_impl(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale, backend)
+
+
+_split_s_op = torch.library.custom_op("prefilling_dllm::split_s_attention", _split_s_entry, mutates_args=())
 
 
 @_split_s_op.register_fake
@@ -412,10 +504,16 @@ def split_s_attention(
     Raises:
         TypeError: dtype not fp32/fp16/bf16 or q/k/v dtypes differ; segment tables or live_lens
             not int32/int64, or seg_slots and seg_lens of different dtypes; sm_scale not a number.
-        ValueError: sm_scale NaN or infinite; wrong ranks or shapes, device mismatch, ``Hq % Hkv != 0``,
+        ValueError: sm_scale NaN or infinite; wrong ranks or shapes (every such message states the
+            expected layout, and names q or k_live when it looks like SDPA's ``[B, H, M, D]``: caught
+            when k_live is given or when ``Hq % Hkv != 0``; a transposed q without live keys whose
+            M divides by Hkv cannot be told from a valid call), ``D = 0``, device mismatch, ``Hq % Hkv != 0``,
             unsupported D for the Triton kernels (a multiple of 16 in 16..256), last dim not contiguous,
-            only one of k_live/v_live, slot outside ``[-1, P)``, length outside ``[0, T]``,
-            live length outside ``[0, M]`` (the value checks: see :func:`check_segment_table`).
+            only one of k_live/v_live; and, where the host value checks run (CPU, the torch backend,
+            the checked mode: see :mod:`triton_kernels._dispatch`), a slot outside ``[-1, P)``, a length
+            outside ``[0, T]`` or a live length outside ``[0, M]``. Where they do not (CUDA by
+            default, no host sync), the kernel reads nothing for such an entry, that batch row's
+            ``out`` and ``lse`` are NaN, and :func:`triton_kernels.check_errors` raises later.
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM Split-S attention (per-segment programs + LSE
@@ -423,10 +521,14 @@ def split_s_attention(
     long segments; FlashInfer merge_states math. Partials are fp32; the partition of
     the keys into partials is planned per shape (:func:`triton_kernels.plan.plan_split_s`).
     """
-    _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
-    backend = resolve_backend(backend, q.device)
-    if backend == "triton":  # the torch reference takes any D
-        V.check_head_dim("split_s_attention", q.shape[-1])
+    backend = resolve_backend(backend, q.device) if isinstance(q, torch.Tensor) else backend
+    tensors = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
+    sig = V.signature("split_s_attention", tensors, (sm_scale, backend))
+    if not V.passed(sig):  # metadata checks, memoised per metadata signature
+        _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+        if backend == "triton":  # the torch reference takes any D
+            V.check_head_dim("split_s_attention", q.shape[-1])
+        V.remember(sig)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     args = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, scale, backend)
     return call_op(_split_s_op, _split_s_impl, *args)
@@ -442,9 +544,11 @@ def check_segment_table(
 ) -> None:
     """Check a segment table's values once, for a cache that then calls the ops without checks.
 
-    ``split_s_attention`` checks the same ranges on every call, at the price of one
-    device-to-host sync on CUDA. A KV-cache owner calls this when its table changes, then
-    runs its decode loop inside :func:`triton_kernels.skip_value_checks`.
+    One device-to-host sync on CUDA. ``split_s_attention`` checks the same ranges on the host
+    on every call where the host checks are on (CPU by default; on CUDA its kernel guards the
+    indices instead and :func:`triton_kernels.check_errors` reports a bad one). A KV-cache owner
+    calls this when its table changes, then runs its decode loop inside
+    :func:`triton_kernels.skip_value_checks`.
 
     Args:
         seg_slots, seg_lens: ``[B, S]`` int32/int64 tables as for :func:`split_s_attention`.

@@ -19,8 +19,10 @@ Split of the work, and why:
   written as zeros), reading only the selected rows, from any row strides
   (64-bit offsets).
 
-NaN scores have no rank (a sort would place them arbitrarily), so the value
-checks reject NaN among the valid tokens' scores with a ``ValueError``.
+NaN scores have no rank (a sort would place them arbitrarily): the host value checks
+reject NaN among the valid tokens' scores with a ``ValueError``; where they are off (CUDA by
+default, see :mod:`triton_kernels._dispatch`) such a chunk's ``k_out``/``v_out`` are NaN and
+:func:`triton_kernels.check_errors` raises.
 """
 
 from __future__ import annotations
@@ -31,7 +33,16 @@ import triton.language as tl
 
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
-from triton_kernels._dispatch import alloc, call_op, check_values_enabled, require_runnable, resolve_backend
+from triton_kernels._dispatch import (
+    ERR_TOPB,
+    alloc,
+    call_op,
+    check_values_enabled,
+    error_word,
+    require_runnable,
+    resolve_backend,
+)
+from triton_kernels._launch import launch
 from triton_kernels.plan import cdiv, next_pow2
 
 # ----------------------------------------------------------------------------- kernel
@@ -114,44 +125,71 @@ def gather_rows_launch(idx, k, v):
         return k_out, v_out
     block_d = next_pow2(d)
     block_b = max(1, min(64, 4096 // block_d, next_pow2(b)))
-    _gather_rows_kernel[(cdiv(b, block_b), h, n)](
-        idx_ptr=idx, k_ptr=k, v_ptr=v, ko_ptr=k_out, vo_ptr=v_out, n_out=b,
-        stride_in=idx.stride(0), stride_ih=idx.stride(1), stride_ib=idx.stride(2),
-        stride_kn=k.stride(0), stride_kt=k.stride(1), stride_kh=k.stride(2),
-        stride_vn=v.stride(0), stride_vt=v.stride(1), stride_vh=v.stride(2),
-        stride_kon=k_out.stride(0), stride_kob=k_out.stride(1), stride_koh=k_out.stride(2),
-        stride_von=v_out.stride(0), stride_vob=v_out.stride(1), stride_voh=v_out.stride(2),
-        HEAD_DIM=d, BLOCK_B=block_b, BLOCK_D=block_d,
-        num_warps=4,
-    )  # fmt: skip
+    args = (
+        idx,
+        k,
+        v,
+        k_out,
+        v_out,
+        b,
+        *idx.stride(),
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *k_out.stride()[:3],
+        *v_out.stride()[:3],
+        d,
+        block_b,
+        block_d,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_gather_rows_kernel, (cdiv(b, block_b), h, n), args, 4)
     return k_out, v_out
 
 
-def _validate(scores, k, v, b, lens, pool_kernel, keep_first) -> None:
+TOPB_LAYOUT = (
+    "scores [N, Hkv, T] (token scores last: the selection sorts along T), "
+    "k/v [N, T, Hkv, D] (token-major, the KV cache's layout)"
+)
+
+
+def _layout_hint(scores, k) -> str:
+    if scores.dim() == 3 and k.dim() == 4:
+        n, a, c = scores.shape
+        if k.shape[:3] == (n, a, c) and a != c:  # one of the two is in the other's axis order
+            return (
+                f"scores {tuple(scores.shape)} and k {tuple(k.shape)} share one axis order: scores are "
+                "[N, Hkv, T] and k/v [N, T, Hkv, D]; transpose(1, 2) the one built the other way"
+            )
+    return V.SDPA_NOTE
+
+
+def _validate(scores, k, v, b, lens, pool_kernel, keep_first) -> tuple[int, int]:
+    """Metadata checks; returns ``(b, pool_kernel)`` as Python ints."""
     op = "topb_gather"
-    V.check_ndim(op, "scores", scores, 3, "[N, Hkv, T]")
-    V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
-    V.check_ndim(op, "v", v, 4, "[N, T, Hkv, D]")
-    if not scores.dtype.is_floating_point:
-        raise TypeError(f"{op}: scores must be a floating tensor, got {scores.dtype}")
-    V.check_float(op, k=k, v=v)
-    n, h, t = scores.shape
-    V.check_shape(op, "k", k, (n, t, h, k.shape[-1]), "[N, T, Hkv, D] matching scores [N, Hkv, T]")
-    V.check_shape(op, "v", v, k.shape, "k.shape")
-    if isinstance(b, bool) or not isinstance(b, int):
-        raise TypeError(f"{op}: b must be an int, got {type(b).__name__}")
+    try:
+        V.check_ndim(op, "scores", scores, 3, "[N, Hkv, T]")
+        V.check_ndim(op, "k", k, 4, "[N, T, Hkv, D]")
+        V.check_ndim(op, "v", v, 4, "[N, T, Hkv, D]")
+        if not scores.dtype.is_floating_point:
+            raise TypeError(f"{op}: scores must be a floating tensor, got {scores.dtype}")
+        V.check_float(op, k=k, v=v)
+        n, h, t = scores.shape
+        V.check_shape(op, "k", k, (n, t, h, k.shape[-1]), "[N, T, Hkv, D] matching scores [N, Hkv, T]")
+        V.check_shape(op, "v", v, k.shape, "k.shape")
+        if lens is not None:
+            V.check_index_tensor(op, "lens", lens, (n,), "[N]")
+    except ValueError as err:
+        raise V.with_layout(err, TOPB_LAYOUT, _layout_hint(scores, k)) from None
+    b = V.as_int(op, "b", b)
     if b < 1:
         raise ValueError(f"{op}: b (tokens kept per chunk and head) must be >= 1, got {b}")
-    if isinstance(pool_kernel, bool) or not isinstance(pool_kernel, int):
-        raise TypeError(f"{op}: pool_kernel must be an int, got {type(pool_kernel).__name__}")
+    pool_kernel = V.as_int(op, "pool_kernel", pool_kernel)
     if pool_kernel < 1 or pool_kernel % 2 == 0:
         raise ValueError(f"{op}: pool_kernel must be odd and >= 1 (same-length pooling), got {pool_kernel}")
     if not isinstance(keep_first, bool):
         raise TypeError(f"{op}: keep_first must be a bool, got {type(keep_first).__name__}")
-    if lens is not None:
-        V.check_index_tensor(op, "lens", lens, (n,), "[N]")
     V.check_device(op, scores=scores, k=k, v=v, lens=lens)
     V.check_last_dim_contiguous(op, k=k, v=v)
+    return b, pool_kernel
 
 
 # ----------------------------------------------------------------------------- public op
@@ -167,16 +205,56 @@ def _topb_impl(
     keep_first: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if check_values_enabled():
+    # The torch reference indexes with the values: it is always checked first (unless skipped).
+    checked = check_values_enabled(k.device if backend == "triton" else None)
+    if checked:
         V.check_scores_values("topb_gather", scores, lens)
     if backend == "torch":
         return _ref.topb_gather(scores, k, v, b, lens=lens, pool_kernel=pool_kernel, keep_first=keep_first)
     idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
     k_out, v_out = gather_rows_launch(idx, k, v)
+    if not checked:
+        _flag_bad_chunks(scores, lens, k_out, v_out)
     return k_out, v_out, idx, kept
 
 
-_topb_op = torch.library.custom_op("prefilling_dllm::topb_gather", _topb_impl, mutates_args=())
+def _flag_bad_chunks(scores, lens, k_out, v_out) -> None:
+    """Without a host check: chunks with a NaN valid score or a length outside [0, T] get NaN
+    ``k_out``/``v_out`` and set the error word (:func:`triton_kernels.check_errors`); no sync.
+
+    The selection never indexes out of bounds whatever the values (indices come from a sort over
+    T), so this only keeps a bad chunk from passing as plausible data.
+    """
+    n, _, t = scores.shape
+    nan = torch.isnan(scores)  # [N, Hkv, T]
+    if lens is not None:
+        nan = nan & (torch.arange(t, device=scores.device) < lens[:, None])[:, None, :]
+    bad = nan.flatten(1).any(1)  # [N]
+    if lens is not None:
+        bad = bad | (lens < 0) | (lens > t)
+    if k_out.numel():
+        k_out.masked_fill_(bad[:, None, None, None], float("nan"))
+        v_out.masked_fill_(bad[:, None, None, None], float("nan"))
+    word = error_word(scores.device)
+    word.bitwise_or_(bad.any().to(torch.int32) * ERR_TOPB)
+
+
+def _topb_entry(
+    scores: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b: int,
+    lens: torch.Tensor | None,
+    pool_kernel: int,
+    keep_first: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The registered op: metadata checks first (a direct ``torch.ops`` call skips the public function's)."""
+    _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+    return _topb_impl(scores, k, v, b, lens, pool_kernel, keep_first, backend)
+
+
+_topb_op = torch.library.custom_op("prefilling_dllm::topb_gather", _topb_entry, mutates_args=())
 
 
 @_topb_op.register_fake
@@ -204,13 +282,21 @@ def topb_gather(
 ):
     """Keep the top-``b`` tokens per (chunk, KV head) by max-pooled score; gather their K/V.
 
+    Two axis orders, on purpose: ``scores`` are ``[N, Hkv, T]`` because the selection pools
+    and sorts along the tokens, which must be the last (contiguous) dim, and because that is
+    what :func:`chunk_attention_scores` and :func:`chunk_row_mass` return; ``k``/``v`` are
+    ``[N, T, Hkv, D]``, token-major like the KV cache they come from and are written back to
+    (``k_out`` is a slice of the pool's layout). A ``k`` passed as ``[N, Hkv, T, D]`` or scores
+    as ``[N, T, Hkv]`` is a ValueError naming the transposed tensor (when ``T != Hkv``).
+
     Args:
         scores: ``[N, Hkv, T]`` token scores (any float dtype; higher = keep), e.g.
             ``mass`` of :func:`chunk_attention_scores` (+ :func:`chunk_row_mass`).
         k, v: ``[N, T, Hkv, D]`` chunk keys/values (fp32/fp16/bf16, same dtype).
-        b: tokens kept per chunk and KV head, ``>= 1``.
+        b: tokens kept per chunk and KV head, ``>= 1``: an int, a numpy integer or a 0-d integer
+            tensor (bools and floats are refused).
         lens: ``[N]`` int32/int64 valid tokens per chunk in ``0..T``; None = all T.
-        pool_kernel: odd window of the max-pool along tokens (stride 1, same
+        pool_kernel: (int, numpy integer or 0-d integer tensor) odd window of the max-pool along tokens (stride 1, same
             length, windows clipped at the chunk ends); 1 disables pooling.
         keep_first: always keep token 0 (BOS anchor) when the chunk is non-empty.
         backend: ``"triton"``, ``"torch"`` or None (auto).
@@ -225,16 +311,21 @@ def topb_gather(
     Raises:
         TypeError: non-float scores, unsupported/mismatched K/V dtypes, ``b`` /
             ``pool_kernel`` not int, ``keep_first`` not bool, lens not int32/int64.
-        ValueError: bad ranks or shapes, ``b < 1``, even or non-positive
-            ``pool_kernel``, lens outside ``[0, T]``, NaN among the scores of valid
-            tokens (beyond ``lens`` they are ignored), device mismatch, last dim of
-            K/V not contiguous.
+        ValueError: bad ranks or shapes (the message names the expected layout), ``b < 1``, even or non-positive
+            ``pool_kernel``, device mismatch, last dim of K/V not contiguous; lens outside
+            ``[0, T]`` or NaN among the scores of valid tokens (beyond ``lens`` they are ignored)
+            where the host value checks run (CPU, the torch backend, the checked mode). On CUDA
+            by default such a chunk's ``k_out``/``v_out`` are NaN instead and
+            :func:`triton_kernels.check_errors` raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk top-B with BOS kept; max-pooled
     scores as in SnapKV. Selection by torch stable sort (see module docstring
     for why), gather by a Triton kernel.
     """
-    _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+    sig = V.signature("topb_gather", (scores, k, v, lens), (b, pool_kernel, keep_first))
+    if not V.passed(sig) or type(b) is not int or type(pool_kernel) is not int:  # memoised metadata checks
+        b, pool_kernel = _validate(scores, k, v, b, lens, pool_kernel, keep_first)
+        V.remember(sig)
     args = (scores, k, v, b, lens, pool_kernel, keep_first, resolve_backend(backend, k.device))
     return call_op(_topb_op, _topb_impl, *args)

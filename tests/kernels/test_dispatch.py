@@ -112,13 +112,38 @@ def test_opcheck_registrations():
     q, kp, vp, slots, lens, kl, vl = _small()
     ops = torch.ops.prefilling_dllm
     torch.library.opcheck(ops.split_s_attention, (q, kp, vp, slots, lens, kl, vl, None, 0.2, "torch"))
-    live_lens = torch.tensor([5, 2], dtype=torch.int32)
+    live_lens = torch.tensor([5, 2], dtype=torch.int32, device=DEVICE)  # beside the inputs (issue 35.7)
     torch.library.opcheck(ops.split_s_attention, (q, kp, vp, slots, lens, kl, vl, live_lens, 0.2, "torch"))
-    torch.library.opcheck(ops.merge_states, (torch.randn(3, 4, 2, 16), torch.randn(3, 4, 2), "torch"))
-    k = torch.randn(2, 12, 2, 32)
+    torch.library.opcheck(
+        ops.merge_states, (torch.randn(3, 4, 2, 16, device=DEVICE), torch.randn(3, 4, 2, device=DEVICE), "torch")
+    )
+    k = torch.randn(2, 12, 2, 32, device=DEVICE)
     torch.library.opcheck(ops.chunk_attention_scores, (q, k, None, k[:, :3], 0.2, "torch"))
-    torch.library.opcheck(ops.chunk_row_mass, (torch.randn(2, 12, 4, 32), k, None, k[:, :3], 0.2, "torch"))
-    torch.library.opcheck(ops.topb_gather, (torch.randn(2, 2, 12), k, k, 4, None, 3, True, "torch"))
+    rows_q = torch.randn(2, 12, 4, 32, device=DEVICE)
+    torch.library.opcheck(ops.chunk_row_mass, (rows_q, k, None, k[:, :3], 0.2, "torch"))
+    torch.library.opcheck(ops.topb_gather, (torch.randn(2, 2, 12, device=DEVICE), k, k, 4, None, 3, True, "torch"))
+
+
+def test_registered_ops_name_the_wrong_device_argument_first():
+    """The registered op with one tensor on another device says which one (issue 35.7), before any
+    value check runs a reduction that mixes the devices (on the H200: a torch.cat device error).
+
+    The op's Python body is called directly: a meta tensor would route ``torch.ops`` to the fake kernel.
+    On a GPU the same call goes through ``torch.ops`` with the table on the CPU."""
+    q, kp, vp, slots, lens, kl, vl = _small()
+    other = torch.device("cpu") if ON_GPU else torch.device("meta")  # any device but the inputs'
+    split_s_op = torch.ops.prefilling_dllm.split_s_attention if ON_GPU else tk.split_s._split_s_entry
+    topb_op = torch.ops.prefilling_dllm.topb_gather if ON_GPU else tk.topb._topb_entry
+    live_lens = torch.tensor([5, 2], dtype=torch.int32, device=other)
+    wrong = rf"device mismatch: .* but live_lens is on {other.type}"
+    with pytest.raises(ValueError, match=wrong):
+        split_s_op(q, kp, vp, slots, lens, kl, vl, live_lens, 0.2, "torch")
+    with pytest.raises(ValueError, match=wrong):
+        tk.check_segment_table(slots, lens, 3, 10, live_lens, 5)
+    k = torch.randn(2, 12, 2, 32, device=DEVICE)
+    chunk_lens = torch.tensor([12, 7], device=other)
+    with pytest.raises(ValueError, match=f"but lens is on {other.type}"):
+        topb_op(torch.randn(2, 2, 12, device=DEVICE), k, k, 4, chunk_lens, 3, True, "torch")
 
 
 def test_poison_hook_fills_launcher_buffers():

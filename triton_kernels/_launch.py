@@ -1,0 +1,180 @@
+"""One cached launch path for every kernel of the package: compiled kernels launched directly.
+
+``kernel[grid](...)`` spends 6-13 us of host time per call before the launch itself: it binds
+the arguments to the signature, computes Triton's specialisation of each one, hashes that into
+a cache key and looks the compiled kernel up (``JITFunction.run``). At decode shapes that is
+as long as the kernel. :func:`launch` does that work once per specialisation: the first call
+with a new key goes through ``kernel[grid]`` (Triton compiles and caches as usual) and keeps
+the compiled kernel it returns; later calls make the very call ``JITFunction.run`` ends with,
+``compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
+launch_metadata, enter_hook, exit_hook, *args)`` (read in the source of Triton 3.6.0 and 3.9.0,
+``runtime/jit.py``; the same in both), on the current device's current stream, as Triton does.
+
+The key holds everything Triton specialises a launch on, or more: the current device, every
+non-float argument's value (ints, constexprs: so their divisibility by 16 and equality to 1
+are covered), each tensor's dtype and whether its address is 16-byte aligned, num_warps and
+num_stages. fp32 scalars are not specialised by Triton and are left out. Launches that differ
+in the key never share a compiled kernel; a key seen once more costs a dict lookup.
+
+It falls back to ``kernel[grid]`` whenever it cannot be sure the direct call is Triton's own:
+the interpreter (``TRITON_INTERPRET=1``), any object that is not exactly a ``JITFunction``
+(e.g. the AOT compile gate's stand-in), a Triton version whose launch code was not read
+(:data:`DIRECT_LAUNCH_VERSIONS`), a launch hook installed (profilers such as Proton), or
+``PREFILLING_DLLM_DIRECT_LAUNCH=0``. Triton debug knobs changed after a kernel's first launch
+are not seen by its cached entry; :func:`clear_launch_cache` forgets every entry.
+
+Source of the idea: the cached-launcher pattern of inference engines (e.g. vLLM's
+``triton_utils``), which bypass the JIT dispatcher on the hot path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+
+import torch
+import triton
+
+try:  # the launch contract below is Triton >= 3.3's; older Triton has no knobs module
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover - an old Triton: always kernel[grid]
+    knobs = None
+    JITFunction = None
+
+# Triton versions whose JITFunction.run / CompiledKernel.run were read for this module.
+DIRECT_LAUNCH_VERSIONS = ((3, 6), (3, 9))
+
+
+def _version() -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in triton.__version__.split(".")[:2])
+    except ValueError:  # a local build such as '3.6.0+git...' keeps its numbers; anything else is unknown
+        return ()
+
+
+def direct_launch_supported() -> bool:
+    """True when :func:`launch` may call compiled kernels directly (see the module docstring)."""
+    if knobs is None or _version() not in DIRECT_LAUNCH_VERSIONS:
+        return False
+    return os.environ.get("PREFILLING_DLLM_DIRECT_LAUNCH", "1").strip().lower() not in ("0", "false", "no")
+
+
+class _Entry:
+    """Cached compiled kernels of one JITFunction, keyed per specialisation."""
+
+    __slots__ = ("kernel", "tensors", "others", "compiled")
+
+    def __init__(self, kernel, args: tuple):
+        names = getattr(kernel, "arg_names", None)
+        if names is not None and len(names) != len(args):  # a launcher out of step with its kernel
+            raise TypeError(f"{kernel_name(kernel)} takes {len(names)} arguments, the launcher passed {len(args)}")
+        self.kernel = kernel  # keeps id(kernel) from being reused while cached
+        t_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        o_pos = [i for i, a in enumerate(args) if not isinstance(a, (torch.Tensor, float))]
+        # itemgetter of one index returns the item, not a 1-tuple: pad so both always return tuples
+        self.tensors = operator.itemgetter(*t_pos, *t_pos[:1]) if t_pos else (lambda a: ())
+        self.others = operator.itemgetter(*o_pos, *o_pos[:1]) if o_pos else (lambda a: ())
+        self.compiled: dict = {}
+
+
+_ENTRIES: dict[int, _Entry] = {}
+_CURRENT: list = []  # [get_current_device, get_current_stream] of Triton's active driver, bound once
+_STUB: list | None = None  # inside stub_launches: the record list
+COUNTS = {"direct": 0, "jit": 0}  # launches per path since import (tests and bench/host_time.py read them)
+
+
+def clear_launch_cache() -> None:
+    """Forget every cached compiled kernel (the next launch of each goes through ``kernel[grid]``)."""
+    _ENTRIES.clear()
+
+
+def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | None = None) -> None:
+    """Launch ``kernel`` over ``grid`` (1 to 3 ints) with ``args``: every parameter, constexprs
+    included, in the kernel's signature order (positional, as ``JITFunction.run`` binds them).
+
+    Raises whatever ``kernel[grid]`` raises (compile errors, a pointer Triton cannot access).
+    """
+    stub = _STUB is not None
+    if not stub and (type(kernel) is not JITFunction or not _DIRECT or _hooked()):
+        _jit_launch(kernel, grid, args, num_warps, num_stages)
+        return
+    if not stub and not _CURRENT:
+        active = triton.runtime.driver.active
+        _CURRENT[:] = [active.get_current_device, active.get_current_stream]
+    device = _CURRENT[0]() if not stub else -1  # -1: no real device, so stub entries never serve a launch
+    entry = _ENTRIES.get(id(kernel))
+    if entry is None:
+        entry = _ENTRIES[id(kernel)] = _Entry(kernel, args)
+    tensors = entry.tensors(args)
+    key = (
+        device,
+        num_warps,
+        num_stages,
+        entry.others(args),
+        tuple([t.dtype for t in tensors]),
+        tuple([t.data_ptr() & 15 == 0 for t in tensors]),
+    )
+    compiled = entry.compiled.get(key)
+    if compiled is None:
+        if stub:
+            compiled = entry.compiled[key] = _StubCompiled(kernel)
+        else:
+            compiled = _jit_launch(kernel, grid, args, num_warps, num_stages)
+            if getattr(compiled, "function", None) is not None and not hasattr(compiled, "result"):
+                entry.compiled[key] = compiled
+            return
+    gx = grid[0]
+    gy = grid[1] if len(grid) > 1 else 1
+    gz = grid[2] if len(grid) > 2 else 1
+    stream = _CURRENT[1](device) if not stub else 0
+    COUNTS["direct"] += 1
+    # JITFunction.run's last call; launch_metadata is None whenever no enter hook is set (checked above)
+    compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+
+
+def _jit_launch(kernel, grid, args, num_warps, num_stages):
+    COUNTS["jit"] += 1
+    if num_stages is None:
+        return kernel[grid](*args, num_warps=num_warps)
+    return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+
+
+def _hooked() -> bool:
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+_DIRECT = direct_launch_supported()
+
+
+def kernel_name(kernel) -> str:
+    return getattr(getattr(kernel, "fn", kernel), "__name__", type(kernel).__name__)
+
+
+class _StubCompiled:
+    """Stands in for a CompiledKernel inside :func:`stub_launches`: ``run`` records, launches nothing."""
+
+    function = packed_metadata = None
+
+    def __init__(self, kernel):
+        self.name = kernel_name(kernel)
+
+    def run(self, gx, gy, gz, *rest):
+        if _STUB is not None:
+            _STUB.append((self.name, (gx, gy, gz)))
+
+
+@contextlib.contextmanager
+def stub_launches():
+    """Test/benchmark hook: inside, :func:`launch` takes its direct path for every kernel, on any
+    device, but the compiled kernel is a stand-in that records ``(kernel name, (gx, gy, gz))`` and
+    runs nothing. So the Python path of an op's CUDA branch (key, cache, allocation) can be timed
+    and audited on a machine without a GPU. Yields the record list."""
+    global _STUB
+    old = _STUB
+    _STUB = record = []
+    try:
+        yield record
+    finally:
+        _STUB = old
