@@ -54,7 +54,9 @@ def _dream_tokens(logits, alg, temperature, top_p, top_k):
     try:  # Dream falls back to the max when Categorical refuses the probs (its simplex check)
         if not temperature > 0:
             raise ValueError("greedy")
-        x0 = torch.distributions.Categorical(probs=probs).sample()
+        # validate_args=True: the default of a plain process, where Dream's loop runs; torch.compile (used by other
+        # tests in this process) turns the global default off, which would skip the check Dream relies on
+        x0 = torch.distributions.Categorical(probs=probs, validate_args=True).sample()
         conf = probs.gather(-1, x0[:, None]).squeeze(-1)
     except ValueError:
         conf, x0 = probs.max(dim=-1)

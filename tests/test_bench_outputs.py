@@ -15,7 +15,13 @@ from dllm.prefilling import PrefillingConfig
 PROVENANCE = ("device_name", "device_kind", "torch", "triton", "commit", "date_utc")
 # The training log of bench.tiny.train: headerless step rows appended across resumed runs, read by
 # column index (bench.tiny.model_card.plot_loss); not a results table.
-NOT_RESULTS = {RESULTS_DIR / "tiny-train" / "loss.csv", RESULTS_DIR / "tiny_phase10_trial" / "loss_phase10.csv"}
+NOT_RESULTS = {
+    RESULTS_DIR / "tiny-train" / "loss.csv",
+    RESULTS_DIR / "tiny_phase10_trial" / "loss_phase10.csv",
+    # the same headerless log from the H200 training probes (their provenance: that folder's README.md)
+    RESULTS_DIR / "gpu_h200_2026-12-04" / "train_probe_bundled_loss.csv",
+    RESULTS_DIR / "gpu_h200_2026-12-04" / "train_probe_384x6_loss.csv",
+}
 
 
 def test_every_recorded_csv_carries_its_provenance():
