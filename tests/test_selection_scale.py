@@ -177,6 +177,9 @@ def test_top_k_ties_go_to_the_earliest_chunk_and_nan_never_wins():
     assert select_chunks(torch.tensor([nan, 1.0, 1.0, nan]), 2, ids.__getitem__, 0.8) == [1, 2]
     assert select_chunks(torch.tensor([nan, 1.0, 1.0, nan]), 3, ids.__getitem__, 0.8) == [0, 1, 2]
     assert select_chunks(torch.zeros(6), 2, lambda j: torch.arange(20), 0.5) == [0, 1]
+    # fp64 scores are ranked as given (a cast to fp32 made 1 and 1 + 1e-12 a tie, and 1e39 and 1e40 both inf)
+    assert select_chunks(torch.tensor([1.0, 1.0 + 1e-12], dtype=torch.float64), 1) == [1]
+    assert select_chunks(torch.tensor([1e39, 1e40], dtype=torch.float64), 1) == [1]
 
 
 def test_near_copies_no_longer_crowd_out_the_unique_chunk(dream):

@@ -91,3 +91,16 @@ def test_eval_checks_k_against_the_snapped_chunks(model, capsys):
     rc = main(["eval", "passkey", "--lengths", "1024", "--depths", "0.5", "--samples", "1", "--top-k", str(n + 1)])
     _out, err = capsys.readouterr()
     assert rc == 2 and f"--top-k {n + 1} exceeds the {n} chunk(s)" in err
+
+
+def test_batched_rows_name_the_row_whose_chunks_are_fewer_than_k(model):
+    """Breaker, second pass: in a batch, a row with fewer chunks than an explicit K was a TypeError from
+    rebuilding the TopKError with one argument; it is the same TopKError, naming the row."""
+    long = PromptParts(
+        torch.tensor([model.config.bos_token_id]), encode_text(model, FILLER * 20), encode_text(model, "Q?")
+    )
+    short = PromptParts(long.prefix, encode_text(model, "The pass key is 12345."), long.query)  # one chunk
+    cfg = PrefillingConfig.from_pretrained(model.model_dir, top_k=2)
+    with pytest.raises(TopKError, match=r"^prompt\[1\]: top_k=2 exceeds the 1 chunk\(s\)") as err:
+        dllm.generate(model, method="prefilling", prompt=[long, short], prefilling=cfg, gen_length=2, steps=1)
+    assert err.value.top_k == 2 and err.value.num_chunks == 1

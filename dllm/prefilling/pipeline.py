@@ -589,7 +589,8 @@ def build_prefilling_policy(
         except (TypeError, ValueError) as exc:
             if not batched:
                 raise
-            raise type(exc)(f"prompt[{i}]: {exc}") from exc
+            exc.args = (f"prompt[{i}]: {exc}",)  # the same exception (a TopKError keeps its attributes), named row
+            raise
 
     with timer.phase("prefill"):
         pres, nfe_prefill = prefill_rows(model, parts, cfg, documents=docs, progress=progress)

@@ -53,7 +53,9 @@ def rank_chunks(scores: torch.Tensor) -> list:
     Returns:
         the N indices, a permutation of ``range(N)``.
     """
-    scores = scores.detach().float().cpu()
+    scores = scores.detach().cpu()
+    if not scores.is_floating_point() or scores.element_size() < 8:
+        scores = scores.double()  # float64 holds every fp32/fp16/bf16 and int score exactly: no tie made by a cast
     nan = torch.isnan(scores)
     key = scores.masked_fill(nan, float("-inf"))
     order = torch.argsort(key, descending=True, stable=True)  # stable: equal scores keep index order
