@@ -121,3 +121,25 @@ def test_a_fifo_or_a_folder_given_as_the_cache_is_an_error_at_once(dream, tmp_pa
     with pytest.raises(IsADirectoryError) as e:
         dllm.DocumentCache.read_header(tmp_path)
     assert e.value.filename == str(tmp_path)
+
+
+def test_torchrun_encode_refuses_a_context_file_that_is_one_of_its_shards(tmp_path, monkeypatch):
+    """Breaker, second pass: under torchrun, ``--context-file y.idx.00001-of-00002.safetensors --out y.idx``
+    encoded and then replaced the user's text with a shard. The sharded encode passes its shard names to the
+    same check as ``--out`` (dllm/cli/distributed.py); here that check alone, with the names it passes."""
+    import argparse
+
+    from dllm.cli.errors import UserError
+    from dllm.cli.files import read_document_to_encode
+    from dllm.distributed.index_file import shard_path
+
+    monkeypatch.chdir(tmp_path)
+    text = "The grass is green. " * 20
+    shard = shard_path("y.idx", 1, 2)
+    (tmp_path / shard).write_text(text)
+    args = argparse.Namespace(context_file=shard, out="y.idx")
+    shards = [shard_path("y.idx", r, 2) for r in range(2)]
+    with pytest.raises(UserError, match=rf"--context-file {shard} is the shard {shard} that encode writes beside"):
+        read_document_to_encode(args, shards)
+    assert read_document_to_encode(args) == text  # one process writes no shard: nothing to refuse
+    assert (tmp_path / shard).read_text() == text

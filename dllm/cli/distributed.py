@@ -121,7 +121,11 @@ def _encode(args) -> int:
         raise UserError(f"encode options: {as_flags(exc)}") from exc
     chunk_fits(cfg.chunk_size, args)
     device = _rank_device(args)
-    text = _read_on_rank0(lambda: read_document_to_encode(args))
+    from dllm.distributed.group import world
+    from dllm.distributed.index_file import shard_path
+
+    shards = [shard_path(args.out, r, world()[1]) for r in range(world()[1])]
+    text = _read_on_rank0(lambda: read_document_to_encode(args, shards))
     model = _load_model(args, device)
     doc = dd.encode_document(model, encode_text(model, text), prefilling=cfg, progress=progress_bars())
     doc.save(args.out)

@@ -70,20 +70,27 @@ def check_out(out: str, create_folder: bool = False) -> None:
         raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
 
 
-def read_document_to_encode(args) -> str:
+def read_document_to_encode(args, also_written=()) -> str:
     """``encode``'s inputs, checked before any work: the ``--context-file`` text (not blank) and an ``--out``
     file name that can be written (:func:`check_out`) and is not the ``--context-file`` itself (under any
-    name: a symlink, a hard link); in one process or under torchrun."""
+    name: a symlink, a hard link); in one process or under torchrun, where ``also_written`` names the shard
+    files written beside ``--out``, none of which may be the ``--context-file`` either."""
     text = read_text(args.context_file, "--context-file")
     if not text.strip():
         raise UserError(f"--context-file {args.context_file} is empty")
     if not args.out.strip():
         raise UserError("--out is empty; give a file name")
     check_out(args.out)
-    try:
-        same = os.path.exists(args.out) and os.path.samefile(args.out, args.context_file)
-    except OSError:  # a pipe that is gone once read: not a file --out can name
-        same = False
-    if same:
-        raise UserError(f"--out {args.out} is the --context-file: the cache would overwrite the document's text")
+    for out in (args.out, *also_written):
+        try:
+            same = os.path.exists(out) and os.path.samefile(out, args.context_file)
+        except OSError:  # a pipe that is gone once read: not a file --out can name
+            same = False
+        if same and out == args.out:
+            raise UserError(f"--out {args.out} is the --context-file: the cache would overwrite the document's text")
+        if same:
+            raise UserError(
+                f"--context-file {args.context_file} is the shard {out} that encode writes beside --out {args.out}: "
+                "the cache would overwrite the document's text"
+            )
     return text
