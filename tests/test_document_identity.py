@@ -105,6 +105,19 @@ def test_a_cache_of_another_tokenizer_is_refused(saved, tmp_path):
         dllm.generate(model, method="prefilling", prompt=query, document=doc, gen_length=8)
 
 
+def test_a_tokenizer_changed_in_place_is_another_tokenizer(saved):
+    """Breaker, second pass: a normaliser replaced on the loaded tokenizer (same object, same length) maps
+    '7' to '1' while the cached digest stayed; the cache must be refused, as a fresh process would."""
+    from tokenizers import normalizers
+
+    model = dllm.load_model(device="cpu")
+    dllm.DocumentCache.load(saved, model)  # the tokenizer digest is now cached on the model
+    model.tokenizer.backend_tokenizer.normalizer = normalizers.Replace("7", "1")
+    assert encode_text(model, "7").tolist() == encode_text(model, "1").tolist()
+    with pytest.raises(ValueError, match="tokenizer mismatch"):
+        dllm.DocumentCache.load(saved, model)
+
+
 def test_load_without_the_model_says_it_needs_it(saved):
     with pytest.raises(TypeError, match=r"DocumentCache.load\(path, model\) needs the model"):
         dllm.DocumentCache.load(saved)
