@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.tiny import data
-from bench.tiny.train import ARCH, ARCH_FLAGS, SizeError, _init_model, arch_of, dream_config_json, lr_at
+from bench.tiny.train import ARCH, ARCH_FLAGS, SizeError, _init_model, arch_of, lr_at
 
 # The default size: 6.7M parameters (2.3x the bundled model), the largest 6-layer width whose resumable state
 # (8 bytes a parameter: 51 MiB) and the packed corpus (~6 MiB) fit the 64 MiB the device tool carries, so a
@@ -470,28 +470,15 @@ def export(state: str, model_dir: str) -> None:
     """Write an HF-format checkpoint (config.json, model.safetensors, tokenizer files, generation_config.json)
     of the weights in ``state`` (a gpu_run output folder) into ``model_dir``."""
     from bench.tiny.tokenizer import save_char_tokenizer
-    from dllm.model.weights import save_checkpoint
+    from bench.tiny.train import export as train_export
 
     meta, tensors = load_state(state)
     os.makedirs(model_dir, exist_ok=True)
     vocab = len(save_char_tokenizer(model_dir))
     model = _init_model(vocab, meta["arch"])
     model.load_state_dict({k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")})
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(dream_config_json(vocab, meta["window"], meta["arch"]), f, indent=2)
-    gen = {
-        "alg": "maskgit_plus",
-        "temperature": 0.0,
-        "eps": 0.001,
-        "steps": 16,
-        "mask_token_id": data.MASK,
-        "bos_token_id": data.BOS,
-        "eos_token_id": data.EOS,
-        "pad_token_id": data.PAD,
-    }
-    with open(os.path.join(model_dir, "generation_config.json"), "w") as f:
-        json.dump(gen, f, indent=2)
-    save_checkpoint(model, model_dir, "dream")
+    # the same config.json, generation_config.json and weights as a CPU-trained checkpoint
+    train_export(model, argparse.Namespace(out=model_dir, window=meta["window"], arch=meta["arch"]), vocab)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
