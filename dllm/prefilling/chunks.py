@@ -187,8 +187,19 @@ def chunk_spans(model, context: torch.Tensor, chunk_size: int, boundary_snap: in
 
 
 def count_chunks(model, context: torch.Tensor, cfg) -> int:
-    """N, the chunks ``context [L]`` is cut into under ``cfg`` (a :class:`PrefillingConfig`): the snapped ones
-    when ``cfg.boundary_snap`` (what :meth:`PrefillingConfig.for_chunks` fits K against)."""
+    """N, the chunks ``context`` is cut into under ``cfg`` (a :class:`PrefillingConfig`): the snapped ones
+    when ``cfg.boundary_snap`` (what :meth:`PrefillingConfig.for_chunks` fits K against).
+
+    Args:
+        model: the loaded model (its tokenizer finds the sentence ends a snapped boundary moves to).
+        context: ``[L]`` int64 token ids of the context, L >= 1.
+
+    Returns:
+        the chunk count, ``ceil(L / C)`` with fixed chunks, at least that with snapped ones.
+
+    Raises:
+        ValueError: an empty context, or a chunk size or snap that :func:`cut_chunks` / :func:`snapped_chunks` refuse.
+    """
     return len(chunk_spans(model, context, cfg.chunk_size, cfg.boundary_snap))
 
 

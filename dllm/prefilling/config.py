@@ -251,6 +251,7 @@ class PrefillingConfig:
 
         Raises:
             TopKError: K > N and ``explicit`` (a K the user asked for).
+            ValueError: ``num_chunks`` not an int >= 1.
         """
         if isinstance(num_chunks, bool) or not isinstance(num_chunks, numbers.Integral) or num_chunks < 1:
             raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
