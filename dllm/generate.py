@@ -234,7 +234,8 @@ def generate(
             ``temperature``, ``top_p``, ``alg_temp``, ``eps`` or ``threshold`` not a real number; a prompt
             list or document of the wrong type. Every argument is checked before any work.
         ValueError: unknown method/alg/confidence_from/draw_order, a count < 1, ``gen_length % block_length != 0``,
-            temperature or alg_temp NaN, infinite or < 0, top_p outside (0, 1], a seed outside [0, 2**64),
+            temperature or alg_temp neither 0 nor in about [1.2e-38, 8.5e37] (T and 1/T finite in float32;
+            a tiny T decodes the greedy limit, no overflow), top_p outside (0, 1], a seed outside [0, 2**64),
             steps not divisible by the number of blocks, a prompt containing the mask id,
             prompt on another device than the model, options of another method; with a
             document: a context too, or a chunk size, model, dtype or anchor other than the

@@ -402,6 +402,11 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         ({"alg_temp": -1}, ValueError, "alg_temp must be a finite number >= 0"),  # main accepted it
         ({"alg_temp": math.inf}, ValueError, "alg_temp must be a finite number >= 0"),
         ({"alg_temp": math.nan}, ValueError, "alg_temp must be a finite number >= 0"),
+        # b38 item 1: T or 1/T overflows float32 (main: a "NaN logits" error blaming the model / a torch error)
+        ({"temperature": 1e39}, ValueError, r"temperature must be .*got 1e\+39: 0 \(greedy\) or in \[1.18e-38, 8.51e\+37\]"),
+        ({"temperature": 1e-300}, ValueError, r"temperature must be .*got 1e-300: 0 \(greedy\) or in \[1.18e-38"),
+        ({"alg_temp": 1e300}, ValueError, r"alg_temp must be .*got 1e\+300: 0 or in \[1.18e-38, 8.51e\+37\]"),
+        ({"alg_temp": 1e300, "draw_order": "official"}, ValueError, r"alg_temp must be .*in \[1.18e-38"),
         ({"eps": math.nan}, ValueError, "eps must be in \\(0, 1\\)"),
         ({"threshold": math.nan}, ValueError, "threshold must be in \\(0, 1\\]"),
         ({"seed": -1}, ValueError, "seed must be an integer in \\[0, 2\\*\\*64\\), got -1"),  # main accepted it
@@ -435,3 +440,44 @@ def test_generate_takes_numpy_integers_and_reals():
     )
     assert res.tokens[0].tolist() == want and res.stats.steps == 4
     assert UnmaskingConfig(temperature=np.float64(0.5), top_k=np.int16(3), alg_temp=0).top_k == 3
+
+
+@pytest.mark.parametrize("draw_order", ["batched", "official"])
+@pytest.mark.parametrize("alg,family", [("maskgit_plus", "dream"), ("low_confidence", "llada"), ("confidence_threshold", "dream")])
+def test_tiny_temperature_is_the_greedy_limit_not_nan(alg, family, draw_order):
+    """b38 item 1: logits of about 50 over T = 1e-37 (or the smallest accepted, 2**-126) overflowed
+    logits / T to inf in float32: main raised "NaN logits" blaming the model. The tempered logits are
+    shifted by their maximum first (the official order: in the rows where its own division overflows):
+    the limit, the argmax one-hot (the table's maxima are unique), so the greedy tokens."""
+    _, greedy, _ = run(alg, family=family)
+    for t in (1e-37, 2.0**-126):
+        m = StubModel(family)
+        m.logp = m.logp + 50.0  # the same distributions (softmax is shift-invariant)
+        res = dllm.generate(
+            m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, alg=alg, temperature=t, seed=0, draw_order=draw_order
+        )
+        assert res.tokens[0].tolist() == greedy == ARGMAX
+
+
+def test_tiny_alg_temp_official_is_the_top_k_limit():
+    """b38 item 1: alg_temp = 1e-30 with the official order: softmax(conf / alg_temp) was NaN and
+    torch.multinomial raised (T = 1e-30 in float32: weights one-hot, so the last step's second draw had
+    zero weight, fell off the masks and main returned the mask token); now the most confident positions
+    (the top-k order of alg_temp 0), every mask revealed."""
+    want = run("maskgit_plus")[0]
+    for order in ("batched", "official"):
+        for t in (1e-30, 2.0**-126):
+            order_got, final, _ = run("maskgit_plus", alg_temp=t, seed=0, draw_order=order)
+            assert order_got == want and final == ARGMAX, (order, t)
+
+
+def test_huge_temperature_samples_every_real_token():
+    """b38 item 1: T = 8e37 (in range): every real token about equally likely, never the mask (whose
+    -inf logit made -inf / inf = NaN with an unshifted division in float32 for T past its range)."""
+    from dllm.decode.unmasking import choose_tokens
+
+    logits = torch.tensor([5.0, 0.0, -math.inf, -3.0]).expand(6000, 4)
+    x0, _, invalid = choose_tokens(logits, UnmaskingConfig(temperature=8e37), torch.Generator().manual_seed(0), mask_id=2)
+    freq = torch.bincount(x0, minlength=4).double() / x0.numel()
+    assert not invalid.any() and freq[2] == 0
+    assert (freq[[0, 1, 3]] - 1 / 3).abs().max() < 0.03  # 5 sigma of a share of 1/3 over 6000

@@ -96,6 +96,10 @@ LLADA_ALGS = ("low_confidence", "random")
 ALGS = DREAM_ALGS + LLADA_ALGS + ("confidence_threshold",)
 CONFIDENCE_SOURCES = ("tempered", "logits")
 DRAW_ORDERS = ("batched", "official")
+# The accepted temperatures (``temperature``, ``alg_temp``) besides 0: T and 1/T both normal float32
+# (bfloat16 has float32's exponent range), so that neither the division by T nor the scalar T itself
+# overflows or flushes to 0 in the dtype the distributions are computed in.
+TEMPERATURE_RANGE = (2.0**-126, 2.0**126)
 
 
 def integer(name: str, value) -> int:
@@ -112,6 +116,16 @@ def real_number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
+
+
+def _in_temperature_range(t: float) -> bool:
+    lo, hi = TEMPERATURE_RANGE
+    return lo <= t <= hi  # (False for NaN)
+
+
+def _range_text() -> str:
+    lo, hi = TEMPERATURE_RANGE
+    return f"[{lo:.3g}, {hi:.3g}]"
 
 
 def default_confidence_from(alg: str) -> str:
@@ -140,8 +154,9 @@ class UnmaskingConfig:
     Raises:
         TypeError: temperature, top_p, alg_temp, eps or threshold not a real number, top_k not an
             integer (a bool is neither; numpy scalars are accepted).
-        ValueError: unknown alg, confidence source or draw order, temperature not finite or < 0, top_p outside
-            (0, 1], top_k < 1, alg_temp not finite or < 0, eps outside (0, 1), threshold outside (0, 1]
+        ValueError: unknown alg, confidence source or draw order, temperature or alg_temp neither 0 nor in
+            :data:`TEMPERATURE_RANGE` (about [1.2e-38, 8.5e37]: T and 1/T finite in float32; so NaN, inf
+            and < 0 too), top_p outside (0, 1], top_k < 1, eps outside (0, 1), threshold outside (0, 1]
             (NaN is outside every range).
     """
 
@@ -171,14 +186,20 @@ class UnmaskingConfig:
         if self.top_k is not None:
             object.__setattr__(self, "top_k", integer("top_k", self.top_k))
         # written as "not (in range)" so that NaN, which fails every comparison, is refused too
-        if not 0 <= self.temperature < math.inf:  # inf: every tempered distribution is NaN
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not (self.temperature == 0 or _in_temperature_range(self.temperature)):
+            raise ValueError(
+                f"temperature must be a finite number >= 0, got {self.temperature}: "
+                f"0 (greedy) or in {_range_text()} (T and 1/T finite in float32)"
+            )
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.alg_temp is not None and not 0 <= self.alg_temp < math.inf:
-            raise ValueError(f"alg_temp must be a finite number >= 0 (0 or None: top-k positions), got {self.alg_temp}")
+        if self.alg_temp is not None and not (self.alg_temp == 0 or _in_temperature_range(self.alg_temp)):
+            raise ValueError(
+                f"alg_temp must be a finite number >= 0 (0 or None: top-k positions), got {self.alg_temp}: "
+                f"0 or in {_range_text()} (T and 1/T finite in float32)"
+            )
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
         if not 0 < self.threshold <= 1:
@@ -243,14 +264,31 @@ def choose_tokens(logits: torch.Tensor, cfg: UnmaskingConfig, generator=None, *,
     return x0, _ranking_probs(logits, filtered, probs, cfg), invalid
 
 
-def _distributions(logits: torch.Tensor, cfg: UnmaskingConfig, mask_id, dtype=torch.float32):
-    """(the logits in ``dtype`` with the mask token at -inf, the tempered and filtered logits, their softmax)."""
+def _distributions(logits: torch.Tensor, cfg: UnmaskingConfig, mask_id, dtype=torch.float32, reference=False):
+    """(the logits in ``dtype`` with the mask token at -inf, the tempered and filtered logits, their softmax).
+
+    The tempered logits are ``(logits - max) / T``: every value <= 0 and the maximum 0, so no T of
+    :data:`TEMPERATURE_RANGE` overflows them (``logits / T`` does for a small T: inf, then a NaN softmax)
+    and a tiny T gives the limit, the argmax one-hot (equal maxima share the mass). ``reference=True``
+    (the official draw order) computes ``logits / T`` in ``dtype`` as the official loops do, and only
+    the rows where that overflows (a NaN distribution from logits that are not NaN) are taken from the
+    shifted float32 computation instead (the official loops return garbage or raise there)."""
     src = logits
     logits = logits.to(dtype)
     if mask_id is not None:
         logits = logits.clone() if logits is src else logits
         logits[..., mask_id] = float("-inf")
-    tempered = logits / cfg.temperature if cfg.temperature > 0 else logits
+    if not cfg.temperature > 0:
+        filtered = _filter_logits(logits, cfg.top_p, cfg.top_k)
+        return logits, filtered, torch.softmax(filtered, dim=-1)
+    if reference:
+        filtered = _filter_logits(logits / cfg.temperature, cfg.top_p, cfg.top_k)
+        probs = torch.softmax(filtered, dim=-1)
+        _, safe_filtered, safe_probs = _distributions(logits, cfg, None, torch.promote_types(dtype, torch.float32))
+        swap = (probs.isnan().any(dim=-1) & ~safe_probs.isnan().any(dim=-1))[..., None]
+        filtered = torch.where(swap, safe_filtered.to(dtype), filtered)
+        return logits, filtered, torch.where(swap, safe_probs.to(dtype), probs)
+    tempered = (logits - logits.amax(dim=-1, keepdim=True)) / cfg.temperature
     filtered = _filter_logits(tempered, cfg.top_p, cfg.top_k)
     return logits, filtered, torch.softmax(filtered, dim=-1)
 
@@ -430,13 +468,15 @@ def _official_step(logits, candidates, cfg: UnmaskingConfig, step, steps, block_
         return _official_dream_step(logits, candidates, cfg, step, steps, mask_id, generator, start, total)
     # the references' arithmetic: LLaDA's softmax in the logits' dtype, Fast-dLLM's in float64
     dtype = torch.float64 if cfg.alg == "confidence_threshold" else logits.dtype
-    lg, filtered, probs = _distributions(logits, cfg, mask_id, dtype)
+    lg, filtered, probs = _distributions(logits, cfg, mask_id, dtype, reference=True)
     invalid = candidates & probs.amax(dim=-1).isnan()
     if cfg.temperature > 0:  # LLaDA's add_gumbel_noise: float64 uniforms for every position of the sequence
         u = torch.rand((b, total, logits.shape[-1]), generator=generator, device=logits.device, dtype=torch.float64)
         u = u[:, start : start + n_pos]
         kept = lg.double().masked_fill(filtered == float("-inf"), float("-inf"))
-        x0 = (kept.exp() / (-torch.log(u)) ** cfg.temperature).argmax(dim=-1)
+        score = kept.exp() / (-torch.log(u)) ** cfg.temperature
+        # 0 / 0 where the noise underflows (a large T) at a zero-weight token: never the argmax (a NaN would be)
+        x0 = score.masked_fill(score.isnan(), float("-inf")).argmax(dim=-1)
     else:
         x0 = probs.argmax(dim=-1)
     if cfg.alg == "random":  # LLaDA: one float32 uniform per position of the sequence, after the tokens'
@@ -480,13 +520,24 @@ def _official_dream_step(logits, candidates, cfg: UnmaskingConfig, step, steps, 
     if k_max > 0:  # Dream: softmax(confidence / alg_temp) over the whole row, -inf outside the masks
         row = torch.full((b, total), float("-inf"), dtype=logits.dtype, device=logits.device)
         row[:, start : start + n_pos] = conf.to(logits.dtype)
-        chosen = torch.multinomial(torch.softmax(row / cfg.alg_temp, dim=-1), k_max, generator=generator) - start
+        weights = torch.softmax(row / cfg.alg_temp, dim=-1)
+        # where conf / alg_temp overflows (a small alg_temp; NaN weights, which multinomial refuses): the
+        # same softmax shifted by the row's maximum, in float32 (the limit: the most confident positions)
+        # (a row without candidates, all -inf: uniform weights, whose draws are dropped below)
+        row32 = row.float()
+        shifted = ((row32 - row32.amax(dim=-1, keepdim=True)) / cfg.alg_temp).nan_to_num(0.0, neginf=float("-inf"))
+        safe = torch.softmax(shifted, dim=-1)
+        weights = torch.where(weights.isnan().any(dim=-1, keepdim=True), safe.to(weights.dtype), weights)
+        chosen = torch.multinomial(weights, k_max, generator=generator) - start
         keep = torch.arange(k_max, device=logits.device)[None, :] < k[:, None]  # a row's first k draws
         # a draw off the candidates is possible only when a candidate's weight underflowed to 0: not revealed
         keep &= (chosen >= 0) & (chosen < n_pos) & candidates.gather(1, chosen.clamp(0, n_pos - 1))
         col = torch.where(keep, chosen, n_pos)  # the rest go to a spare column (no write conflicts)
         spare = torch.zeros(b, n_pos + 1, dtype=torch.bool, device=logits.device)
         reveal = spare.scatter_(1, col, True)[:, :n_pos]
+        # Fewer than k revealed (draws of zero weight: the official loop writes them off the masks, and its
+        # last step leaves masks behind): the rest by confidence, the limit of the underflowed weights.
+        reveal |= top_ranked(conf, candidates & ~reveal, k - reveal.sum(dim=1))
     return StepChoice(tokens, reveal, invalid)
 
 
@@ -495,7 +546,7 @@ def _official_tokens(sub, cfg: UnmaskingConfig, mask_id, generator):
     > 0 one ``Categorical(probs).sample()``, i.e. ``torch.multinomial`` of the normalised probs; when those fail
     ``Categorical``'s simplex check (some row's sum off 1 by 1e-6 or more, or a NaN), Dream's ``except`` takes
     the argmax of every row and draws nothing: so does this order."""
-    lg, filtered, probs = _distributions(sub, cfg, mask_id, sub.dtype)  # Dream samples in the logits' dtype
+    lg, filtered, probs = _distributions(sub, cfg, mask_id, sub.dtype, reference=True)  # in the logits' dtype
     bad = probs.amax(dim=-1).isnan()
     x0 = None
     if cfg.temperature > 0 and sub.shape[0]:
