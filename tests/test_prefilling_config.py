@@ -25,11 +25,36 @@ def test_no_file_gives_the_papers_defaults(tmp_path):
     assert PrefillingConfig.from_pretrained(None) == PAPER
 
 
-def test_overrides_win_and_none_falls_through(tmp_path):
+def test_overrides_win(tmp_path):
     (tmp_path / CONFIG_NAME).write_text(json.dumps({"chunk_size": 64, "top_k": 2, "score_terms": ["self_info"]}))
     cfg = PrefillingConfig.from_pretrained(str(tmp_path), top_k=3, token_budget=None, position_mode="reuse")
     assert (cfg.chunk_size, cfg.top_k, cfg.score_terms, cfg.position_mode) == (64, 3, ("self_info",), "reuse")
     assert cfg.token_budget is None and cfg.draft_tokens == PAPER.draft_tokens
+
+
+def test_a_none_keyword_means_what_it_means_to_the_dataclass(tmp_path):
+    """b38 item 2: main ignored None keywords, so top_k=None kept the file's K (2) where PrefillingConfig(
+    top_k=None) keeps every chunk; None is now the field's None, and a field that cannot be None is refused."""
+    (tmp_path / CONFIG_NAME).write_text(json.dumps({"chunk_size": 64, "top_k": 2, "token_budget": 8}))
+    cfg = PrefillingConfig.from_pretrained(str(tmp_path), top_k=None, token_budget=None)
+    assert (cfg.chunk_size, cfg.top_k, cfg.token_budget) == (64, None, None)
+    assert PrefillingConfig.from_pretrained(str(tmp_path)).top_k == 2  # a keyword left out keeps the file's
+    with pytest.raises(ValueError, match=r"keyword argument\(s\) chunk_size=None over .*: chunk_size must be an int"):
+        PrefillingConfig.from_pretrained(str(tmp_path), chunk_size=None)
+
+
+@pytest.mark.parametrize("with_file", [True, False])
+def test_a_bad_keyword_is_named_not_blamed_on_the_file(tmp_path, with_file):
+    """b38 item 2: main said "<dir>/prefilling_config.json: top_k (K) must be >= 1" for top_k=0."""
+    if with_file:
+        (tmp_path / CONFIG_NAME).write_text(json.dumps({"chunk_size": 64, "top_k": 2}))
+    with pytest.raises(ValueError) as e:
+        PrefillingConfig.from_pretrained(str(tmp_path), top_k=0)
+    msg = str(e.value)
+    assert msg.startswith("PrefillingConfig.from_pretrained keyword argument(s) top_k=0") and "must be >= 1" in msg
+    assert not msg.startswith(str(tmp_path))
+    with pytest.raises(TypeError, match=r"unknown keyword argument\(s\) \['topk'\]"):
+        PrefillingConfig.from_pretrained(str(tmp_path), topk=3)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from dllm.distributed.sharded_document import ShardedDocument
 from dllm.distributed.shares import shard_bounds
 from dllm.model.devices import check_ids_for_model
 from dllm.prefilling.chunks import chunk_spans, pad_token_id
-from dllm.prefilling.config import PrefillingConfig
+from dllm.prefilling.config import PrefillingConfig, checkpoint_config
 from dllm.prefilling.document import encode_document as encode_one_process
 
 
@@ -63,7 +63,7 @@ def encode_document(
     rank, size = world(group)
 
     def check():
-        cfg = prefilling or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
+        cfg = prefilling or checkpoint_config(model, chunk_size)
         if chunk_size is not None and chunk_size != cfg.chunk_size:
             raise ValueError(f"chunk_size={chunk_size} differs from prefilling.chunk_size={cfg.chunk_size}")
         if not isinstance(cfg, PrefillingConfig):

@@ -11,7 +11,7 @@ from dllm.distributed.group import run_on_all, world
 from dllm.distributed.selection import score_and_select
 from dllm.distributed.sharded_document import ShardedDocument
 from dllm.prefilling.chunks import ChunkCache
-from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
+from dllm.prefilling.config import PrefillingConfig, checkpoint_config, resolve_anchor_token_id
 from dllm.prefilling.pipeline import Selection, check_parts, check_top_k
 from dllm.prefilling.prompt import PromptParts
 
@@ -62,9 +62,7 @@ def generate(
     doc = document
 
     def setup():
-        cfg = prefilling or PrefillingConfig.from_pretrained(
-            getattr(model, "model_dir", None), chunk_size=doc.chunk_size
-        )
+        cfg = prefilling or checkpoint_config(model, doc.chunk_size)
         if not isinstance(cfg, PrefillingConfig):
             raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
         if cfg.position_mode == "absolute":

@@ -40,6 +40,14 @@ def with_overrides(base: PrefillingConfig, given: dict) -> PrefillingConfig:
     return dataclasses.replace(base, **given)
 
 
+def checkpoint_config(model, chunk_size: int | None = None) -> PrefillingConfig:
+    """The defaults of ``model``'s checkpoint (:meth:`PrefillingConfig.from_pretrained` of its ``model_dir``;
+    the paper's without one), with ``chunk_size`` when given (None: the file's). Raises what
+    ``from_pretrained`` raises."""
+    given = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), **given)
+
+
 class TopKError(ValueError):
     """K above the context's chunk count (:meth:`PrefillingConfig.for_chunks` with ``explicit``).
 
@@ -202,9 +210,11 @@ class PrefillingConfig:
         """The checkpoint's tuned defaults (``model_dir/prefilling_config.json``), then ``overrides``.
 
         A directory without the file (or ``model_dir=None``) gets the paper's defaults
-        (C=1024, K=4, s = s_I + s_P). Keyword overrides win over the file; None values are ignored
-        (so CLI flags that were not given fall through to the file). A ``chunk_size`` override without a
-        ``boundary_snap`` one keeps the file's tolerance as the same share of the chunk
+        (C=1024, K=4, s = s_I + s_P). Keyword overrides win over the file, and a keyword means what it
+        means to :class:`PrefillingConfig`: ``top_k=None`` keeps every chunk, ``token_budget=None`` every
+        token (None is a value, not "not given": leave a keyword out to keep the file's value; a field
+        that cannot be None, such as ``chunk_size=None``, is an error). A ``chunk_size`` override
+        without a ``boundary_snap`` one keeps the file's tolerance as the same share of the chunk
         (:func:`snap_for_chunk_size`: 64 of 256 becomes 16 of 64).
 
         Args:
@@ -212,8 +222,10 @@ class PrefillingConfig:
             **overrides: any :class:`PrefillingConfig` field.
 
         Raises:
-            ValueError: invalid JSON, a field name the dataclass does not have, or an invalid value
-                (the message names the file).
+            TypeError: a keyword that is not a :class:`PrefillingConfig` field.
+            ValueError: invalid JSON, a field name the dataclass does not have, or an invalid value in
+                the file (the message names the file); an invalid keyword value (the message names the
+                keyword argument, and the file whose values it was combined with).
         """
         values = {}
         path = os.path.join(model_dir, CONFIG_NAME) if model_dir else None
@@ -233,10 +245,16 @@ class PrefillingConfig:
             base = cls(**values)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path or 'PrefillingConfig'}: {e}") from e
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"PrefillingConfig.from_pretrained: unknown keyword argument(s) {unknown}; known: {sorted(known)}")
         try:
-            return with_overrides(base, {k: v for k, v in overrides.items() if v is not None})
+            return with_overrides(base, overrides)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path or 'PrefillingConfig'}: {e}") from e
+            given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+            over = f" over {path}'s values" if path and values else ""
+            raise ValueError(f"PrefillingConfig.from_pretrained keyword argument(s) {given}{over}: {e}") from e
 
     def for_chunks(self, num_chunks: int, *, explicit: bool = False) -> PrefillingConfig:
         """This config for a context cut into ``num_chunks`` chunks: the one rule of K that the library, the

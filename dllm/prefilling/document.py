@@ -52,7 +52,7 @@ from dllm.prefilling.chunks import (
     sentence_end_table,
     snapped_chunks,
 )
-from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
+from dllm.prefilling.config import PrefillingConfig, checkpoint_config, resolve_anchor_token_id
 
 # 2: model_weights hashes every weight tensor (1 hashed two rows of four), tensor_sha256 added.
 # 3: boundary_snap added (chunk boundaries snapped to sentence ends).
@@ -785,7 +785,7 @@ def encode_document(
         ValueError: empty or non-1-D context, ids outside the vocabulary or the mask id, context on
             another device, ``chunk_size`` differing from ``prefilling.chunk_size``, no anchor token.
     """
-    cfg = prefilling or PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
+    cfg = prefilling or checkpoint_config(model, chunk_size)
     if chunk_size is not None and chunk_size != cfg.chunk_size:
         raise ValueError(f"chunk_size={chunk_size} differs from prefilling.chunk_size={cfg.chunk_size}")
     if not torch.is_tensor(context_ids) or context_ids.dtype not in (torch.int64, torch.int32):

@@ -37,7 +37,7 @@ from dllm.decode.policies import PrefillingPolicy
 from dllm.model.devices import check_ids_for_model
 from dllm.model.kv_cache import Segment, StaticKVCache
 from dllm.prefilling.chunks import ChunkCache, count_chunks, encode_chunks_as_configured, encode_segment
-from dllm.prefilling.config import PrefillingConfig, TopKError, resolve_anchor_token_id
+from dllm.prefilling.config import PrefillingConfig, TopKError, checkpoint_config, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
@@ -561,7 +561,7 @@ def build_prefilling_policy(
     if cfg is None:
         first = next((d for d in docs if d is not None), None)
         chunk_size = None if first is None else first.chunk_size
-        cfg = PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), chunk_size=chunk_size)
+        cfg = checkpoint_config(model, chunk_size)
     if not isinstance(cfg, PrefillingConfig):
         raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
     bos, _source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)  # before any model work
