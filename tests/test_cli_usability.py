@@ -84,6 +84,21 @@ def test_help_shows_the_defaults_of_the_chosen_model(tmp_path, capsys, monkeypat
     assert f"(default: 2, {bare}'s; the library's and the paper's: 4, or every chunk" in text
 
 
+def test_a_candidate_layer_without_candidates_in_the_checkpoint_is_one_error_line(files, capsys):
+    """b38 item 7: a prefilling_config.json with candidate_layer and no candidates ran the paper's selection
+    (the layer of a first stage that does not run, silently ignored); now one error line naming the file."""
+    bare = files / "ckpt"
+    bare.mkdir()
+    (bare / "config.json").write_text((ROOT / "dllm/assets/tiny-dream/config.json").read_text())
+    (bare / "prefilling_config.json").write_text(json.dumps({"candidate_layer": 1}))
+    rc, out, err = run_cli(capsys, "generate", "--model", str(bare), "--prompt-file", "prompt.txt", "--context-file", "doc.txt")
+    assert rc == 2 and out == ""
+    assert err.strip().splitlines() == [
+        f"error: {bare / 'prefilling_config.json'}: candidate_layer=1 needs candidates (the first stage it belongs "
+        "to is off with candidates=None): give candidates too, or leave candidate_layer unset"
+    ]
+
+
 def test_help_marks_the_research_options():
     help_text = _subparser("generate").format_help()
     research = help_text[help_text.index("research options of prefilling") : help_text.index("examples:")]

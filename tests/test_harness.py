@@ -59,6 +59,39 @@ def test_model_args_defaults_are_the_checkpoints_prefilling_config():
     assert parse_model_args({"method": "dense"}).prefilling is None
 
 
+def test_model_args_draw_order_reaches_generate():
+    """b38 item 3: generate and the CLI had draw_order / --draw-order official, the harness no key for it."""
+    assert parse_model_args({}).generate_kwargs()["draw_order"] == "batched"
+    assert parse_model_args({"draw_order": "official"}).generate_kwargs()["draw_order"] == "official"
+    assert parse_model_args({"method": "dense", "draw_order": "official", "batch_size": 4}).draw_order == "official"
+
+
+def test_model_args_text_in_other_scripts_digits_is_refused():
+    """b38 item 8: lm-eval's own parser turns chunk_size=٣ into the int 3 before our model sees it: the text is
+    checked first (python -m dllm.harness, create_from_arg_string); ASCII values and words pass."""
+    from dllm.harness import cli
+    from dllm.harness.args import check_model_args_text, non_ascii_number
+
+    assert [non_ascii_number(t) for t in ("3", "٣", "١.٥", "½", "λ", "abc", "")] == [
+        False, True, True, True, False, False, False,
+    ]  # fmt: skip
+    check_model_args_text("chunk_size=256,pretrained=/data/модель,top_k=all")
+    check_model_args_text('{"chunk_size": 3}')
+    with pytest.raises(ModelArgsError, match="model_args top_k='٣': expected ASCII digits"):
+        check_model_args_text("chunk_size=256,top_k=٣")
+    assert cli.model_args_texts(["--tasks", "x", "--model_args", "a=1,b=2", "c=3", "--limit", "1", "-a=d=4"]) == [
+        "a=1,b=2", "c=3", "d=4",
+    ]  # fmt: skip
+
+
+def test_the_harness_entry_point_refuses_other_digits_in_one_line(capsys):
+    from dllm.harness import cli
+
+    assert cli.main(["--tasks", "dllm_passkey", "--model_args", "method=dense,steps=٤"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: model_args steps='٤': expected ASCII digits (0-9)"]
+
+
 def test_model_args_generate_kwargs():
     kw = parse_model_args(
         {"method": "prefix_cache", "sampling_top_k": 5, "steps": 8, "live_window": 3}
@@ -88,8 +121,20 @@ def test_model_args_generate_kwargs():
         # issue 38 item 12: found before the weights load, against the bundled config.json (4 layers, 1536
         # positions, 100 tokens); a term twice would count twice in the chunk score
         ({"chunk_size": 1536}, "chunk_size=1536: a chunk and its BOS anchor take 1537 positions, more than"),
-        ({"candidate_layer": 99}, "candidate_layer=99: the model has 4 layers (0..3, or -4..-1 from the last)"),
-        ({"candidate_layer": -5}, "candidate_layer=-5: the model has 4 layers"),
+        ({"candidate_layer": 99, "candidates": 8}, "candidate_layer=99: the model has 4 layers (0..3, or -4..-1 from"),
+        ({"candidate_layer": -5, "candidates": 8}, "candidate_layer=-5: the model has 4 layers"),
+        # b38 item 7: main ignored the layer of a first stage that does not run
+        ({"candidate_layer": 1}, "candidate_layer=1 needs candidates"),
+        # b38 item 3: the official draws need one prompt length per batch
+        ({"draw_order": "sideways"}, "draw_order='sideways': expected one of batched, official"),
+        ({"draw_order": "official", "batch_size": 2}, "draw_order=official needs batch_size=1 with method=prefilling"),
+        # b38 item 1: a temperature whose 1/T overflows float32, before the weights load
+        ({"temperature": 1e-300}, "temperature must be a finite number >= 0, got 1e-300: 0 (greedy) or in [1.18e-38"),
+        # b38 item 8: int() and float() read other scripts' digits ('٣' is 3)
+        ({"chunk_size": "٣"}, "chunk_size='٣': expected an integer >= 1"),
+        ({"steps": "١٢"}, "steps='١٢': expected an integer >= 1"),
+        ({"temperature": "٠.٥"}, "temperature='٠.٥': expected a finite number >= 0"),
+        ({"chunk_size": "1_0"}, "chunk_size='1_0': expected an integer >= 1"),
         ({"anchor_token_id": 100}, "anchor_token_id=100: outside the model's vocabulary of 100"),
         ({"score_terms": "self_info+self_info"}, "expected each term once, got self_info more than once"),
         ({"gen_length": 2000}, "gen_length=2000 exceeds the model's 1536 trained positions"),
@@ -111,13 +156,17 @@ def test_model_args_checks_need_no_weights(monkeypatch):
 
     monkeypatch.setattr(dllm, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
     monkeypatch.setattr(dllm.model.loader, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
-    s = parse_model_args({"chunk_size": 1535, "candidate_layer": -4, "anchor_token_id": 99, "gen_length": 1536})
+    s = parse_model_args(
+        {"chunk_size": 1535, "candidates": 8, "candidate_layer": -4, "anchor_token_id": 99, "gen_length": 1536}
+    )
     assert (s.prefilling.chunk_size, s.prefilling.candidate_layer, s.prefilling.anchor_token_id) == (1535, -4, 99)
-    assert parse_model_args({"candidate_layer": 3, "score_terms": "self_info+pseudo_label"}).prefilling.score_terms == (
+    assert parse_model_args(
+        {"candidates": 8, "candidate_layer": 3, "score_terms": "self_info+pseudo_label"}
+    ).prefilling.score_terms == (
         "self_info",
         "pseudo_label",
     )
-    assert "candidate_layer=4" in _error({"candidate_layer": 4})
+    assert "candidate_layer=4" in _error({"candidates": 8, "candidate_layer": 4})
 
 
 def test_describe_model_args_lists_every_key():

@@ -311,6 +311,7 @@ def test_new_knobs_are_off_by_default_and_checked():
         (dict(redundancy_threshold=True), "redundancy_threshold"),
         (dict(candidates=0), "candidates"),
         (dict(candidate_layer=1.5), "candidate_layer"),
+        (dict(candidate_layer=1), "candidate_layer=1 needs candidates"),  # b38 item 7: main ignored it
     ):
         with pytest.raises(ValueError, match=match):
             PrefillingConfig(**bad)

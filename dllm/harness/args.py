@@ -20,11 +20,12 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, UnmaskingConfig
+from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, DRAW_ORDERS, UnmaskingConfig
 from dllm.generate import METHODS
 from dllm.prefilling.config import (
     CACHE_MODES,
@@ -47,9 +48,39 @@ class ModelArgsError(ValueError):
 # ---------------------------------------------------------------- value types
 
 
+_ASCII_INT = re.compile(r"-?[0-9]+")  # str.isdigit and int() take other scripts' digits too ('٣' is 3)
+
+
+def non_ascii_number(text: str) -> bool:
+    """Whether ``text`` holds a character outside ASCII and yet reads as a number to Python (``int('٣')`` is
+    3, ``float('١.٥')`` 1.5), as lm-eval's ``--model_args`` parser reads it: such a value is refused."""
+    if text.isascii():
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return text.strip().isnumeric()  # (vulgar fractions and the like: isnumeric, not float())
+    return True
+
+
+def check_model_args_text(text: str) -> None:
+    """``--model_args`` as text (``key=value,key=value``), before lm-eval types it: a value in another script's
+    digits (:func:`non_ascii_number`), which lm-eval's parser turns into a number, is refused.
+
+    Raises:
+        ModelArgsError: naming the key and value.
+    """
+    if text.lstrip().startswith("{"):  # a JSON object: its numbers are ASCII by JSON's grammar
+        return
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep and non_ascii_number(value.strip()):
+            raise ModelArgsError(f"model_args {key.strip()}={value.strip()!r}: expected ASCII digits (0-9)")
+
+
 def _int(low: int) -> Callable[[Any], int]:
     def parse(v):
-        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        if isinstance(v, str) and _ASCII_INT.fullmatch(v.strip()):
             v = int(v)
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise TypeError(f"expected an integer >= {low}")
@@ -70,7 +101,7 @@ def _int_or_all(v):
 
 def _float(low: float, high: float, low_open: bool = False, high_open: bool = False) -> Callable[[Any], float]:
     def parse(v):
-        if isinstance(v, str):
+        if isinstance(v, str) and v.isascii() and "_" not in v:  # ASCII digits only, as for integers
             try:
                 v = float(v)
             except ValueError:
@@ -173,6 +204,12 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
     "eps": (_float(0, 1, low_open=True, high_open=True), 1e-3, "Dream's final schedule time", _ANY_METHOD),
     "threshold": (_float(0, 1, low_open=True), 0.9, "tau of confidence_threshold", _ANY_METHOD),
     "confidence_from": (_or_none(_choice(CONFIDENCE_SOURCES)), None, "tempered or logits", _ANY_METHOD),
+    "draw_order": (
+        _choice(DRAW_ORDERS),
+        "batched",
+        "sampling draws: batched (sync-free) or official (the official loops' draws, same seed same tokens)",
+        _ANY_METHOD,
+    ),
     "seed": (_or_none(_seed), None, "seeds sampling and the Monte Carlo masks", _ANY_METHOD),
     "live_window": (_int(1), 1, "prefix_cache: live prompt tokens", _PREFIX_CACHE),
     "cache_refresh": (_choice(("block", "step")), "block", "prefix_cache: when to rebuild", _PREFIX_CACHE),
@@ -247,7 +284,9 @@ class HarnessSettings:
         prompt and prefilling config are per request)."""
         v = self.values
         kw = {k: v[k] for k in ("steps", "block_length", "alg", "top_p", "alg_temp", "eps", "threshold")}
-        kw.update(top_k=v["sampling_top_k"], confidence_from=v["confidence_from"], seed=v["seed"])
+        kw.update(
+            top_k=v["sampling_top_k"], confidence_from=v["confidence_from"], seed=v["seed"], draw_order=v["draw_order"]
+        )
         if v["method"] == "prefix_cache":
             kw.update(live_window=v["live_window"], cache_refresh=v["cache_refresh"], cache_scope=v["cache_scope"])
         if v["method"] == "prefilling" and v["cuda_graph"] is not None:
@@ -311,9 +350,15 @@ def parse_model_args(kwargs: dict, model_dir: str | None = None) -> HarnessSetti
             eps=values["eps"],
             threshold=values["threshold"],
             confidence_from=values["confidence_from"],
+            draw_order=values["draw_order"],
         )
     except ValueError as exc:
         raise ModelArgsError(f"model_args: {exc}") from None
+    if values["draw_order"] == "official" and method == "prefilling" and values["batch_size"] > 1:
+        raise ModelArgsError(
+            f"model_args: draw_order=official needs batch_size=1 with method=prefilling (got {values['batch_size']}): "
+            "the official loops decode one prompt length, and batched prefilling rows start at different positions"
+        )
     if values["device"] is not None:
         check_device(values["device"])
     from dllm.model.config import load_config

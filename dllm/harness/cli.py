@@ -45,6 +45,16 @@ def main(argv=None) -> int:
         print(f"--model_args keys of {MODEL_NAME} (key=value,key=value; none / all where allowed):")
         print(describe_model_args())
         return 0
+    from dllm.harness.args import ModelArgsError, check_model_args_text
+
+    try:  # before lm-eval types the values (it reads chunk_size=٣ as 3)
+        for text in model_args_texts(argv):
+            check_model_args_text(text)
+    except ModelArgsError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         from lm_eval._cli import HarnessCLI
 
@@ -117,6 +127,23 @@ def _extra_line(name: str) -> str:
         f"the task needs the '{name}' package ({extra}: {packages}), which lm-eval does not install: "
         f"pip install -e '.[{extra}]'"
     )
+
+
+def model_args_texts(argv: list) -> list[str]:
+    """The ``--model_args`` / ``-a`` values in the harness's ``argv`` (``nargs='+'``: every word up to the next
+    option, or ``--model_args=TEXT``), as typed."""
+    texts, taking = [], False
+    for a in argv:
+        if a.startswith("--model_args=") or a.startswith("-a="):
+            texts.append(a.split("=", 1)[1])
+            taking = False
+        elif a in ("--model_args", "-a"):
+            taking = True
+        elif taking and not a.startswith("-"):
+            texts.append(a)
+        else:
+            taking = False
+    return texts
 
 
 def requested_tasks(argv: list) -> list[str]:

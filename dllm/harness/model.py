@@ -28,7 +28,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from dllm.harness.args import ModelArgsError, check_gen_length, parse_model_args
+from dllm.harness.args import ModelArgsError, check_gen_length, check_model_args_text, parse_model_args
 from dllm.harness.likelihood import masked_diffusion_loglikelihood
 from dllm.harness.split import split_request
 from dllm.prefilling.chunks import count_chunks
@@ -66,6 +66,17 @@ class PrefillingDLLM(LM):
             a checkpoint without a tokenizer.
         dllm.ConfigError, dllm.WeightError: as :func:`dllm.load_model`.
     """
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """lm-eval's constructor from ``--model_args`` text; refuses a value in another script's digits first
+        (lm-eval's parser reads ``chunk_size=٣`` as 3: :func:`dllm.harness.args.check_model_args_text`).
+
+        Raises:
+            ModelArgsError: naming the key and value; else what ``__init__`` raises.
+        """
+        check_model_args_text(arg_string or "")
+        return super().create_from_arg_string(arg_string, additional_config)
 
     def __init__(self, **model_args):
         super().__init__()

@@ -125,7 +125,8 @@ class PrefillingConfig:
             averaged over the layers or in layer ``candidate_layer``,
             :func:`dllm.prefilling.selection.first_stage_scores`) keeps the n best chunks and only
             they get the predictive score (our extension). Fewer than K candidates are raised to K.
-        candidate_layer: the one layer of the first stage (negative counts from the last), None = all layers.
+        candidate_layer: the one layer of the first stage (negative counts from the last), None = all layers;
+            only with ``candidates`` (a ValueError without: the layer of a stage that does not run).
     """
 
     chunk_size: int = 1024
@@ -204,6 +205,11 @@ class PrefillingConfig:
             object.__setattr__(self, "redundancy_threshold", float(r))
         if self.candidates is not None and self.candidates < 1:
             raise ValueError(f"candidates must be >= 1 or None, got {self.candidates}")
+        if self.candidate_layer is not None and self.candidates is None:  # the layer of a stage that does not run
+            raise ValueError(
+                f"candidate_layer={self.candidate_layer} needs candidates (the first stage it belongs to is off "
+                "with candidates=None): give candidates too, or leave candidate_layer unset"
+            )
 
     @classmethod
     def from_pretrained(cls, model_dir: str | None, **overrides) -> PrefillingConfig:
