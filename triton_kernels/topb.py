@@ -21,8 +21,8 @@ Split of the work, and why:
 
 NaN scores have no rank (a sort would place them arbitrarily): the host value checks
 reject NaN among the valid tokens' scores with a ``ValueError``; where they are off (CUDA by
-default, see :mod:`triton_kernels._dispatch`) such a chunk's ``k_out``/``v_out`` are NaN and
-:func:`triton_kernels.check_errors` raises.
+default, see :mod:`triton_kernels._dispatch`; either backend) such a chunk's ``k_out``/``v_out`` are
+NaN, its ``idx`` -1 and its ``kept`` -1, and :func:`triton_kernels.check_errors` raises.
 """
 
 from __future__ import annotations
@@ -210,20 +210,29 @@ def _topb_impl(
     if checked:
         V.check_scores_values("topb_gather", scores, lens)
     if backend == "torch":
-        return _ref.topb_gather(scores, k, v, b, lens=lens, pool_kernel=pool_kernel, keep_first=keep_first)
+        if checked:
+            return _ref.topb_gather(scores, k, v, b, lens=lens, pool_kernel=pool_kernel, keep_first=keep_first)
+        # unchecked: the reference runs on lengths clamped into [0, T] (it indexes with them), then the guard
+        safe = None if lens is None else lens.clamp(0, scores.shape[-1])
+        out = _ref.topb_gather(scores, k, v, b, lens=safe, pool_kernel=pool_kernel, keep_first=keep_first)
+        return _flag_bad_chunks(scores, lens, *out)
     idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
     k_out, v_out = gather_rows_launch(idx, k, v)
     if not checked:
-        _flag_bad_chunks(scores, lens, k_out, v_out)
+        return _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept)
     return k_out, v_out, idx, kept
 
 
-def _flag_bad_chunks(scores, lens, k_out, v_out) -> None:
-    """Without a host check: chunks with a NaN valid score or a length outside [0, T] get NaN
-    ``k_out``/``v_out`` and set the error word (:func:`triton_kernels.check_errors`); no sync.
+BAD_CHUNK_KEPT = -1  # kept[n] of a chunk flagged bad without a host check (a valid chunk keeps >= 0)
+
+
+def _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept):
+    """Without a host check: a chunk with a NaN valid score or a length outside [0, T] gets NaN
+    ``k_out``/``v_out``, ``idx`` -1 everywhere and ``kept`` :data:`BAD_CHUNK_KEPT` (-1), and sets the
+    error word (:func:`triton_kernels.check_errors`); no sync. Returns the four outputs (changed in place).
 
     The selection never indexes out of bounds whatever the values (indices come from a sort over
-    T), so this only keeps a bad chunk from passing as plausible data.
+    T), so this only keeps a bad chunk from passing as plausible data (indices or a count included).
     """
     n, _, t = scores.shape
     nan = torch.isnan(scores)  # [N, Hkv, T]
@@ -235,8 +244,11 @@ def _flag_bad_chunks(scores, lens, k_out, v_out) -> None:
     if k_out.numel():
         k_out.masked_fill_(bad[:, None, None, None], float("nan"))
         v_out.masked_fill_(bad[:, None, None, None], float("nan"))
+    idx.masked_fill_(bad[:, None, None], -1)
+    kept.masked_fill_(bad, BAD_CHUNK_KEPT)
     word = error_word(scores.device)
     word.bitwise_or_(bad.any().to(torch.int32) * ERR_TOPB)
+    return k_out, v_out, idx, kept
 
 
 def _topb_entry(
@@ -315,8 +327,10 @@ def topb_gather(
             ``pool_kernel``, device mismatch, last dim of K/V not contiguous; lens outside
             ``[0, T]`` or NaN among the scores of valid tokens (beyond ``lens`` they are ignored)
             where the host value checks run (CPU, the torch backend, the checked mode). On CUDA
-            by default such a chunk's ``k_out``/``v_out`` are NaN instead and
-            :func:`triton_kernels.check_errors` raises later (no host sync per call).
+            by default, and with either backend inside :func:`skip_value_checks`, such a chunk's
+            ``k_out``/``v_out`` are NaN instead, its ``idx`` -1 everywhere and its ``kept`` -1
+            (:data:`BAD_CHUNK_KEPT`, a count no valid chunk has), and :func:`triton_kernels.check_errors`
+            raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk top-B with BOS kept; max-pooled
