@@ -163,6 +163,23 @@ def test_select_chunks_by_hand():
         select_chunks(scores, 5)
 
 
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), 0.0, -0.5, 1.5, True, "0.8"])
+def test_select_chunks_refuses_a_threshold_outside_0_1(threshold):
+    """b38 item 5: threshold=nan was accepted (every Jaccard >= nan is False: the redundancy rule off without
+    a word); inf, 0 and the rest are outside (0, 1] too."""
+    ids = [torch.tensor([1, 2, 3])] * 3
+    with pytest.raises(ValueError, match=r"threshold must be a real number in \(0, 1\]"):
+        select_chunks(torch.tensor([3.0, 2.0, 1.0]), 2, ids.__getitem__, threshold)
+
+
+def test_select_chunks_k_must_be_an_integer():
+    np = pytest.importorskip("numpy")
+    assert select_chunks(torch.tensor([3.0, 2.0, 1.0]), np.int64(2)) == [0, 1]
+    for bad in (2.5, 2.0, True):
+        with pytest.raises(TypeError, match="K must be an integer"):
+            select_chunks(torch.tensor([3.0, 2.0, 1.0]), bad)
+
+
 def test_top_k_ties_go_to_the_earliest_chunk_and_nan_never_wins():
     """Issue 38 item 15: ``select_chunks(zeros(20), 3)`` was [12, 13, 14] (torch.topk's order) and a NaN won."""
     assert select_chunks(torch.zeros(20), 3) == [0, 1, 2]

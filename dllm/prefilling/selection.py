@@ -18,6 +18,8 @@ Both are our extensions of Prefilling-dLLM (arXiv 2606.10537), off by default
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 # n of the token n-grams compared by select_chunks (8 tokens: a short phrase for a BPE vocabulary, a
@@ -87,11 +89,20 @@ def select_chunks(scores: torch.Tensor, k: int, chunk_ids=None, threshold: float
         K chunk indices, ascending.
 
     Raises:
-        ValueError: K outside ``[1, N]``, or a threshold without ``chunk_ids``.
+        TypeError: K not an integer (an int or a numpy integer; a bool or a float is refused).
+        ValueError: K outside ``[1, N]``, a threshold that is not a real number in (0, 1] (NaN and inf
+            included: NaN would pass every chunk over without a word), or a threshold without ``chunk_ids``.
     """
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"K must be an integer, got {type(k).__name__} {k!r}")
+    k = int(k)
     n = int(scores.numel())
     if not 1 <= k <= n:
         raise ValueError(f"K={k} must be in [1, N={n}]")
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 < threshold <= 1
+    ):  # "not (in range)": NaN fails every comparison
+        raise ValueError(f"threshold must be a real number in (0, 1] (None = the paper's top-K), got {threshold!r}")
     order = rank_chunks(scores)
     if threshold is None:
         return sorted(order[:k])
