@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dllm.decode.denoise import denoise
-from dllm.decode.policies import DensePolicy, PrefixCachePolicy
+from dllm.decode.policies import CACHE_SCOPES, REFRESH_MODES, DensePolicy, PrefixCachePolicy
 from dllm.decode.step_graph import cuda_graph_support
 from dllm.decode.timer import PhaseTimer
 from dllm.decode.unmasking import UnmaskingConfig, integer
@@ -233,7 +233,8 @@ def generate(
             ``cuda_graph`` not None or a bool, ``progress`` not a bool,
             ``temperature``, ``top_p``, ``alg_temp``, ``eps`` or ``threshold`` not a real number; a prompt
             list or document of the wrong type. Every argument is checked before any work.
-        ValueError: unknown method/alg/confidence_from/draw_order, a count < 1, ``gen_length % block_length != 0``,
+        ValueError: unknown method/alg/confidence_from/draw_order/cache_refresh/cache_scope (checked for every
+            method), a count < 1, ``gen_length % block_length != 0``,
             temperature or alg_temp neither 0 nor in about [1.2e-38, 8.5e37] (T and 1/T finite in float32;
             a tiny T decodes the greedy limit, no overflow), top_p outside (0, 1], a seed outside [0, 2**64),
             steps not divisible by the number of blocks, a prompt containing the mask id,
@@ -252,6 +253,10 @@ def generate(
         raise ValueError(f"gen_length ({gen_length}) must be a positive multiple of block_length ({block_length})")
     steps = gen_length if steps is None else _count("steps", steps)
     live_window = _count("live_window", live_window)
+    # checked for every method (dense and prefilling ignore them, but a typo must not pass unseen)
+    for name, value, allowed in (("cache_refresh", cache_refresh, REFRESH_MODES), ("cache_scope", cache_scope, CACHE_SCOPES)):
+        if not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     seed = None if seed is None else _seed(seed)
     for name, flag, allowed in (("cuda_graph", cuda_graph, (bool, type(None))), ("progress", progress, (bool,))):
         if not isinstance(flag, allowed):

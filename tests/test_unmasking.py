@@ -414,6 +414,11 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         ({"seed": 1.0}, TypeError, "seed must be an integer, got float"),
         ({"seed": True}, TypeError, "seed must be an integer, got bool"),
         ({"cuda_graph": 1}, TypeError, "cuda_graph must be bool or NoneType"),
+        # b38 item 6: typos of prefix_cache's options passed unseen with method="dense" (the default)
+        ({"cache_refresh": "blok"}, ValueError, r"cache_refresh must be one of \('block', 'step'\), got 'blok'"),
+        ({"cache_scope": "seq"}, ValueError, r"cache_scope must be one of \('sequence', 'prompt'\), got 'seq'"),
+        ({"cache_scope": None}, ValueError, "cache_scope must be one of"),
+        ({"method": "prefix_cache", "cache_refresh": "Step"}, ValueError, "cache_refresh must be one of"),
         ({"progress": None}, TypeError, "progress must be bool"),
     ],
 )

@@ -207,6 +207,10 @@ class DensePolicy(LiveBlockPolicy):
         super().__init__(model, LiveBlock(prompt, 0, gen_length))
 
 
+REFRESH_MODES = ("block", "step")  # PrefixCachePolicy(refresh=): generate(cache_refresh=)
+CACHE_SCOPES = ("sequence", "prompt")  # PrefixCachePolicy(scope=): generate(cache_scope=)
+
+
 class PrefixCachePolicy(LiveBlockPolicy):
     """Prompt K/V cached once per block (or per step); the live block is recomputed each step.
 
@@ -229,9 +233,9 @@ class PrefixCachePolicy(LiveBlockPolicy):
     def __init__(
         self, model, prompt, gen_length: int, timer: PhaseTimer, *, live_window=1, refresh="block", scope="sequence"
     ):
-        if refresh not in ("block", "step"):
+        if refresh not in REFRESH_MODES:
             raise ValueError(f"refresh must be 'block' or 'step', got {refresh!r}")
-        if scope not in ("sequence", "prompt"):
+        if scope not in CACHE_SCOPES:
             raise ValueError(f"scope must be 'sequence' or 'prompt', got {scope!r}")
         lp = prompt.shape[1]
         if not 1 <= live_window <= lp:
