@@ -168,3 +168,16 @@ def test_cli_generate_from_an_index_in_one_process(saved, tmp_path, capsys, monk
         out, err = capsys.readouterr()
         lines = err.strip().splitlines()
         assert rc == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error:") and says in lines[0], err
+
+
+@pytest.mark.parametrize("content", ['["kind", "dllm_sharded_document"]', '\ufeff  [1, 2]'])
+def test_an_index_holding_a_json_array_says_so(tmp_path, content):
+    """b38 item 9: a JSON array at --document read as 'not a safetensors file' in one process; the index reader
+    says the index must hold a JSON object, naming the file."""
+    from dllm.distributed.single_process import load_document, read_document_header
+
+    path = tmp_path / "book.idx"
+    path.write_text(content, encoding="utf-8")
+    for read in (read_document_header, lambda p: load_document(p, None)):
+        with pytest.raises(ValueError, match=r"book\.idx must hold a JSON object, got a JSON array"):
+            read(path)

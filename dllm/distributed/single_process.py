@@ -14,8 +14,9 @@ from dllm.prefilling.document import DocumentCache
 
 def is_index(path) -> bool:
     """``path`` looks like a sharded document's JSON index rather than a safetensors document cache: its first
-    byte (after a UTF-8 BOM and blanks) is ``{``, where a safetensors file starts with an 8-byte header length
-    followed by ``{``. Only a regular file is opened (a FIFO would block)."""
+    byte (after a UTF-8 BOM and blanks) is ``{``, or ``[`` (a JSON array, which the index reader then refuses
+    as not an object, naming the file), where a safetensors file starts with an 8-byte header length followed
+    by ``{``. Only a regular file is opened (a FIFO would block)."""
     if not os.path.isfile(path):
         return False
     try:
@@ -25,7 +26,7 @@ def is_index(path) -> bool:
         return False
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 40:
         return False  # safetensors: u64 header length, then the header's JSON
-    return head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1] == b"{"
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
 def load_document(path, model, *, verify: bool = True) -> DocumentCache:
