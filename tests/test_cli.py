@@ -16,6 +16,7 @@ import dllm.eval.evaluation
 from dllm.cli import build_parser, main
 from dllm.cli.errors import UserError
 from dllm.cli.files import strip_one_newline as _strip_one_newline
+from dllm.prefilling import PrefillingConfig
 from tests.tiny_checkpoints import snapped_starts
 
 PROMPT = "There is a pass key hidden in the text below.\n\n{context}\n\nWhat is the pass key? The pass key is "
@@ -421,6 +422,29 @@ def test_prefilling_past_the_window_through_its_kept_chunks_gets_a_note(files, c
     lines = [json.loads(line) for line in err.strip().splitlines()]  # raises on a plain-text line
     assert rc == 0 and [set(d) for d in lines[:1]] == [{"note"}] and "nfe" in lines[-1]
     assert lines[0]["note"].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
+
+
+def test_kept_positions_bound_every_snapped_cut():
+    """b38 item 10: the window check counted ceil(L / C) fixed chunks; with snapped boundaries there can be more
+    (each at most C tokens), and K of them take up to the K largest sizes plus K anchors. L = 768 = 3 x 256 cut
+    into 5 snapped chunks with K = 5: main said 3 x 257 = 771 positions, the five chunks and their anchors take
+    768 + 5 = 773."""
+    import random
+
+    from dllm.cli.options import kept_positions
+
+    rng = random.Random(0)
+    for _ in range(300):
+        c, n, k = rng.randint(2, 300), rng.randint(1, 9), rng.randint(1, 10)
+        sizes = [rng.randint(1, c) for _ in range(n)]  # any cut: every chunk at most C tokens
+        cfg = PrefillingConfig(chunk_size=c, top_k=k)
+        worst = sum(sorted(sizes, reverse=True)[:k]) + min(k, n)  # the K largest chunks and their anchors
+        got = kept_positions(cfg, sum(sizes), n)
+        assert got >= worst, (c, sizes, k, got)
+        if k >= n:
+            assert got == sum(sizes) + n  # every chunk kept: exact
+    cfg = PrefillingConfig(chunk_size=256, top_k=5, boundary_snap=64)
+    assert kept_positions(cfg, 768, 5) == 773 > 771
 
 
 def test_a_fifo_without_a_writer_says_it_waits(files, capsys):

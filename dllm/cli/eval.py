@@ -224,13 +224,14 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
             contexts = [encode_text(model, c.context) for c in cases]
         context_tokens = [c.context_tokens for c in cases]
         run_one = run_case
-    configs = [cfg] * len(cases)
+    configs, chunk_counts = [cfg] * len(cases), None
     if cfg is not None:  # every case is checked before the first one runs
         from dllm.prefilling.chunks import count_chunks
 
         explicit = args.top_k not in (None, ALL)
-        configs = [fit_top_k(cfg, count_chunks(model, ids, cfg), ids.numel(), explicit) for ids in contexts]
-    positions = _case_positions(model, args, cases, configs, context_tokens)  # its errors before any note
+        chunk_counts = [count_chunks(model, ids, cfg) for ids in contexts]  # snapped, as the library fits K
+        configs = [fit_top_k(cfg, n, ids.numel(), explicit) for n, ids in zip(chunk_counts, contexts)]
+    positions = _case_positions(model, args, cases, configs, context_tokens, chunk_counts)  # errors before notes
     if cfg is not None and cfg.top_k is not None:
         fewer = sum(f.top_k is None for f in configs)
         if fewer:
@@ -282,10 +283,11 @@ def _check_contexts(args, cases, sizes) -> None:
         )
 
 
-def _case_positions(model, args, cases, configs, context_tokens) -> list[int]:
+def _case_positions(model, args, cases, configs, context_tokens, chunk_counts) -> list[int]:
     """The positions each case's decoding reaches, checked before the first case runs, as ``generate`` checks
     one prompt (:func:`dllm.cli.options.window_check`): the prompt (dense, prefix_cache) or prefix + kept
-    chunks + query (prefilling: :func:`kept_positions`), plus the response.
+    chunks + query (prefilling: :func:`kept_positions` of each context's snapped chunk count, ``chunk_counts``),
+    plus the response.
 
     Past the model's trained positions: with --method prefilling, a case whose prefix + query and response
     alone do not fit is an error naming the case (``generate`` refuses that prompt); every other case past
@@ -306,7 +308,7 @@ def _case_positions(model, args, cases, configs, context_tokens) -> list[int]:
             live = len(encode_text(model, case.prefix, bos=True)) + len(encode_text(model, case.query))
             if limit and live + gen > limit:
                 refused.append((case, live, gen))
-            positions.append(live + kept_positions(configs[i], context_tokens[i]) + gen)
+            positions.append(live + kept_positions(configs[i], context_tokens[i], chunk_counts[i]) + gen)
         else:
             positions.append(len(encode_text(model, case.prompt, bos=True)) + gen)
     if refused:

@@ -298,7 +298,13 @@ def _answer_from_document(model, args, template, document, cfg, context_tokens, 
     parts = split_document_prompt(model, template, apply_chat_template=args.chat)
     live = parts.prefix.numel() + parts.query.numel()
     window_check(
-        model, live, kw["gen"], "prefilling", True, kept_positions(cfg, context_tokens), json_notes=args.stats == "json"
+        model,
+        live,
+        kw["gen"],
+        "prefilling",
+        True,
+        kept_positions(cfg, context_tokens, document.num_chunks),
+        json_notes=args.stats == "json",
     )
     return dllm.generate(
         model, prompt=parts, document=document, method="prefilling", prefilling=cfg, seed=args.seed,
@@ -322,7 +328,7 @@ def _answer_fresh(model, args, template, context, cfg, kw):
         n_chunks, n_tokens = count_chunks(model, parts.context, cfg), parts.context.numel()
         fitted = fit_top_k(cfg, n_chunks, n_tokens, explicit=args.top_k not in (None, ALL))
         live = parts.prefix.numel() + parts.query.numel()
-        kept = kept_positions(fitted, parts.context.numel())
+        kept = kept_positions(fitted, n_tokens, n_chunks)
         window_check(model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json")
         return dllm.generate(
             model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=progress_bars(),

@@ -216,19 +216,21 @@ def window_check(
     note(f"{line}: answers past the window are unreliable (--method prefilling keeps only K chunks)", json_notes)
 
 
-def kept_positions(cfg: PrefillingConfig, context_tokens: int) -> int:
-    """Positions the kept chunks take between the prefix and the query: K chunks with their anchors
-    (``continuous``), one chunk's (``reuse``: all at the same positions) or the whole context
-    (``absolute``)."""
-    from dllm.prefilling import cut_chunks
+def kept_positions(cfg: PrefillingConfig, context_tokens: int, num_chunks: int) -> int:
+    """Positions the kept chunks take between the prefix and the query, at most: K chunks with their anchors
+    (``continuous``; every chunk when K >= N: the context plus N anchors), one chunk's (``reuse``: all at the
+    same positions) or the whole context (``absolute``).
 
-    n = len(cut_chunks(context_tokens, cfg.chunk_size))
+    ``num_chunks``: N, the chunks the context is really cut into, the snapped ones with ``boundary_snap``
+    (:func:`dllm.prefilling.chunks.count_chunks`, a document's ``num_chunks``), as the library fits K
+    (:meth:`PrefillingConfig.for_chunks`); ``ceil(L / C)`` would undercount where snapping adds chunks."""
     width = min(cfg.chunk_size, context_tokens) + 1
     if cfg.position_mode == "absolute":
         return context_tokens + 1
     if cfg.position_mode == "reuse":
         return width
-    return min(n, cfg.top_k or n) * width
+    kept = min(num_chunks, cfg.top_k or num_chunks)
+    return min(kept * width, context_tokens + kept)  # no chunk is longer than C; K chunks hold <= L tokens
 
 
 def decode_kwargs(args, gen_length) -> dict:
