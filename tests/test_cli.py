@@ -424,6 +424,33 @@ def test_prefilling_past_the_window_through_its_kept_chunks_gets_a_note(files, c
     assert lines[0]["note"].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
 
 
+def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatch):
+    """b38 item 11: under torchrun ``--stats json`` the past-the-window note was plain text (the one-process
+    CLI's note is a JSON line since issue 38 item 9). One gloo rank in this process, the environment torchrun
+    sets; the same document and prompt as the test above."""
+    import socket
+
+    def port():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return str(sock.getsockname()[1])
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port())
+    rc, _, err = run_cli(capsys, *shlex.split("encode --context-file doc.txt --out book.idx --device cpu --chunk-size 256"))
+    assert rc == 0, err
+    monkeypatch.setenv("MASTER_PORT", port())
+    cmd = "generate --document book.idx --prompt-file prompt.txt --device cpu --top-k 4 --gen-length 600 --steps 1"
+    rc, _, err = run_cli(capsys, *shlex.split(cmd + " --stats json"))
+    assert rc == 0, err
+    lines = [json.loads(line) for line in err.strip().splitlines()]  # main: a plain-text "note: ..." line
+    notes = [d["note"] for d in lines if set(d) == {"note"}]
+    assert notes and notes[0].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
+
+
 def test_kept_positions_bound_every_snapped_cut():
     """b38 item 10: the window check counted ceil(L / C) fixed chunks; with snapped boundaries there can be more
     (each at most C tokens), and K of them take up to the K largest sizes plus K anchors. L = 768 = 3 x 256 cut

@@ -188,7 +188,8 @@ def _generate(args) -> int:
         def prompt_parts(template=template):
             parts = split_document_prompt(model, template, apply_chat_template=args.chat)
             live = parts.prefix.numel() + parts.query.numel()
-            window_check(model, live, gen, "prefilling", True, kept_positions(cfg, header["num_tokens"], header["num_chunks"]))
+            kept = kept_positions(cfg, header["num_tokens"], header["num_chunks"])
+            window_check(model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json")
             return parts
 
         parts = dd.run_on_all(prompt_parts)
