@@ -254,7 +254,10 @@ def generate(
     steps = gen_length if steps is None else _count("steps", steps)
     live_window = _count("live_window", live_window)
     # checked for every method (dense and prefilling ignore them, but a typo must not pass unseen)
-    for name, value, allowed in (("cache_refresh", cache_refresh, REFRESH_MODES), ("cache_scope", cache_scope, CACHE_SCOPES)):
+    for name, value, allowed in (
+        ("cache_refresh", cache_refresh, REFRESH_MODES),
+        ("cache_scope", cache_scope, CACHE_SCOPES),
+    ):
         if not isinstance(value, str) or value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     seed = None if seed is None else _seed(seed)

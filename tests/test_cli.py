@@ -440,7 +440,9 @@ def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatc
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", port())
-    rc, _, err = run_cli(capsys, *shlex.split("encode --context-file doc.txt --out book.idx --device cpu --chunk-size 256"))
+    rc, _, err = run_cli(
+        capsys, *shlex.split("encode --context-file doc.txt --out book.idx --device cpu --chunk-size 256")
+    )
     assert rc == 0, err
     monkeypatch.setenv("MASTER_PORT", port())
     cmd = "generate --document book.idx --prompt-file prompt.txt --device cpu --top-k 4 --gen-length 600 --steps 1"

@@ -91,7 +91,9 @@ def test_a_candidate_layer_without_candidates_in_the_checkpoint_is_one_error_lin
     bare.mkdir()
     (bare / "config.json").write_text((ROOT / "dllm/assets/tiny-dream/config.json").read_text())
     (bare / "prefilling_config.json").write_text(json.dumps({"candidate_layer": 1}))
-    rc, out, err = run_cli(capsys, "generate", "--model", str(bare), "--prompt-file", "prompt.txt", "--context-file", "doc.txt")
+    rc, out, err = run_cli(
+        capsys, "generate", "--model", str(bare), "--prompt-file", "prompt.txt", "--context-file", "doc.txt"
+    )
     assert rc == 2 and out == ""
     assert err.strip().splitlines() == [
         f"error: {bare / 'prefilling_config.json'}: candidate_layer=1 needs candidates (the first stage it belongs "

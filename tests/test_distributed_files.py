@@ -170,7 +170,7 @@ def test_cli_generate_from_an_index_in_one_process(saved, tmp_path, capsys, monk
         assert rc == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error:") and says in lines[0], err
 
 
-@pytest.mark.parametrize("content", ['["kind", "dllm_sharded_document"]', '\ufeff  [1, 2]'])
+@pytest.mark.parametrize("content", ['["kind", "dllm_sharded_document"]', "\ufeff  [1, 2]"])
 def test_an_index_holding_a_json_array_says_so(tmp_path, content):
     """b38 item 9: a JSON array at --document read as 'not a safetensors file' in one process; the index reader
     says the index must hold a JSON object, naming the file."""

@@ -403,7 +403,11 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         ({"alg_temp": math.inf}, ValueError, "alg_temp must be a finite number >= 0"),
         ({"alg_temp": math.nan}, ValueError, "alg_temp must be a finite number >= 0"),
         # b38 item 1: T or 1/T overflows float32 (main: a "NaN logits" error blaming the model / a torch error)
-        ({"temperature": 1e39}, ValueError, r"temperature must be .*got 1e\+39: 0 \(greedy\) or in \[1.18e-38, 8.51e\+37\]"),
+        (
+            {"temperature": 1e39},
+            ValueError,
+            r"temperature must be .*got 1e\+39: 0 \(greedy\) or in \[1.18e-38, 8.51e\+37\]",
+        ),
         ({"temperature": 1e-300}, ValueError, r"temperature must be .*got 1e-300: 0 \(greedy\) or in \[1.18e-38"),
         ({"alg_temp": 1e300}, ValueError, r"alg_temp must be .*got 1e\+300: 0 or in \[1.18e-38, 8.51e\+37\]"),
         ({"alg_temp": 1e300, "draw_order": "official"}, ValueError, r"alg_temp must be .*in \[1.18e-38"),
@@ -448,7 +452,9 @@ def test_generate_takes_numpy_integers_and_reals():
 
 
 @pytest.mark.parametrize("draw_order", ["batched", "official"])
-@pytest.mark.parametrize("alg,family", [("maskgit_plus", "dream"), ("low_confidence", "llada"), ("confidence_threshold", "dream")])
+@pytest.mark.parametrize(
+    "alg,family", [("maskgit_plus", "dream"), ("low_confidence", "llada"), ("confidence_threshold", "dream")]
+)
 def test_tiny_temperature_is_the_greedy_limit_not_nan(alg, family, draw_order):
     """b38 item 1: logits of about 50 over T = 1e-37 (or the smallest accepted, 2**-126) overflowed
     logits / T to inf in float32: main raised "NaN logits" blaming the model. The tempered logits are
@@ -482,7 +488,9 @@ def test_huge_temperature_samples_every_real_token():
     from dllm.decode.unmasking import choose_tokens
 
     logits = torch.tensor([5.0, 0.0, -math.inf, -3.0]).expand(6000, 4)
-    x0, _, invalid = choose_tokens(logits, UnmaskingConfig(temperature=8e37), torch.Generator().manual_seed(0), mask_id=2)
+    x0, _, invalid = choose_tokens(
+        logits, UnmaskingConfig(temperature=8e37), torch.Generator().manual_seed(0), mask_id=2
+    )
     freq = torch.bincount(x0, minlength=4).double() / x0.numel()
     assert not invalid.any() and freq[2] == 0
     assert (freq[[0, 1, 3]] - 1 / 3).abs().max() < 0.03  # 5 sigma of a share of 1/3 over 6000

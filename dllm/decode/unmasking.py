@@ -83,7 +83,6 @@ unspecified) hold in both orders.
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 from dataclasses import dataclass

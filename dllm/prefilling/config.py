@@ -254,7 +254,9 @@ class PrefillingConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise TypeError(f"PrefillingConfig.from_pretrained: unknown keyword argument(s) {unknown}; known: {sorted(known)}")
+            raise TypeError(
+                f"PrefillingConfig.from_pretrained: unknown keyword argument(s) {unknown}; known: {sorted(known)}"
+            )
         try:
             return with_overrides(base, overrides)
         except (TypeError, ValueError) as e:
