@@ -175,7 +175,8 @@ def test_select_chunks_refuses_a_threshold_outside_0_1(threshold):
 def test_select_chunks_k_must_be_an_integer():
     np = pytest.importorskip("numpy")
     assert select_chunks(torch.tensor([3.0, 2.0, 1.0]), np.int64(2)) == [0, 1]
-    for bad in (2.5, 2.0, True):
+    assert select_chunks(torch.tensor([3.0, 2.0, 1.0]), torch.tensor(2)) == [0, 1]
+    for bad in (2.5, 2.0, True, torch.tensor(True), torch.tensor(2.0)):
         with pytest.raises(TypeError, match="K must be an integer"):
             select_chunks(torch.tensor([3.0, 2.0, 1.0]), bad)
 

@@ -411,6 +411,7 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         ({"temperature": 1e-300}, ValueError, r"temperature must be .*got 1e-300: 0 \(greedy\) or in \[1.18e-38"),
         ({"alg_temp": 1e300}, ValueError, r"alg_temp must be .*got 1e\+300: 0 or in \[1.18e-38, 8.51e\+37\]"),
         ({"alg_temp": 1e300, "draw_order": "official"}, ValueError, r"alg_temp must be .*in \[1.18e-38"),
+        ({"temperature": 10**400}, ValueError, "temperature must be a finite number, got 1000"),  # OverflowError
         ({"eps": math.nan}, ValueError, "eps must be in \\(0, 1\\)"),
         ({"threshold": math.nan}, ValueError, "threshold must be in \\(0, 1\\]"),
         ({"seed": -1}, ValueError, "seed must be an integer in \\[0, 2\\*\\*64\\), got -1"),  # main accepted it

@@ -111,10 +111,14 @@ def integer(name: str, value) -> int:
 
 def real_number(name: str, value) -> float:
     """``value`` as a Python float: an int, float or numpy real; a bool, a string or a tensor is a TypeError
-    naming ``name``. Range checks (NaN, inf) are the caller's."""
+    naming ``name``; an integer too large for a float (``10**400``) a ValueError naming it. Range checks (NaN, inf)
+    are the caller's. -0.0 becomes 0.0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value) + 0.0
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number, got {value!r} (too large for a float)") from None
 
 
 def _in_temperature_range(t: float) -> bool:

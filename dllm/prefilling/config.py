@@ -172,6 +172,8 @@ class PrefillingConfig:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
         if isinstance(self.draft_threshold, bool) or not isinstance(self.draft_threshold, numbers.Real):
             raise ValueError(f"draft_threshold must be a real number, got {self.draft_threshold!r}")
+        if not 0 < self.draft_threshold <= 1:  # (before float(): an integer of 400 digits overflows it)
+            raise ValueError(f"draft_threshold must be in (0, 1], got {self.draft_threshold}")
         object.__setattr__(self, "draft_threshold", float(self.draft_threshold))
         if not 0 < self.draft_threshold <= 1:
             raise ValueError(f"draft_threshold must be in (0, 1], got {self.draft_threshold}")

@@ -89,10 +89,12 @@ def select_chunks(scores: torch.Tensor, k: int, chunk_ids=None, threshold: float
         K chunk indices, ascending.
 
     Raises:
-        TypeError: K not an integer (an int or a numpy integer; a bool or a float is refused).
+        TypeError: K not an integer (an int, a numpy integer or a 0-d integer tensor; a bool or a float is refused).
         ValueError: K outside ``[1, N]``, a threshold that is not a real number in (0, 1] (NaN and inf
             included: NaN would pass every chunk over without a word), or a threshold without ``chunk_ids``.
     """
+    if isinstance(k, torch.Tensor) and k.dim() == 0 and not (k.dtype.is_floating_point or k.dtype.is_complex):
+        k = k.item() if k.dtype != torch.bool else k  # a 0-d integer tensor, as the kernels take one
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"K must be an integer, got {type(k).__name__} {k!r}")
     k = int(k)
