@@ -495,3 +495,22 @@ def test_huge_temperature_samples_every_real_token():
     freq = torch.bincount(x0, minlength=4).double() / x0.numel()
     assert not invalid.any() and freq[2] == 0
     assert (freq[[0, 1, 3]] - 1 / 3).abs().max() < 0.03  # 5 sigma of a share of 1/3 over 6000
+
+
+def test_entropy_alg_temp_near_the_lower_bound_ranks_by_confidence():
+    """Probing b38 item 1: entropy's confidences are negative (to -log V): over alg_temp = 2**-126 the flat
+    positions' conf / alg_temp overflowed to -inf, tied, and the batched Gumbel-top-k took the leftmost (position
+    0, the flattest) where the limit is the top-k by confidence; ties of the key now go by confidence."""
+    from dllm.decode.unmasking import unmask_batch
+
+    g = torch.Generator().manual_seed(0)
+    scale = torch.tensor([0.05, 0.1, 0.2, 0.4, 1.0, 2.0, 4.0, 8.0])  # flat (entropy about -5.7) to peaked
+    logits = torch.randn(1, 8, 300, generator=g) * scale[None, :, None]
+    cand = torch.ones(1, 8, dtype=torch.bool)
+    picks = [
+        unmask_batch(logits, cand, UnmaskingConfig(alg="entropy", alg_temp=t), 1, 3, generator=torch.Generator())
+        .reveal[0]
+        .tolist()
+        for t in (None, 2.0**-126)
+    ]
+    assert picks[0] == picks[1] == [False] * 5 + [True] * 3

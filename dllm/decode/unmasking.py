@@ -458,7 +458,12 @@ def _pick(conf, candidates, cfg: UnmaskingConfig, step, steps, block_masks, x0, 
     k = _reveal_counts(candidates, cfg, step, steps, block_masks)
     if cfg.alg in DREAM_ALGS and cfg.alg_temp:  # Gumbel-top-k on softmax(conf / alg_temp)
         gumbel = -_uniform(candidates.shape, conf, generator).log_().neg_().log_()
-        conf = conf / cfg.alg_temp + gumbel
+        key = conf / cfg.alg_temp + gumbel
+        # Equal keys are ranked by confidence (then leftmost): they tie only where conf / alg_temp overflowed to
+        # -inf (entropy's negative confidences under an alg_temp near 1e-38), whose limit is the confidence order.
+        by_conf = torch.sort(conf.masked_fill(~candidates, float("-inf")), dim=1, descending=True, stable=True).indices
+        picked = top_ranked(key.gather(1, by_conf), candidates.gather(1, by_conf), k)
+        return StepChoice(x0, torch.zeros_like(candidates).scatter(1, by_conf, picked), invalid)
     return StepChoice(x0, top_ranked(conf, candidates, k), invalid)
 
 
