@@ -195,6 +195,10 @@ def test_loglikelihood_is_greedy_and_rolling(lm):
         ("method=dense,top_k=2", "error: model_args: top_k (method=prefilling): not an option of method=dense"),
         ("pretrained=/no/such/dir", "error: model_args pretrained=/no/such/dir: no such directory"),
         ("chunk_size=4096", "error: model_args chunk_size=4096: a chunk and its BOS anchor take 4097 positions"),
+        # b38: lm-eval's parser reads '٣' as 3; the text is checked before it types it
+        ("method=dense,steps=٣", "error: model_args steps='٣': expected ASCII digits (0-9)"),
+        ("draw_order=sideways", "error: model_args draw_order='sideways': expected one of batched, official"),
+        ("candidate_layer=1", "error: model_args: candidate_layer=1 needs candidates"),
     ],
 )
 def test_model_args_errors_are_one_line_exit_2(capsys, model_args, expected):
@@ -202,6 +206,15 @@ def test_model_args_errors_are_one_line_exit_2(capsys, model_args, expected):
     assert harness_main(argv) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and err[0].startswith(expected), err
+
+
+def test_create_from_arg_string_refuses_other_digits_and_takes_draw_order():
+    """b38: simple_evaluate(model_args="...") builds the model through create_from_arg_string, whose lm-eval
+    parser reads 'chunk_size=٣' as the int 3: refused first; draw_order reaches generate's keywords."""
+    with pytest.raises(ModelArgsError, match="model_args chunk_size='٣': expected ASCII digits"):
+        PrefillingDLLM.create_from_arg_string("method=prefilling,chunk_size=٣")
+    lm = PrefillingDLLM.create_from_arg_string("method=dense,draw_order=official", {"device": "cpu"})
+    assert lm.settings.generate_kwargs()["draw_order"] == "official"
 
 
 def test_device_error_and_help_model_args(capsys):
