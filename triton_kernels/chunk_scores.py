@@ -623,6 +623,13 @@ _row_mass_impl, _chunk_row_mass_op = _register(
 )
 
 
+def _current(call) -> bool:
+    """Whether the call launches the module's kernels of now (the AOT compile gate swaps in stand-ins)."""
+    if type(call) is _RowMassCall:
+        return call.launch.kernel is _row_mass_kernel
+    return call.row_lse.kernel is _row_lse_kernel and all(c.kernel is _column_mass_kernel for _, c in call.columns)
+
+
 _PREPARE = {"chunk_attention_scores": _prepare_scores, "chunk_row_mass": _prepare_row_mass}
 _RUN = {_ScoresCall: _run_scores, _RowMassCall: _run_row_mass}
 
@@ -632,7 +639,8 @@ def _run(op_name, op, impl, q, k, lens, k_extra, sm_scale, backend, q_tokens_are
     # type(sm_scale): 1 == True == 1.0 as keys, but a bool scale must still raise
     sig = V.signature(op_name, (q, k, lens, k_extra), (sm_scale, type(sm_scale), backend, _plan.assumed_gpu()))
     call = V.recall(sig)
-    if call is None:  # metadata checks, memoised per metadata signature with the prepared call
+    if call is None or (type(call) in _RUN and not _current(call)):  # metadata checks, memoised per
+        # metadata signature with the prepared call (made again when its kernels were swapped)
         _validate(op_name, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk)
         if backend == "triton":  # the torch reference takes any D
             V.check_head_dim(op_name, q.shape[-1])

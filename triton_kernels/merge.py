@@ -319,7 +319,9 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
     backend = resolve_backend(backend, o.device) if isinstance(o, torch.Tensor) else backend
     sig = V.signature("merge_states", (o, lse), (backend, _plan.assumed_gpu()))
     call = V.recall(sig)
-    if call is None:  # metadata checks, memoised per metadata signature with the prepared call
+    if call is None or (type(call) is _MergeCall and call.launch.kernel is not _merge_states_kernel):
+        # metadata checks, memoised per metadata signature with the prepared call (made again when the
+        # kernel was swapped: the AOT compile gate's stand-in)
         _validate(o, lse)
         if backend == "triton" and sig is not None:
             call = _prepare_public(o, lse)

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from triton_kernels import _launch
 from triton_kernels import _validate as V
+from triton_kernels import merge as _merge
 from triton_kernels import plan as _plan
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
@@ -319,6 +320,13 @@ def _prepare(
     return call
 
 
+def _current(call: _SplitSCall) -> bool:
+    """Whether the call launches the modules' kernels of now (the AOT compile gate swaps in stand-ins)."""
+    return call.phase1.kernel is _split_s_partial_kernel and (
+        call.merge is None or call.merge.kernel is _merge._merge_states_kernel
+    )
+
+
 def _run(call: _SplitSCall, q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens):
     """Run a prepared call on tensors of the metadata it was prepared for: allocate, launch (1 or 2)."""
     if not call.native and _launch._STUB is None:
@@ -565,7 +573,8 @@ def split_s_attention(
     # type(sm_scale): 1 == True == 1.0 as keys, but a bool scale must still raise
     sig = V.signature("split_s_attention", tensors, (sm_scale, type(sm_scale), backend, _plan.assumed_gpu()))
     call = V.recall(sig)
-    if call is None:  # metadata checks, memoised per metadata signature with the prepared call
+    if call is None or (type(call) is _SplitSCall and not _current(call)):  # metadata checks, memoised per
+        # metadata signature with the prepared call (made again when its kernels were swapped)
         _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
         if backend == "triton":  # the torch reference takes any D
             V.check_head_dim("split_s_attention", q.shape[-1])
