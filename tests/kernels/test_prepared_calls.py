@@ -163,6 +163,43 @@ def test_prepared_path_allocates_only_the_outputs_and_follows_the_policy(stubbed
         tk.split_s_attention(*args, backend="triton")
 
 
+@pytest.mark.parametrize("op,outputs,launches", [("merge", 2, 1), ("scores", 3, 3), ("row_mass", 1, 1)])
+def test_prepared_path_of_the_other_ops_allocates_only_the_outputs(stubbed, monkeypatch, op, outputs, launches):
+    gen = torch.Generator().manual_seed(8)
+    k, x = torch.randn(3, 64, 2, 32, generator=gen), torch.randn(3, 4, 2, 32, generator=gen)
+    lens = torch.tensor([64, 10, 1], dtype=torch.int32)
+    o, lse, q, qr = (
+        torch.randn(3, 2, 8, 4, 32),
+        torch.randn(3, 2, 8, 4),
+        torch.randn(3, 6, 4, 32),
+        torch.randn(3, 64, 4, 32),
+    )
+    call = {
+        "merge": lambda: tk.merge_states(o, lse, backend="triton"),
+        "scores": lambda: tk.chunk_attention_scores(q, k, lens, x, backend="triton"),
+        "row_mass": lambda: tk.chunk_row_mass(qr, k, lens, x, backend="triton"),
+    }[op]
+    call()  # prepares
+    allocs = []
+    for name in ("empty", "empty_strided", "zeros", "full", "empty_like", "zeros_like"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _real=real, _n=name, **kw: allocs.append(_n) or _real(*a, **kw))
+    stubbed.clear()
+    call()
+    assert len(allocs) == outputs and len(stubbed) == launches, (allocs, stubbed)
+
+
+def test_env_reads_what_os_environ_holds(monkeypatch):
+    """The cheap environment read sees a variable set, changed or removed at run time."""
+    monkeypatch.delenv("PREFILLING_DLLM_BACKEND", raising=False)
+    assert _dispatch.env("PREFILLING_DLLM_BACKEND", "auto") == "auto"
+    for value in ("torch", "Triton ", "tritón"):
+        monkeypatch.setenv("PREFILLING_DLLM_BACKEND", value)
+        assert _dispatch.env("PREFILLING_DLLM_BACKEND", "auto") == value
+    monkeypatch.setenv("PREFILLING_DLLM_SOME_NEW_NAME", "1")
+    assert _dispatch.env("PREFILLING_DLLM_SOME_NEW_NAME", "0") == "1"
+
+
 def test_prepared_launch_grid_follows_the_shapes(stubbed):
     """Alternating row counts through merge_states: each call's grid is its own plan's."""
     grids = []
