@@ -342,7 +342,9 @@ class _ScoresCall:
     """A prepared ``chunk_attention_scores`` call (:func:`_prepare_scores`): output specs, the row-LSE
     launch and one column launch per key set (chunk keys, extra keys); a call supplies the pointers."""
 
-    __slots__ = ("mass", "extra_mass", "lse", "lse_part", "row_lse", "columns", "native", "err", "device_type")
+    __slots__ = (
+        "mass", "extra_mass", "lse", "lse_part", "row_lse", "columns", "native", "err", "device_type", "kernels",
+    )  # fmt: skip
 
 
 def _prepare_scores(q, k, lens, k_extra, sm_scale, block_m=None, block_n=None):
@@ -417,6 +419,7 @@ def _prepare_scores(q, k, lens, k_extra, sm_scale, block_m=None, block_n=None):
     call.device_type = dev.type
     call.native = call.device_type == "cuda"  # else require_runnable per call
     call.err = error_word(dev)
+    call.kernels = (_row_lse_kernel, _column_mass_kernel)  # what the launches above hold
     return call
 
 
@@ -460,7 +463,7 @@ def chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale, *, block_m=None
 class _RowMassCall:
     """A prepared ``chunk_row_mass`` call (:func:`_prepare_row_mass`)."""
 
-    __slots__ = ("out", "launch", "native", "err", "device_type")
+    __slots__ = ("out", "launch", "native", "err", "device_type", "kernels")
 
 
 def _prepare_row_mass(q, k, lens, k_extra, sm_scale, block_m=None, block_n=None):
@@ -494,6 +497,7 @@ def _prepare_row_mass(q, k, lens, k_extra, sm_scale, block_m=None, block_n=None)
         _dot_prec(comp),
     )  # the kernel's signature order after its 6 pointers (triton_kernels._launch.launch)
     call.launch = PreparedLaunch(_row_mass_kernel, (cdiv(t, block_m), hkv, n), tail, 4)
+    call.kernels = (_row_mass_kernel,)
     call.device_type = q.device.type
     call.native = call.device_type == "cuda"  # else require_runnable per call
     call.err = error_word(q.device)
@@ -626,8 +630,8 @@ _row_mass_impl, _chunk_row_mass_op = _register(
 def _current(call) -> bool:
     """Whether the call launches the module's kernels of now (the AOT compile gate swaps in stand-ins)."""
     if type(call) is _RowMassCall:
-        return call.launch.kernel is _row_mass_kernel
-    return call.row_lse.kernel is _row_lse_kernel and all(c.kernel is _column_mass_kernel for _, c in call.columns)
+        return call.kernels[0] is _row_mass_kernel
+    return call.kernels[0] is _row_lse_kernel and call.kernels[1] is _column_mass_kernel
 
 
 _PREPARE = {"chunk_attention_scores": _prepare_scores, "chunk_row_mass": _prepare_row_mass}
