@@ -3,9 +3,10 @@
 Runs each public op the way it runs on CUDA tensors (backend ``triton``, the CUDA value-check
 policy: no host read of index values) on CPU tensors, with the kernel launch stubbed
 (:func:`triton_kernels._launch.stub_launches`): what is timed is the op's Python path --
-validation, dispatch, the memoised plan, output allocation, the launch cache's key and lookup --
-up to the compiled kernel's C launcher, which the stub replaces (about 2-3 us per launch on a
-GPU host, not counted here). Plans are made for an H200 (:func:`triton_kernels.plan.assume_gpu`).
+the metadata signature and its prepared call (validation, plan and launch arguments made once per
+signature), the value-check policy, output allocation and the launch record's checks -- up to the
+compiled kernel's C launcher, which the stub replaces (about 2-3 us per launch on a GPU host, not
+counted here). Plans are made for an H200 (:func:`triton_kernels.plan.assume_gpu`).
 
 The tensors are small (the host path does not depend on their size, except ``topb_gather``'s
 torch selection, which here runs its sorts on the CPU): shapes are Dream-7B's heads (Hq = 28,
@@ -18,6 +19,7 @@ Usage: ``python -m bench.host_time [--calls N] [--repeats R] [--out bench/result
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -49,11 +51,18 @@ def cases(dtype=torch.bfloat16) -> dict:
     rq = r(n, t, hq, d)
     clens = torch.full((n,), t, dtype=torch.int32)
     scores = torch.randn(n, hkv, t, generator=g)
+    t_long = 1024  # the paper's C = 1024: the plan splits the segments, phase 1 + the merge
+    kp_long, vp_long = r(k, t_long, hkv, d), r(k, t_long, hkv, d)
+    lens_long = torch.full((b, k), t_long, dtype=torch.int32)
     tri = dict(backend="triton")
     return {
         "split_s_attention": (
             lambda: tk.split_s_attention(q, kp, vp, slots, lens, kl, vl, **tri),
-            f"Dream heads, K={k} segments, M={m} live queries, with live K/V",
+            f"Dream heads, K={k} segments of T={t}, M={m} live queries, with live K/V (one partial)",
+        ),
+        "split_s_attention, C=1024": (
+            lambda: tk.split_s_attention(q, kp_long, vp_long, slots, lens_long, kl, vl, **tri),
+            f"as above with segments of T={t_long}: the plan's partials and their merge",
         ),
         "merge_states": (lambda: tk.merge_states(o, lse, **tri), f"4 partials of {b * m} x {hq} rows, D={d}"),
         "chunk_attention_scores": (
@@ -99,10 +108,11 @@ def main(argv=None) -> int:
         ap.error("--calls and --repeats must be >= 1")
     torch.set_num_threads(1)
     t0 = time.time()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     rows = measure(args.calls, args.repeats)
     lines = ["| op | host us / call | limit | launches / call | case |", "|---|---:|---:|---:|---|"]
     for r in rows:
-        limit = LIMITS_US.get(r["op"], 15.0)
+        limit = LIMITS_US.get(r["op"].split(",")[0], 15.0)
         lines.append(f"| {r['op']} | {r['us']:.1f} | {limit:.0f} | {r['launches']} | {r['what']} |")
     paragraphs = [
         "\n".join(lines),
@@ -111,7 +121,8 @@ def main(argv=None) -> int:
         "C launcher (about 2-3 us a launch on a GPU host, not included). Minimum over "
         f"{args.repeats} repeats of the mean of {args.calls} back-to-back calls, one CPU thread. "
         "CPU tensors stand in for CUDA ones, so torch's own per-op cost is the CPU dispatcher's, "
-        "lower than CUDA's (each torch op on CUDA tensors costs a few us of host time more).",
+        "lower than CUDA's (each torch op on CUDA tensors costs a few us of host time more). "
+        f"Load average (1 min) at the start: {load:.1f} on this machine's cores (other processes).",
     ]
     if args.out:
         write_report(args.out, "Host time per op call (CUDA branch, launch stubbed)", "bench.host_time", argv,

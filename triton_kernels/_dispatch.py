@@ -38,6 +38,11 @@ kernels cached per specialisation and called directly, ``kernel[grid]`` only on 
 where that path is not verified), plans are memoised (:mod:`triton_kernels.plan`), the
 metadata checks are memoised per metadata signature (:func:`triton_kernels._validate.signature`),
 and an op allocates only its outputs (plus split-S's partial buffers when its plan merges).
+In eager mode an op whose signature was seen before runs a *prepared call* stored beside it
+(output shapes, :class:`triton_kernels._launch.PreparedLaunch` records holding the grid and the
+non-pointer arguments): the call allocates its outputs, reads its pointers and launches. The
+environment variables above are read on every call, through :func:`env` (a dict lookup on
+POSIX, not ``os.environ``'s encode/decode), so setting one at run time still takes effect.
 
 In eager mode the public ops call their implementation directly; under
 ``torch.compile`` (or any tracing dispatch mode, or tensor subclasses such as
@@ -60,9 +65,33 @@ BACKENDS = ("triton", "torch")
 _POISON = False
 
 
+# os.environ's bytes mapping on POSIX (what os.environ.get reads through str encode/decode, ~1 us a
+# call): the same values, read in ~50 ns. Elsewhere os.environ.get itself.
+_ENV_BYTES = os.environ._data if os.name == "posix" and type(getattr(os.environ, "_data", None)) is dict else None
+_ENV_SEEN: dict = {}  # (name, raw value) -> decoded value
+
+
+def env(name: str, default: str) -> str:
+    """``os.environ.get(name, default)``, cheaper on POSIX (no encode/decode on a repeated value)."""
+    if _ENV_BYTES is None:
+        return os.environ.get(name, default)
+    raw = _ENV_BYTES.get(name.encode() if name not in _ENV_KEYS else _ENV_KEYS[name])
+    if raw is None:
+        return default
+    value = _ENV_SEEN.get((name, raw))
+    if value is None:
+        value = _ENV_SEEN[(name, raw)] = os.fsdecode(raw)
+    return value
+
+
+_ENV_KEYS = {n: os.fsencode(n) for n in ("PREFILLING_DLLM_BACKEND", "PREFILLING_DLLM_CHECK_VALUES")}
+
+
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     """Return ``"triton"`` or ``"torch"`` for a call whose tensors live on ``device``."""
-    choice = backend if backend is not None else os.environ.get("PREFILLING_DLLM_BACKEND", "auto")
+    choice = backend if backend is not None else env("PREFILLING_DLLM_BACKEND", "auto")
+    if choice == "triton" or choice == "torch":  # the common spellings, without string work
+        return choice
     choice = str(choice).strip().lower() or "auto"
     if choice == "auto":
         return "triton" if device.type == "cuda" else "torch"
@@ -103,16 +132,23 @@ def check_values_enabled(device: torch.device | None = None) -> bool:
     (or None, for callers that predate the device rule): yes. ``PREFILLING_DLLM_CHECK_VALUES=0``
     and :func:`skip_value_checks` turn the host checks off everywhere.
     """
+    return values_checked(None if device is None else device.type)
+
+
+def values_checked(device_type: str | None) -> bool:
+    """:func:`check_values_enabled` for a device type (``"cuda"``, ``"cpu"``, or None)."""
     if _SKIP_VALUE_CHECKS:
         return False
     if _FORCE_VALUE_CHECKS:
         return True
-    env = os.environ.get("PREFILLING_DLLM_CHECK_VALUES", "auto").strip().lower()
-    if env in ("0", "false", "no"):
-        return False
-    if env in ("1", "true", "yes"):
-        return True
-    return device is None or device.type not in _SYNC_FREE_TYPES
+    mode = env("PREFILLING_DLLM_CHECK_VALUES", "auto")
+    if mode != "auto":
+        mode = mode.strip().lower()
+        if mode in ("0", "false", "no"):
+            return False
+        if mode in ("1", "true", "yes"):
+            return True
+    return device_type is None or device_type not in _SYNC_FREE_TYPES
 
 
 _SYNC_FREE_TYPES = ("cuda",)  # device types whose ops read no value on the host by default
@@ -241,6 +277,30 @@ def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=device)
     fill = float("nan") if dtype.is_floating_point else -7
     return torch.full(shape, fill, dtype=dtype, device=device)
+
+
+def alloc_spec(spec: tuple) -> torch.Tensor:
+    """An output of a prepared call: ``spec = (shape, strides, dtype, device)`` (contiguous strides),
+    ``torch.empty_strided`` (cheaper than ``torch.empty`` on the host), or :func:`alloc` inside
+    :func:`poison_outputs`."""
+    if not _POISON:
+        return torch.empty_strided(spec[0], spec[1], dtype=spec[2], device=spec[3])
+    return alloc(spec[0], spec[2], spec[3])
+
+
+def out_spec(shape: tuple, dtype: torch.dtype, device: torch.device) -> tuple:
+    """The :func:`alloc_spec` of a contiguous ``shape`` tensor."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(shape), tuple(reversed(strides)), dtype, device
+
+
+def eager() -> bool:
+    """True in plain eager mode: no ``torch.compile`` tracing and no dispatch mode active, so an op may
+    run its prepared call instead of the registered op (:func:`call_op`)."""
+    return not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
 
 
 def compute_dtype(kernel, dtype: torch.dtype):

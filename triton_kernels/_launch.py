@@ -21,7 +21,16 @@ the interpreter (``TRITON_INTERPRET=1``), any object that is not exactly a ``JIT
 (e.g. the AOT compile gate's stand-in), a Triton version whose launch code was not read
 (:data:`DIRECT_LAUNCH_VERSIONS`), a launch hook installed (profilers such as Proton), or
 ``PREFILLING_DLLM_DIRECT_LAUNCH=0``. Triton debug knobs changed after a kernel's first launch
-are not seen by its cached entry; :func:`clear_launch_cache` forgets every entry.
+are not seen by its cached entry; :func:`clear_launch_cache` forgets every entry (the
+:class:`PreparedLaunch` records too). A launch hook counts as installed when either hook chain
+(``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, a ``HookChain`` in Triton 3.6 and 3.9,
+never None) holds a hook, or when one was replaced by another callable; the direct call then
+passes None for both hooks and for the launch metadata, which the launchers of both versions
+read as "no hook" (``if (hook != Py_None)``), as ``JITFunction.run`` with empty chains amounts to.
+
+:class:`PreparedLaunch` goes one step further for the ops' hot path: one launch whose grid, warps
+and non-pointer arguments are fixed (an op prepares it once per metadata signature), so a call
+only supplies the pointers.
 
 Source of the idea: the cached-launcher pattern of inference engines (e.g. vLLM's
 ``triton_utils``), which bypass the JIT dispatcher on the hot path.
@@ -42,6 +51,10 @@ try:  # the launch contract below is Triton >= 3.3's; older Triton has no knobs 
 except ImportError:  # pragma: no cover - an old Triton: always kernel[grid]
     knobs = None
     JITFunction = None
+try:
+    from triton.knobs import HookChain
+except ImportError:  # pragma: no cover - hooks are then plain attributes, None when unset
+    HookChain = None
 
 # Triton versions whose JITFunction.run / CompiledKernel.run were read for this module.
 DIRECT_LAUNCH_VERSIONS = ((3, 6), (3, 9))
@@ -85,21 +98,27 @@ _STUB: list | None = None  # inside stub_launches: the record list
 COUNTS = {"direct": 0, "jit": 0}  # launches per path since import (tests and bench/host_time.py read them)
 
 
+_GENERATION = [0]  # bumped by clear_launch_cache: PreparedLaunch records drop their kernel
+
+
 def clear_launch_cache() -> None:
     """Forget every cached compiled kernel (the next launch of each goes through ``kernel[grid]``)."""
     _ENTRIES.clear()
+    _GENERATION[0] += 1
 
 
-def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | None = None) -> None:
+def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | None = None):
     """Launch ``kernel`` over ``grid`` (1 to 3 ints) with ``args``: every parameter, constexprs
     included, in the kernel's signature order (positional, as ``JITFunction.run`` binds them).
 
+    Returns the compiled kernel when the direct path served (or cached) this launch, so that a
+    :class:`PreparedLaunch` can keep it; None when the launch went through ``kernel[grid]`` only.
     Raises whatever ``kernel[grid]`` raises (compile errors, a pointer Triton cannot access).
     """
     stub = _STUB is not None
-    if not stub and (type(kernel) is not JITFunction or not _DIRECT or _hooked()):
+    if not stub and (type(kernel) is not JITFunction or not _DIRECT or _hooked() or kernel.pre_run_hooks):
         _jit_launch(kernel, grid, args, num_warps, num_stages)
-        return
+        return None
     if not stub and not _CURRENT:
         active = triton.runtime.driver.active
         _CURRENT[:] = [active.get_current_device, active.get_current_stream]
@@ -124,7 +143,8 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | N
             compiled = _jit_launch(kernel, grid, args, num_warps, num_stages)
             if getattr(compiled, "function", None) is not None and not hasattr(compiled, "result"):
                 entry.compiled[key] = compiled
-            return
+                return compiled
+            return None
     gx = grid[0]
     gy = grid[1] if len(grid) > 1 else 1
     gz = grid[2] if len(grid) > 2 else 1
@@ -132,6 +152,7 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | N
     COUNTS["direct"] += 1
     # JITFunction.run's last call; launch_metadata is None whenever no enter hook is set (checked above)
     compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+    return compiled
 
 
 def _jit_launch(kernel, grid, args, num_warps, num_stages):
@@ -141,8 +162,14 @@ def _jit_launch(kernel, grid, args, num_warps, num_stages):
     return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
 
 
+def _no_hook(hook) -> bool:
+    return hook is None or (HookChain is not None and type(hook) is HookChain and not hook.calls)
+
+
 def _hooked() -> bool:
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    """True when a launch hook is installed (Triton 3.6/3.9 hold empty ``HookChain``s, never None, by default)."""
+    runtime = knobs.runtime
+    return not (_no_hook(runtime.launch_enter_hook) and _no_hook(runtime.launch_exit_hook))
 
 
 _DIRECT = direct_launch_supported()
@@ -150,6 +177,56 @@ _DIRECT = direct_launch_supported()
 
 def kernel_name(kernel) -> str:
     return getattr(getattr(kernel, "fn", kernel), "__name__", type(kernel).__name__)
+
+
+class PreparedLaunch:
+    """One launch of ``kernel`` with a fixed grid, warps, stages and non-pointer arguments (``tail``).
+
+    An op builds it once per metadata signature of its inputs (shapes, strides, dtypes, device), so a
+    call only passes its pointers: ``prepared(pointers, aligned)`` launches ``kernel`` with
+    ``(*pointers, *tail)``. The compiled kernel is kept after the first launch and called directly
+    (as :func:`launch` does) while every pointer is 16-byte aligned (``aligned``: the specialisation
+    Triton compiled it for), the device and the direct-launch conditions are those it was kept under,
+    and :func:`clear_launch_cache` was not called since; otherwise the launch goes through
+    :func:`launch` (its own cache, keyed on each pointer's alignment).
+    """
+
+    __slots__ = ("kernel", "grid", "tail", "num_warps", "num_stages", "compiled", "stub", "device", "generation")
+
+    def __init__(self, kernel, grid: tuple, tail: tuple, num_warps: int, num_stages: int | None = None):
+        self.kernel = kernel
+        self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.tail = tail
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+        self.compiled = None
+        self.stub = False
+        self.device = None
+        self.generation = -1
+
+    def __call__(self, pointers: tuple, aligned: bool) -> None:
+        compiled = self.compiled
+        if compiled is not None and aligned and self.generation == _GENERATION[0]:
+            if self.stub:
+                if _STUB is not None:
+                    COUNTS["direct"] += 1
+                    _STUB.append((compiled.name, self.grid))
+                    return
+            elif _STUB is None and _DIRECT and not _hooked() and not self.kernel.pre_run_hooks:
+                device = _CURRENT[0]()
+                if device == self.device:
+                    gx, gy, gz = self.grid
+                    COUNTS["direct"] += 1
+                    compiled.run(
+                        gx, gy, gz, _CURRENT[1](device), compiled.function, compiled.packed_metadata,
+                        None, None, None, *pointers, *self.tail,
+                    )  # fmt: skip
+                    return
+        compiled = launch(self.kernel, self.grid, (*pointers, *self.tail), self.num_warps, self.num_stages)
+        if compiled is not None and aligned:
+            self.compiled, self.generation = compiled, _GENERATION[0]
+            self.stub = _STUB is not None
+            self.device = _CURRENT[0]() if not self.stub else -1
 
 
 class _StubCompiled:

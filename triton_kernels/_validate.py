@@ -247,7 +247,7 @@ SDPA_NOTE = "tensors in SDPA's [B, H, M, D] layout must be transposed first (x.t
 
 # ----------------------------------------------------------------------------- memo
 
-_PASSED: dict = {}  # metadata signatures of calls whose metadata checks passed
+_PASSED: dict = {}  # metadata signature of a call whose metadata checks passed -> its prepared call, or True
 _MAX_PASSED = 4096
 
 
@@ -275,10 +275,19 @@ def passed(sig) -> bool:
         return False
 
 
-def remember(sig) -> None:
-    """Record that ``sig`` passed (bounded: the memo is cleared at 4096 signatures)."""
+def recall(sig):
+    """What :func:`remember` stored for ``sig`` (an op's prepared call, or True), None when unseen."""
+    try:
+        return None if sig is None else _PASSED.get(sig)
+    except TypeError:  # an unhashable scalar: the checks will say what is wrong
+        return None
+
+
+def remember(sig, prepared=True) -> None:
+    """Record that ``sig`` passed, with the op's prepared call for it (or True: none) (bounded: the
+    memo is cleared at 4096 signatures). The prepared call must depend only on what ``sig`` holds."""
     if sig is None:
         return
     if len(_PASSED) >= _MAX_PASSED:
         _PASSED.clear()
-    _PASSED[sig] = True
+    _PASSED[sig] = True if prepared is None else prepared

@@ -34,20 +34,26 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels import _launch
 from triton_kernels import _validate as V
+from triton_kernels import plan as _plan
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
 from triton_kernels._dispatch import (
     ERR_CHUNK_LEN,
     alloc,
+    alloc_spec,
     call_op,
     check_values_enabled,
     compute_dtype,
+    eager,
     error_word,
+    out_spec,
     require_runnable,
     resolve_backend,
+    values_checked,
 )
-from triton_kernels._launch import launch
+from triton_kernels._launch import PreparedLaunch
 from triton_kernels.plan import attention_tiles, cdiv, gpu_spec, plan_chunk_scores
 
 ERR_LEN = tl.constexpr(ERR_CHUNK_LEN)
@@ -332,40 +338,41 @@ def _dot_prec(comp) -> str:
     return "ieee" if comp == tl.float32 else "tf32"
 
 
-def chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_n=None):
-    """Pass 1 (row LSEs, split over keys per the plan) then pass 2 (column sums) on validated inputs.
+class _ScoresCall:
+    """A prepared ``chunk_attention_scores`` call (:func:`_prepare_scores`): output specs, the row-LSE
+    launch and one column launch per key set (chunk keys, extra keys); a call supplies the pointers."""
 
-    Returns ``(mass [N, Hkv, T], extra_mass [N, Hkv, E], lse [N, M, Hq])``, all fp32.
-    """
-    require_runnable(_row_lse_kernel, q.device, "chunk_attention_scores")
+    __slots__ = (
+        "mass", "extra_mass", "lse", "lse_part", "row_lse", "columns", "native", "err", "device_type", "kernels",
+    )  # fmt: skip
+
+
+def _prepare_scores(q, k, lens, k_extra, sm_scale, block_m=None, block_n=None):
+    """The :class:`_ScoresCall` of these inputs' metadata, or None when no kernel runs (N = 0 or M = 0)."""
     n, m, hq, d = q.shape
     t, hkv = k.shape[1], k.shape[2]
     e = 0 if k_extra is None else k_extra.shape[1]
-    mass = alloc((n, hkv, t), torch.float32, q.device)
-    extra_mass = alloc((n, hkv, e), torch.float32, q.device)
-    lse = alloc((n, m, hq), torch.float32, q.device)
-    if n == 0:
-        return mass, extra_mass, lse
-    if m == 0:  # no scoring query: no mass anywhere
-        return mass.zero_(), extra_mass.zero_(), lse
-
+    if n == 0 or m == 0:
+        return None
     plan = plan_chunk_scores(n, m, hq, hkv, d, t, q.element_size(), gpu_spec(q.device), block_m, block_n)
     split = plan.n_splits > 1
-    lse_part = alloc((plan.n_splits, n, m, hq), torch.float32, q.device) if split else lse.unsqueeze(0)
+    if split and t == 0 and e == 0:  # pragma: no cover - a split needs chunk keys; kept for safety
+        return None
+    call = _ScoresCall()
+    f32, dev = torch.float32, q.device
+    call.mass = out_spec((n, hkv, t), f32, dev)
+    call.extra_mass = out_spec((n, hkv, e), f32, dev)
+    call.lse = out_spec((n, m, hq), f32, dev)
+    # without a split, pass 1 writes the final LSEs: its partial buffer is lse itself ([1, N, M, Hq])
+    call.lse_part = out_spec((plan.n_splits, n, m, hq), f32, dev) if split else None
+    sp = call.lse_part[1] if split else (n * m * hq, *call.lse[1])
     x = k if k_extra is None else k_extra
-    lens_arg = lens if lens is not None else k  # dummy pointer when HAS_LENS is False
     comp = compute_dtype(_row_lse_kernel, q.dtype)
     qk_scale = float(sm_scale) * LOG2E.value
     tiles = (plan.block_m, plan.block_n, plan.block_d, comp, _dot_prec(comp))  # the constexprs every kernel ends with
-    sq, sp = q.stride()[:3], lse_part.stride()
+    sq = q.stride()[:3]
     group = hq // hkv
-    args = (
-        q,
-        k,
-        x,
-        lens_arg,
-        lse_part,
-        error_word(q.device),
+    tail = (
         m,
         t,
         e,
@@ -380,70 +387,106 @@ def chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale, *, block_m=None
         d,
         lens is not None,
         *tiles,
-    )  # the kernel's signature order (triton_kernels._launch.launch)
-    launch(_row_lse_kernel, plan.lse_grid, args, plan.num_warps)
+    )  # the kernel's signature order after its 6 pointers (triton_kernels._launch.launch)
+    call.row_lse = PreparedLaunch(_row_lse_kernel, plan.lse_grid, tail, plan.num_warps)
+    call.columns = []  # (True: chunk keys and mass / False: extra keys and extra_mass, launch)
     write_lse = split  # with splits, the first column launch stores the combined LSEs
-    for keys, n_keys, has_lens, out in ((k, t, lens is not None, mass), (k_extra, e, False, extra_mass)):
+    for is_chunk, keys, n_keys, has_lens, out in (
+        (True, k, t, lens is not None, call.mass),
+        (False, k_extra, e, False, call.extra_mass),
+    ):
         if n_keys == 0:
             continue
-        args = (
-            q,
-            keys,
-            lens_arg,
-            lse_part,
-            lse,
-            out,
+        tail = (
             m,
             n_keys,
             qk_scale,
             *sq,
             *keys.stride()[:3],
             *sp,
-            *lse.stride(),
-            *out.stride(),
+            *call.lse[1],
+            *out[1],
             group,
             d,
             has_lens,
             plan.n_splits,
             write_lse,
             *tiles,
-        )  # the kernel's signature order
-        launch(_column_mass_kernel, (cdiv(n_keys, plan.block_n), hkv, n), args, plan.num_warps)
+        )  # the kernel's signature order after its 6 pointers
+        grid = (cdiv(n_keys, plan.block_n), hkv, n)
+        call.columns.append((is_chunk, PreparedLaunch(_column_mass_kernel, grid, tail, plan.num_warps)))
         write_lse = False
-    if write_lse:  # no key at all (T = E = 0): nothing was attended
-        lse.fill_(float("-inf"))
+    call.device_type = dev.type
+    call.native = call.device_type == "cuda"  # else require_runnable per call
+    call.err = error_word(dev)
+    call.kernels = (_row_lse_kernel, _column_mass_kernel)  # what the launches above hold
+    return call
+
+
+def _run_scores(call: _ScoresCall, q, k, lens, k_extra):
+    if not call.native and _launch._STUB is None:
+        require_runnable(_row_lse_kernel, q.device, "chunk_attention_scores")
+    mass, extra_mass, lse = alloc_spec(call.mass), alloc_spec(call.extra_mass), alloc_spec(call.lse)
+    lse_part = lse if call.lse_part is None else alloc_spec(call.lse_part)
+    x = k if k_extra is None else k_extra
+    lens_arg = k if lens is None else lens  # a dummy pointer when HAS_LENS is False
+    aligned = not (q.data_ptr() | k.data_ptr() | x.data_ptr() | lens_arg.data_ptr()) & 15
+    call.row_lse((q, k, x, lens_arg, lse_part, call.err), aligned)
+    for is_chunk, launch in call.columns:
+        if is_chunk:
+            launch((q, k, lens_arg, lse_part, lse, mass), aligned)
+        else:
+            launch((q, k_extra, lens_arg, lse_part, lse, extra_mass), aligned)
     return mass, extra_mass, lse
 
 
-def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_n=None):
-    """One pass on validated inputs. Returns ``[N, Hkv, T]`` fp32."""
-    require_runnable(_row_mass_kernel, q.device, "chunk_row_mass")
+def chunk_attention_scores_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_n=None):
+    """Pass 1 (row LSEs, split over keys per the plan) then pass 2 (column sums) on validated inputs.
+
+    Returns ``(mass [N, Hkv, T], extra_mass [N, Hkv, E], lse [N, M, Hq])``, all fp32.
+    """
+    require_runnable(_row_lse_kernel, q.device, "chunk_attention_scores")
+    call = _prepare_scores(q, k, lens, k_extra, sm_scale, block_m, block_n)
+    if call is not None:
+        return _run_scores(call, q, k, lens, k_extra)
+    n, m, hq, _ = q.shape
+    t, hkv = k.shape[1], k.shape[2]
+    e = 0 if k_extra is None else k_extra.shape[1]
+    mass = alloc((n, hkv, t), torch.float32, q.device)
+    extra_mass = alloc((n, hkv, e), torch.float32, q.device)
+    lse = alloc((n, m, hq), torch.float32, q.device)
+    if n == 0:
+        return mass, extra_mass, lse
+    return mass.zero_(), extra_mass.zero_(), lse  # no scoring query: no mass anywhere
+
+
+class _RowMassCall:
+    """A prepared ``chunk_row_mass`` call (:func:`_prepare_row_mass`)."""
+
+    __slots__ = ("out", "launch", "native", "err", "device_type", "kernels")
+
+
+def _prepare_row_mass(q, k, lens, k_extra, sm_scale, block_m=None, block_n=None):
+    """The :class:`_RowMassCall` of these inputs' metadata, or None when no kernel runs (an empty
+    output, or no extra key: zeros)."""
     n, t, hq, d = q.shape
     hkv = k.shape[2]
     e = 0 if k_extra is None else k_extra.shape[1]
+    if n * hkv * t == 0 or e == 0:
+        return None
     block_m, block_n, block_d = attention_tiles(d, t, block_m, block_n)
-    out = alloc((n, hkv, t), torch.float32, q.device)
-    if out.numel() == 0:
-        return out
-    if e == 0:  # no extra keys: no row sends them any mass
-        return out.zero_()
+    call = _RowMassCall()
+    call.out = out_spec((n, hkv, t), torch.float32, q.device)
     x = k_extra
-    lens_arg = lens if lens is not None else k
     comp = compute_dtype(_row_mass_kernel, q.dtype)
-    args = (
-        q,
-        k,
-        x,
-        lens_arg,
-        out,
-        error_word(q.device),
+    tail = (
         t,
         e,
         float(sm_scale) * LOG2E.value,
         *q.stride()[:3],
         *k.stride()[:3],
         *x.stride()[:3],
-        *out.stride(),
+        *call.out[1],
         hq // hkv,
         d,
         lens is not None,
@@ -452,9 +495,33 @@ def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_
         block_d,
         comp,
         _dot_prec(comp),
-    )  # the kernel's signature order (triton_kernels._launch.launch)
-    launch(_row_mass_kernel, (cdiv(t, block_m), hkv, n), args, 4)
+    )  # the kernel's signature order after its 6 pointers (triton_kernels._launch.launch)
+    call.launch = PreparedLaunch(_row_mass_kernel, (cdiv(t, block_m), hkv, n), tail, 4)
+    call.kernels = (_row_mass_kernel,)
+    call.device_type = q.device.type
+    call.native = call.device_type == "cuda"  # else require_runnable per call
+    call.err = error_word(q.device)
+    return call
+
+
+def _run_row_mass(call: _RowMassCall, q, k, lens, k_extra):
+    if not call.native and _launch._STUB is None:
+        require_runnable(_row_mass_kernel, q.device, "chunk_row_mass")
+    out = alloc_spec(call.out)
+    lens_arg = k if lens is None else lens
+    aligned = not (q.data_ptr() | k.data_ptr() | k_extra.data_ptr() | lens_arg.data_ptr()) & 15
+    call.launch((q, k, k_extra, lens_arg, out, call.err), aligned)
     return out
+
+
+def chunk_row_mass_launch(q, k, lens, k_extra, sm_scale, *, block_m=None, block_n=None):
+    """One pass on validated inputs. Returns ``[N, Hkv, T]`` fp32."""
+    require_runnable(_row_mass_kernel, q.device, "chunk_row_mass")
+    call = _prepare_row_mass(q, k, lens, k_extra, sm_scale, block_m, block_n)
+    if call is not None:
+        return _run_row_mass(call, q, k, lens, k_extra)
+    out = alloc((k.shape[0], k.shape[2], k.shape[1]), torch.float32, q.device)
+    return out if out.numel() == 0 else out.zero_()  # no extra keys: no row sends them any mass
 
 
 def _layout(q_tokens_are_chunk: bool) -> str:
@@ -560,14 +627,36 @@ _row_mass_impl, _chunk_row_mass_op = _register(
 )
 
 
+def _current(call) -> bool:
+    """Whether the call launches the module's kernels of now (the AOT compile gate swaps in stand-ins)."""
+    if type(call) is _RowMassCall:
+        return call.kernels[0] is _row_mass_kernel
+    return call.kernels[0] is _row_lse_kernel and call.kernels[1] is _column_mass_kernel
+
+
+_PREPARE = {"chunk_attention_scores": _prepare_scores, "chunk_row_mass": _prepare_row_mass}
+_RUN = {_ScoresCall: _run_scores, _RowMassCall: _run_row_mass}
+
+
 def _run(op_name, op, impl, q, k, lens, k_extra, sm_scale, backend, q_tokens_are_chunk):
     backend = resolve_backend(backend, q.device) if isinstance(q, torch.Tensor) else backend
-    sig = V.signature(op_name, (q, k, lens, k_extra), (sm_scale, backend))
-    if not V.passed(sig):  # metadata checks, memoised per metadata signature
+    # type(sm_scale): 1 == True == 1.0 as keys, but a bool scale must still raise
+    sig = V.signature(op_name, (q, k, lens, k_extra), (sm_scale, type(sm_scale), backend, _plan.assumed_gpu()))
+    call = V.recall(sig)
+    if call is None or (type(call) in _RUN and not _current(call)):  # metadata checks, memoised per
+        # metadata signature with the prepared call (made again when its kernels were swapped)
         _validate(op_name, q, k, lens, k_extra, sm_scale, q_tokens_are_chunk)
         if backend == "triton":  # the torch reference takes any D
             V.check_head_dim(op_name, q.shape[-1])
-        V.remember(sig)
+            if sig is not None:
+                scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+                call = _PREPARE[op_name](q, k, lens, k_extra, scale)
+        V.remember(sig, call)
+    run = _RUN.get(type(call))
+    if run is not None and eager():  # the prepared call: allocate, launch
+        if values_checked(call.device_type):
+            V.check_lens_values(op_name, lens, k.shape[1])
+        return run(call, q, k, lens, k_extra)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     return call_op(op, impl, q, k, lens, k_extra, scale, backend)
 

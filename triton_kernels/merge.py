@@ -34,11 +34,21 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels import _launch
 from triton_kernels import _validate as V
+from triton_kernels import plan as _plan
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
-from triton_kernels._dispatch import alloc, call_op, require_runnable, resolve_backend
-from triton_kernels._launch import launch
+from triton_kernels._dispatch import (
+    alloc,
+    alloc_spec,
+    call_op,
+    eager,
+    out_spec,
+    require_runnable,
+    resolve_backend,
+)
+from triton_kernels._launch import PreparedLaunch
 from triton_kernels.plan import gpu_spec, plan_merge
 
 # ----------------------------------------------------------------------------- kernel
@@ -120,6 +130,62 @@ def _merge_states_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
+def merge_prepared(n, r, d, o_stride, o_row_stride, lse_stride, lse_row_stride, plan) -> PreparedLaunch:
+    """The merge kernel's launch for ``n`` partials of ``r`` rows of head dim ``d`` (strides in
+    elements: between partials and between rows, of o and of lse), outputs contiguous; pointers
+    ``(o, lse, out, out_lse)``. ``plan``: :func:`triton_kernels.plan.plan_merge` of these sizes."""
+    tail = (
+        n,
+        r,
+        o_stride,
+        o_row_stride,
+        lse_stride,
+        lse_row_stride,
+        d,  # out's row stride: it is allocated contiguous
+        d,
+        plan.block_r,
+        plan.block_d,
+        plan.n_unroll,
+    )  # the kernel's signature order after its 4 pointers (triton_kernels._launch.launch)
+    return PreparedLaunch(_merge_states_kernel, plan.grid, tail, plan.num_warps)
+
+
+class _MergeCall:
+    """A prepared merge (:func:`_prepare`): output specs and the launch; a call supplies the pointers."""
+
+    __slots__ = ("out", "lse", "launch", "native", "device_type")
+
+
+def _prepare(o, lse, out_dtype=None, plan=None, rows_shape=None, row_strides=None):
+    """The :class:`_MergeCall` for these inputs' metadata (see :func:`merge_states_launch`), or None
+    when nothing is launched (no row, or no partial)."""
+    if rows_shape is None:
+        n, r, d = o.shape
+        out_shape, lse_shape = (r, d), (r,)
+        row_strides = (o.stride(1), lse.stride(1))
+    else:
+        n, d, r = o.shape[0], o.shape[-1], math.prod(rows_shape)
+        out_shape, lse_shape = (*rows_shape, d), tuple(rows_shape)
+    if r == 0 or n == 0:
+        return None
+    call = _MergeCall()
+    call.out = out_spec(out_shape, o.dtype if out_dtype is None else out_dtype, o.device)
+    call.lse = out_spec(lse_shape, torch.float32, o.device)
+    plan = plan_merge(n, r, d, gpu_spec(o.device)) if plan is None else plan
+    call.launch = merge_prepared(n, r, d, o.stride(0), row_strides[0], lse.stride(0), row_strides[1], plan)
+    call.device_type = o.device.type
+    call.native = call.device_type == "cuda"  # else require_runnable per call
+    return call
+
+
+def _run(call: _MergeCall, o, lse):
+    if not call.native and _launch._STUB is None:
+        require_runnable(_merge_states_kernel, o.device, "merge_states")
+    out, out_lse = alloc_spec(call.out), alloc_spec(call.lse)
+    call.launch((o, lse, out, out_lse), not (o.data_ptr() | lse.data_ptr()) & 15)
+    return out, out_lse
+
+
 def merge_states_launch(
     o: torch.Tensor,
     lse: torch.Tensor,
@@ -133,46 +199,25 @@ def merge_states_launch(
 
     o [N, R, D] (last dim contiguous), lse [N, R] -> (out [R, D] in ``out_dtype``
     (default o.dtype), lse [R] fp32). ``plan``: a :class:`triton_kernels.plan.MergePlan`
-    for these shapes (``split_s_attention`` passes the one of its own plan), else planned here.
+    for these shapes, else planned here.
     ``rows_shape``, ``row_strides``: o is ``[N, *rows_shape, D]`` and lse ``[N, *rows_shape]``,
     whose row dims flatten to the row strides ``(o's, lse's)``; the outputs are then
     ``[*rows_shape, D]`` and ``[*rows_shape]`` (no reshape on the way in or out).
     """
     require_runnable(_merge_states_kernel, o.device, "merge_states")
-    if rows_shape is None:
-        n, r, d = o.shape
-        out_shape, lse_shape = (r, d), (r,)
-        row_strides = (o.stride(1), lse.stride(1))
-    else:
-        n, d, r = o.shape[0], o.shape[-1], math.prod(rows_shape)
-        out_shape, lse_shape = (*rows_shape, d), tuple(rows_shape)
+    call = _prepare(o, lse, out_dtype, plan, rows_shape, row_strides)
+    if call is not None:
+        return _run(call, o, lse)
     out_dtype = o.dtype if out_dtype is None else out_dtype
+    if rows_shape is None:
+        out_shape, lse_shape = (o.shape[1], o.shape[2]), (o.shape[1],)
+    else:
+        out_shape, lse_shape = (*rows_shape, o.shape[-1]), tuple(rows_shape)
     out = alloc(out_shape, out_dtype, o.device)
     out_lse = alloc(lse_shape, torch.float32, o.device)
-    if r == 0:
+    if out_lse.numel() == 0:
         return out, out_lse
-    if n == 0:
-        return out.zero_(), out_lse.fill_(float("-inf"))
-    plan = plan_merge(n, r, d, gpu_spec(o.device)) if plan is None else plan
-    args = (
-        o,
-        lse,
-        out,
-        out_lse,
-        n,
-        r,
-        o.stride(0),
-        row_strides[0],
-        lse.stride(0),
-        row_strides[1],
-        d,  # out's row stride: it is allocated contiguous
-        d,
-        plan.block_r,
-        plan.block_d,
-        plan.n_unroll,
-    )  # the kernel's signature order (triton_kernels._launch.launch)
-    launch(_merge_states_kernel, plan.grid, args, plan.num_warps)
-    return out, out_lse
+    return out.zero_(), out_lse.fill_(float("-inf"))  # no partial: no key
 
 
 def _validate(o, lse) -> None:
@@ -192,6 +237,15 @@ def _validate(o, lse) -> None:
 
 
 # ----------------------------------------------------------------------------- public op
+
+
+def _prepare_public(o: torch.Tensor, lse: torch.Tensor):
+    """The prepared call of a public ``merge_states`` on the Triton backend, or None when its row dims
+    do not flatten to one stride (a reshape copy first) or nothing is launched."""
+    so, sl = _row_stride(o, 1, o.dim() - 1), _row_stride(lse, 1, lse.dim())
+    if so is None or sl is None:
+        return None
+    return _prepare(o, lse, rows_shape=tuple(o.shape[1:-1]), row_strides=(so, sl))
 
 
 def _merge_states_impl(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,8 +316,16 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
     Algorithm: flash-decoding split-K reduction; FlashInfer ``merge_states`` math in
     natural log, folded in one pass with a running max (online softmax) in fp32.
     """
-    sig = V.signature("merge_states", (o, lse), ())
-    if not V.passed(sig):  # metadata checks, memoised per metadata signature
+    backend = resolve_backend(backend, o.device) if isinstance(o, torch.Tensor) else backend
+    sig = V.signature("merge_states", (o, lse), (backend, _plan.assumed_gpu()))
+    call = V.recall(sig)
+    if call is None or (type(call) is _MergeCall and call.launch.kernel is not _merge_states_kernel):
+        # metadata checks, memoised per metadata signature with the prepared call (made again when the
+        # kernel was swapped: the AOT compile gate's stand-in)
         _validate(o, lse)
-        V.remember(sig)
-    return call_op(_merge_states_op, _merge_states_impl, o, lse, resolve_backend(backend, o.device))
+        if backend == "triton" and sig is not None:
+            call = _prepare_public(o, lse)
+        V.remember(sig, call)
+    if type(call) is _MergeCall and eager():  # the prepared call: allocate, launch
+        return _run(call, o, lse)
+    return call_op(_merge_states_op, _merge_states_impl, o, lse, backend)

@@ -72,6 +72,15 @@ class GpuSpec:
     mma_flops_s: float = 989e12  # dense fp16/bf16 tensor-core peak (the cost model's compute rate)
     hbm_bytes_s: float = 4.8e12
 
+    def __post_init__(self):  # the hash, once: specs key the plan memos and the ops' prepared calls
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in self.__dataclass_fields__)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):  # a copy or an unpickled spec recomputes its hash (str hashes vary per process)
+        return type(self), tuple(getattr(self, f) for f in self.__dataclass_fields__)
+
 
 # CUDA C Programming Guide, "Technical Specifications per Compute Capability" (8.0 and 9.0);
 # SM counts: NVIDIA A100 (108 SMs) and H100/H200 SXM (132 SMs) datasheets.
@@ -100,6 +109,11 @@ def assume_gpu(spec: GpuSpec):
         yield spec
     finally:
         _ASSUMED = old
+
+
+def assumed_gpu() -> GpuSpec | None:
+    """The spec :func:`assume_gpu` set (None outside it): part of an op's prepared-call key."""
+    return _ASSUMED
 
 
 @functools.cache

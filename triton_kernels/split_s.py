@@ -32,20 +32,27 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels import _launch
 from triton_kernels import _validate as V
+from triton_kernels import merge as _merge
+from triton_kernels import plan as _plan
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
 from triton_kernels._dispatch import (
     alloc,
+    alloc_spec,
     call_op,
     check_values_enabled,
     compute_dtype,
+    eager,
     error_word,
+    out_spec,
     require_runnable,
     resolve_backend,
+    values_checked,
 )
-from triton_kernels._launch import launch
-from triton_kernels.merge import merge_states_launch
+from triton_kernels._launch import PreparedLaunch
+from triton_kernels.merge import merge_prepared
 from triton_kernels.plan import gpu_spec, plan_split_s
 from triton_kernels.split_s_cpu import split_s_attention_cpu
 
@@ -228,18 +235,18 @@ def _split_s_partial_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
-def split_s_launch(
-    q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens=None, *,
+class _SplitSCall:
+    """A prepared split-S call (:func:`_prepare`): all a call with this metadata needs but its pointers."""
+
+    __slots__ = ("out", "lse", "o_part", "lse_part", "phase1", "merge", "native", "err", "device_type")
+
+
+def _prepare(
+    q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens=None,
     block_m=None, block_n=None, split_len=None, segs_per_prog=None,
 ):  # fmt: skip
-    """Run phase 1 (+ the merge when the plan has more than one partial) on validated inputs.
-
-    Shapes as in :func:`split_s_attention`; ``sm_scale`` is a float. The plan comes from
-    :func:`triton_kernels.plan.plan_split_s` for the tensors' device (memoised per shape);
-    the keyword arguments override it (tests force splits and grouped partials with them).
-    Returns ``(out [B, M, Hq, D] q.dtype, lse [B, M, Hq] fp32)``.
-    """
-    require_runnable(_split_s_partial_kernel, q.device, "split_s_attention")
+    """The :class:`_SplitSCall` of these inputs (reads their metadata only), or None when the call
+    launches nothing (an empty output, or no key to attend to)."""
     bsz, m, hq, d = q.shape
     t, hkv = k_pool.shape[1], k_pool.shape[2]
     s = seg_slots.shape[1]
@@ -249,36 +256,25 @@ def split_s_launch(
         block_m, block_n, split_len, segs_per_prog,
     )  # fmt: skip
     n_parts = plan.n_parts
-    if n_parts <= 1 or q.numel() == 0:  # a single partial is already the answer: no merge
-        out = alloc((bsz, m, hq, d), q.dtype, q.device)
-        lse = alloc((bsz, m, hq), torch.float32, q.device)
-        if out.numel() == 0:
-            return out, lse
-        if n_parts == 0:  # no segment columns and no live block: nothing to attend to
-            return out.zero_(), lse.fill_(float("-inf"))
-        o_part, lse_part = out, lse  # partial 0 is the output (its partial stride is never used)
-        so, sx = (0, *out.stride()), (0, *lse.stride())
+    if n_parts == 0 or q.numel() == 0:
+        return None
+    call = _SplitSCall()
+    call.out = out_spec((bsz, m, hq, d), q.dtype, q.device)
+    call.lse = out_spec((bsz, m, hq), torch.float32, q.device)
+    if n_parts == 1:  # a single partial is already the answer: phase 1 writes the outputs, no merge
+        call.o_part = call.lse_part = call.merge = None
+        so, sx = (0, *call.out[1]), (0, *call.lse[1])  # partial 0 is the output (its stride is never used)
     else:
-        o_part = alloc((n_parts, bsz, m, hq, d), torch.float32, q.device)
-        lse_part = alloc((n_parts, bsz, m, hq), torch.float32, q.device)
-        so, sx = o_part.stride(), lse_part.stride()
-
+        call.o_part = out_spec((n_parts, bsz, m, hq, d), torch.float32, q.device)
+        call.lse_part = out_spec((n_parts, bsz, m, hq), torch.float32, q.device)
+        so, sx = call.o_part[1], call.lse_part[1]
+        # the partial buffers are contiguous: rows of (b, m, h) flatten to strides d (o) and 1 (lse)
+        call.merge = merge_prepared(n_parts, bsz * m * hq, d, so[0], d, sx[0], 1, plan.merge)
     kl = k_live if has_live else k_pool
     vl = v_live if has_live else v_pool
     comp = compute_dtype(_split_s_partial_kernel, q.dtype)
     sq, skp, svp, skl, svl = q.stride(), k_pool.stride(), v_pool.stride(), kl.stride(), vl.stride()
-    args = (
-        q,
-        k_pool,
-        v_pool,
-        kl,
-        vl,
-        seg_slots,
-        seg_lens,
-        q if live_lens is None else live_lens,
-        o_part,
-        lse_part,
-        error_word(q.device),
+    tail = (
         m,
         s,
         k_pool.shape[0],
@@ -316,14 +312,65 @@ def split_s_launch(
         plan.block_d,
         comp,
         "ieee" if comp == tl.float32 else "tf32",
-    )  # the kernel's signature order (triton_kernels._launch.launch)
-    launch(_split_s_partial_kernel, plan.grid, args, plan.num_warps, plan.num_stages)
-    if n_parts == 1:
-        return out, lse
-    # the partial buffers are contiguous: rows of (b, m, h) flatten to strides d (o) and 1 (lse)
-    return merge_states_launch(
-        o_part, lse_part, out_dtype=q.dtype, plan=plan.merge, rows_shape=(bsz, m, hq), row_strides=(d, 1)
+    )  # the kernel's signature order after its 11 pointers (triton_kernels._launch.launch)
+    call.phase1 = PreparedLaunch(_split_s_partial_kernel, plan.grid, tail, plan.num_warps, plan.num_stages)
+    call.device_type = q.device.type
+    call.native = call.device_type == "cuda"  # else require_runnable per call
+    call.err = error_word(q.device)
+    return call
+
+
+def _current(call: _SplitSCall) -> bool:
+    """Whether the call launches the modules' kernels of now (the AOT compile gate swaps in stand-ins)."""
+    return call.phase1.kernel is _split_s_partial_kernel and (
+        call.merge is None or call.merge.kernel is _merge._merge_states_kernel
     )
+
+
+def _run(call: _SplitSCall, q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens):
+    """Run a prepared call on tensors of the metadata it was prepared for: allocate, launch (1 or 2)."""
+    if not call.native and _launch._STUB is None:
+        require_runnable(_split_s_partial_kernel, q.device, "split_s_attention")
+    out, lse = alloc_spec(call.out), alloc_spec(call.lse)
+    if call.merge is None:
+        o_part, lse_part = out, lse
+    else:
+        o_part, lse_part = alloc_spec(call.o_part), alloc_spec(call.lse_part)
+    kl = k_pool if k_live is None else k_live
+    vl = v_pool if v_live is None else v_live
+    ll = q if live_lens is None else live_lens  # a dummy pointer when HAS_LIVE_LENS is False
+    # Triton specialises pointers on 16-byte alignment; the outputs are fresh allocations (aligned).
+    ptrs = q.data_ptr() | k_pool.data_ptr() | v_pool.data_ptr() | kl.data_ptr() | vl.data_ptr()
+    ptrs |= seg_slots.data_ptr() | seg_lens.data_ptr() | ll.data_ptr()
+    call.phase1((q, k_pool, v_pool, kl, vl, seg_slots, seg_lens, ll, o_part, lse_part, call.err), not ptrs & 15)
+    if call.merge is not None:
+        call.merge((o_part, lse_part, out, lse), True)
+    return out, lse
+
+
+def split_s_launch(
+    q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens=None, *,
+    block_m=None, block_n=None, split_len=None, segs_per_prog=None,
+):  # fmt: skip
+    """Run phase 1 (+ the merge when the plan has more than one partial) on validated inputs.
+
+    Shapes as in :func:`split_s_attention`; ``sm_scale`` is a float. The plan comes from
+    :func:`triton_kernels.plan.plan_split_s` for the tensors' device (memoised per shape);
+    the keyword arguments override it (tests force splits and grouped partials with them).
+    Returns ``(out [B, M, Hq, D] q.dtype, lse [B, M, Hq] fp32)``.
+    """
+    require_runnable(_split_s_partial_kernel, q.device, "split_s_attention")
+    call = _prepare(
+        q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens,
+        block_m, block_n, split_len, segs_per_prog,
+    )  # fmt: skip
+    if call is not None:
+        return _run(call, q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
+    out = alloc(q.shape, q.dtype, q.device)
+    lse = alloc(q.shape[:-1], torch.float32, q.device)
+    if out.numel() == 0:
+        return out, lse
+    return out.zero_(), lse.fill_(float("-inf"))  # no segment columns and no live block: nothing to attend to
 
 
 SPLIT_S_LAYOUT = "q [B, M, Hq, D], k_pool/v_pool [P, T, Hkv, D], k_live/v_live [B, M, Hkv, D] (token-major)"
@@ -523,12 +570,23 @@ def split_s_attention(
     """
     backend = resolve_backend(backend, q.device) if isinstance(q, torch.Tensor) else backend
     tensors = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
-    sig = V.signature("split_s_attention", tensors, (sm_scale, backend))
-    if not V.passed(sig):  # metadata checks, memoised per metadata signature
+    # type(sm_scale): 1 == True == 1.0 as keys, but a bool scale must still raise
+    sig = V.signature("split_s_attention", tensors, (sm_scale, type(sm_scale), backend, _plan.assumed_gpu()))
+    call = V.recall(sig)
+    if call is None or (type(call) is _SplitSCall and not _current(call)):  # metadata checks, memoised per
+        # metadata signature with the prepared call (made again when its kernels were swapped)
         _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
         if backend == "triton":  # the torch reference takes any D
             V.check_head_dim("split_s_attention", q.shape[-1])
-        V.remember(sig)
+            if sig is not None:
+                scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+                call = _prepare(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, scale, live_lens)
+        V.remember(sig, call)
+    if type(call) is _SplitSCall and eager():  # the prepared call: allocate, launch
+        if values_checked(call.device_type):
+            p, t = k_pool.shape[0], k_pool.shape[1]
+            V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
+        return _run(call, q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     args = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, scale, backend)
     return call_op(_split_s_op, _split_s_impl, *args)

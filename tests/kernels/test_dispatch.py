@@ -40,8 +40,8 @@ def test_resolve_backend(monkeypatch):
 def test_env_var_routes_to_kernels(monkeypatch):
     """PREFILLING_DLLM_BACKEND=triton sends CPU tensors to the (interpreted) kernels."""
     calls = []
-    real = tk.split_s.split_s_launch
-    monkeypatch.setattr(tk.split_s, "split_s_launch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = tk.split_s._run  # where every call of the Triton backend launches (prepared or not)
+    monkeypatch.setattr(tk.split_s, "_run", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "triton")
     out, _ = tk.split_s_attention(*_small())
     assert calls == [1]
