@@ -45,14 +45,96 @@ from triton_kernels._dispatch import (
 from triton_kernels._launch import launch
 from triton_kernels.plan import cdiv, next_pow2
 
-# ----------------------------------------------------------------------------- kernel
+# ----------------------------------------------------------------------------- kernels
+
+_INT_MIN = -2147483648  # int32 sign bit
 
 
 @triton.jit
-def _copy_rows(src, stride_src, dst, stride_dst, tok, offs_b, offs_d, src_mask, dst_mask):
+def _select_topb_kernel(
+    s_ptr,  # [N, Hkv, T] scores, any float dtype
+    lens_ptr,  # [N] int32/int64 valid tokens per chunk (read only when HAS_LENS)
+    idx_ptr,  # [N, Hkv, b] int64 out: selected tokens ascending, then -1
+    kept_ptr,  # [N + N * Hkv] int32 out: kept [N], then one bad-row flag per (chunk, head)
+    err_ptr,  # [1] int32 device error word (triton_kernels.check_errors)
+    T,
+    n_out,  # b
+    stride_sn, stride_sh, stride_st,
+    stride_in, stride_ih, stride_ib,
+    POOL: tl.constexpr,  # odd max-pool window
+    KEEP_FIRST: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # next_pow2(T): the whole row lives in registers
+):  # fmt: skip
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    n_heads = tl.num_programs(1)
+    offs = tl.arange(0, BLOCK_T)  # [BLOCK_T] token
+    length = T + tl.zeros([], tl.int32)  # a tensor even when T is specialised to a constant
+    bad_len = length < 0  # False, as a tensor
+    if HAS_LENS:
+        ln = tl.load(lens_ptr + n)  # int32 or int64: compared before any narrowing
+        bad_len = (ln < 0) | (ln > T)  # bounds guard (issue 35.2): such a chunk selects nothing
+        length = tl.where(bad_len, 0, ln).to(tl.int32)
+    row = s_ptr + n * stride_sn + h * stride_sh
+    valid = offs < length
+    x = tl.load(row + offs * stride_st, mask=valid, other=0.0).to(tl.float32)
+    bad = bad_len | (tl.sum((x != x).to(tl.int32), axis=0) > 0)  # NaN among the valid scores
+
+    # Max-pool along tokens (stride 1, same length, windows clipped to the valid tokens), as
+    # reference.pool_scores: invalid tokens are -inf before and after pooling.
+    pooled = tl.where(valid, x, float("-inf"))
+    for j in tl.static_range(POOL):
+        if j != POOL // 2:
+            o = offs + (j - POOL // 2)
+            y = tl.load(row + o * stride_st, mask=(o >= 0) & (o < length), other=float("-inf"))
+            pooled = tl.maximum(pooled, y.to(tl.float32))
+    pooled = tl.where(valid, pooled, float("-inf"))
+    if KEEP_FIRST:
+        pooled = tl.where(valid & (offs == 0), float("inf"), pooled)
+    pooled = tl.where(pooled == 0.0, 0.0, pooled)  # -0.0 and +0.0 compare equal: one key for both
+
+    # Order-preserving int32 key of the fp32 value: flip the magnitude bits of negatives.
+    bits = pooled.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 2147483647)
+    kept = tl.where(bad, 0, tl.minimum(length, n_out))  # tokens this row keeps
+
+    # Threshold search: the largest key thr with #{key >= thr} >= kept, i.e. the kept-th largest
+    # key, built bit by bit from the top in the sign-flipped (unsigned-ordered) domain: 32 counts.
+    u = tl.zeros([], tl.int32)
+    step = tl.full([], _INT_MIN, tl.int32)
+    for _ in range(32):
+        cand = u | step
+        cnt = tl.sum((key >= (cand ^ _INT_MIN)).to(tl.int32), axis=0)
+        u = tl.where(cnt >= kept, cand, u)
+        step = (step >> 1) & 2147483647
+    thr = u ^ _INT_MIN
+
+    # Keep every key above thr and, of the keys equal to it, the earliest ones (ties go to the
+    # lower token index, as the stable sort of the reference); then compact in token order.
+    above = valid & (key > thr)
+    tie = valid & (key == thr)
+    n_above = tl.sum(above.to(tl.int32), axis=0)
+    sel = above | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= kept - n_above))
+    pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1  # output row of each selected token
+    out = idx_ptr + n * stride_in + h * stride_ih
+    tl.store(out + pos.to(tl.int64) * stride_ib, offs.to(tl.int64), mask=sel)
+    for j0 in range(0, n_out, BLOCK_T):  # padding after the kept ones
+        o = j0 + offs
+        tl.store(out + o.to(tl.int64) * stride_ib, tl.full([BLOCK_T], -1, tl.int64), mask=(o >= kept) & (o < n_out))
+    if h == 0:
+        tl.store(kept_ptr + n, tl.where(bad_len, 0, tl.minimum(length, n_out)))
+    tl.store(kept_ptr + tl.num_programs(0) + n * n_heads + h, bad.to(tl.int32))
+    if bad:
+        tl.atomic_or(err_ptr, 16)  # ERR_TOPB of triton_kernels._dispatch
+
+
+@triton.jit
+def _copy_rows(src, stride_src, dst, stride_dst, tok, offs_b, offs_d, src_mask, dst_mask, bad):
     """Rows ``tok`` of one (chunk, KV head) of ``src`` to rows ``offs_b`` of ``dst``: the same copy for K and V."""
     x = tl.load(src + tok[:, None] * stride_src + offs_d[None, :], mask=src_mask, other=0.0)  # [BLOCK_B, BLOCK_D]
-    tl.store(dst + offs_b[:, None] * stride_dst + offs_d[None, :], x, mask=dst_mask)
+    x = tl.where(bad, float("nan"), x)  # a bad chunk is NaN, never plausible numbers
+    tl.store(dst + offs_b[:, None] * stride_dst + offs_d[None, :], x.to(dst.dtype.element_ty), mask=dst_mask)
 
 
 @triton.jit
@@ -62,6 +144,7 @@ def _gather_rows_kernel(
     v_ptr,
     ko_ptr,  # [N, b, Hkv, D] out
     vo_ptr,
+    kept_ptr,  # [N + N * Hkv] int32 of _select_topb_kernel (read and fixed only when HAS_FLAGS)
     n_out,  # b
     stride_in, stride_ih, stride_ib,
     stride_kn, stride_kt, stride_kh,
@@ -71,6 +154,8 @@ def _gather_rows_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # next_pow2(Hkv): the chunk's bad-row flags in one load
+    HAS_FLAGS: tl.constexpr,
 ):  # fmt: skip
     pid_b = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -79,16 +164,29 @@ def _gather_rows_kernel(
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     b_ok = offs_b < n_out
     offs_b = offs_b.to(tl.int64)
-    tok = tl.load(idx_ptr + n * stride_in + h * stride_ih + offs_b * stride_ib, mask=b_ok, other=-1)  # [BLOCK_B]
+    idx_row = idx_ptr + n * stride_in + h * stride_ih
+    tok = tl.load(idx_row + offs_b * stride_ib, mask=b_ok, other=-1)  # [BLOCK_B]
+    bad = tl.zeros([], tl.int32) != 0  # False, as a tensor
+    if HAS_FLAGS:
+        # A NaN score in any head makes the whole chunk bad (the selection saw only its own row).
+        n_heads = tl.num_programs(1)
+        offs_h = tl.arange(0, BLOCK_H)
+        flags = tl.load(kept_ptr + tl.num_programs(2) + n * n_heads + offs_h, mask=offs_h < n_heads, other=0)
+        bad = tl.max(flags, axis=0) != 0
+        if bad:  # the chunk keeps nothing: idx -1, kept 0 (each program fixes only what it owns)
+            tl.store(idx_row + offs_b * stride_ib, tl.full([BLOCK_B], -1, tl.int64), mask=b_ok)
+            if (pid_b == 0) & (h == 0):
+                tl.store(kept_ptr + n, 0)
+    tok = tl.where(bad, -1, tok)
     sel = tok >= 0
     tok = tl.where(sel, tok, 0).to(tl.int64)
     d_ok = offs_d[None, :] < HEAD_DIM
     src_mask = sel[:, None] & d_ok  # [BLOCK_B, BLOCK_D]: padding rows read nothing...
-    dst_mask = b_ok[:, None] & d_ok  # ...but are written (as zeros)
+    dst_mask = b_ok[:, None] & d_ok  # ...but are written (as zeros; NaN in a bad chunk)
     src_k, dst_k = k_ptr + n * stride_kn + h * stride_kh, ko_ptr + n * stride_kon + h * stride_koh
-    _copy_rows(src_k, stride_kt, dst_k, stride_kob, tok, offs_b, offs_d, src_mask, dst_mask)
+    _copy_rows(src_k, stride_kt, dst_k, stride_kob, tok, offs_b, offs_d, src_mask, dst_mask, bad)
     src_v, dst_v = v_ptr + n * stride_vn + h * stride_vh, vo_ptr + n * stride_von + h * stride_voh
-    _copy_rows(src_v, stride_vt, dst_v, stride_vob, tok, offs_b, offs_d, src_mask, dst_mask)
+    _copy_rows(src_v, stride_vt, dst_v, stride_vob, tok, offs_b, offs_d, src_mask, dst_mask, bad)
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -114,14 +212,60 @@ def select_topb(scores, b, lens, pool_kernel, keep_first):
     return idx, kept.to(torch.int32)
 
 
-def gather_rows_launch(idx, k, v):
-    """Gather ``k[n, idx[n, h, j], h]`` into ``k_out[n, j, h]`` (zeros where idx = -1); same for v."""
+MAX_SELECT_T = 8192  # rows up to this many tokens are selected in registers by _select_topb_kernel
+
+
+def select_warps(block_t: int) -> int:
+    """Warps of one selection program: 1 up to 1024 tokens (32 per thread; its 32 counts then need
+    no cross-warp barrier), one more per 1024 tokens beyond, up to 8."""
+    return max(1, min(8, block_t // 1024))
+
+
+def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
+    """The whole op in two launches: selection (``_select_topb_kernel``, one program per chunk and
+    KV head) writes ``idx`` and ``kept``; the gather (``_gather_rows_kernel``) copies the rows and
+    makes a chunk with a bad row NaN (idx -1, kept 0). Allocates only the outputs."""
+    require_runnable(_select_topb_kernel, k.device, "topb_gather")
+    n, h, t = scores.shape
+    d = k.shape[-1]
+    dev = k.device
+    idx = alloc((n, h, b), torch.long, dev)
+    kept_buf = alloc((n + n * h,), torch.int32, dev)  # kept [N], then the bad-row flags [N, Hkv]
+    block_t = max(32, next_pow2(t))
+    args = (
+        scores,
+        kept_buf if lens is None else lens,  # not read without lens
+        idx,
+        kept_buf,
+        error_word(dev),
+        t,
+        b,
+        *scores.stride(),
+        h * b,
+        b,
+        1,
+        pool_kernel,
+        keep_first,
+        lens is not None,
+        block_t,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_select_topb_kernel, (n, h), args, select_warps(block_t))
+    k_out, v_out = gather_rows_launch(idx, k, v, kept_buf)
+    return k_out, v_out, idx, kept_buf[:n]
+
+
+def gather_rows_launch(idx, k, v, kept_buf=None):
+    """Gather ``k[n, idx[n, h, j], h]`` into ``k_out[n, j, h]`` (zeros where idx = -1); same for v.
+
+    ``kept_buf``: the ``[N + N * Hkv]`` int32 of :func:`topb_launch`: a chunk with a bad-row flag
+    set is written as NaN and its ``idx`` / ``kept`` reset to -1 / 0 (None: no flags, a plain copy).
+    """
     require_runnable(_gather_rows_kernel, k.device, "topb_gather")
     n, h, b = idx.shape
     d = k.shape[-1]
     k_out = alloc((n, b, h, d), k.dtype, k.device)
     v_out = alloc((n, b, h, d), v.dtype, v.device)
-    if k_out.numel() == 0:
+    if n * h * b == 0:
         return k_out, v_out
     block_d = next_pow2(d)
     block_b = max(1, min(64, 4096 // block_d, next_pow2(b)))
@@ -131,15 +275,22 @@ def gather_rows_launch(idx, k, v):
         v,
         k_out,
         v_out,
+        idx if kept_buf is None else kept_buf,  # not read without flags
         b,
         *idx.stride(),
         *k.stride()[:3],
         *v.stride()[:3],
-        *k_out.stride()[:3],
-        *v_out.stride()[:3],
+        b * h * d,
+        h * d,
+        d,
+        b * h * d,
+        h * d,
+        d,
         d,
         block_b,
         block_d,
+        next_pow2(h),
+        kept_buf is not None,
     )  # the kernel's signature order (triton_kernels._launch.launch)
     launch(_gather_rows_kernel, (cdiv(b, block_b), h, n), args, 4)
     return k_out, v_out
@@ -211,16 +362,21 @@ def _topb_impl(
         V.check_scores_values("topb_gather", scores, lens)
     if backend == "torch":
         return _ref.topb_gather(scores, k, v, b, lens=lens, pool_kernel=pool_kernel, keep_first=keep_first)
+    n, h, t = scores.shape
+    if t <= MAX_SELECT_T and n * h > 0:
+        return topb_launch(scores, k, v, b, lens, pool_kernel, keep_first)
+    # Rows too long for the selection kernel's registers: torch selection, then the gather kernel.
     idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
     k_out, v_out = gather_rows_launch(idx, k, v)
     if not checked:
-        _flag_bad_chunks(scores, lens, k_out, v_out)
+        _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept)
     return k_out, v_out, idx, kept
 
 
-def _flag_bad_chunks(scores, lens, k_out, v_out) -> None:
-    """Without a host check: chunks with a NaN valid score or a length outside [0, T] get NaN
-    ``k_out``/``v_out`` and set the error word (:func:`triton_kernels.check_errors`); no sync.
+def _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept) -> None:
+    """Without a host check (rows longer than :data:`MAX_SELECT_T`): chunks with a NaN valid score or
+    a length outside [0, T] get NaN ``k_out``/``v_out``, idx -1 and kept 0, as in the kernels, and
+    set the error word (:func:`triton_kernels.check_errors`); no sync.
 
     The selection never indexes out of bounds whatever the values (indices come from a sort over
     T), so this only keeps a bad chunk from passing as plausible data.
@@ -235,6 +391,8 @@ def _flag_bad_chunks(scores, lens, k_out, v_out) -> None:
     if k_out.numel():
         k_out.masked_fill_(bad[:, None, None, None], float("nan"))
         v_out.masked_fill_(bad[:, None, None, None], float("nan"))
+    idx.masked_fill_(bad[:, None, None], -1)
+    kept.masked_fill_(bad, 0)
     word = error_word(scores.device)
     word.bitwise_or_(bad.any().to(torch.int32) * ERR_TOPB)
 
