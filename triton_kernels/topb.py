@@ -47,7 +47,7 @@ from triton_kernels.plan import cdiv, next_pow2
 
 # ----------------------------------------------------------------------------- kernels
 
-_INT_MIN = -2147483648  # int32 sign bit
+_INT_MIN = tl.constexpr(-2147483648)  # int32 sign bit (a constexpr: a jit function may read it)
 
 
 @triton.jit
@@ -55,7 +55,7 @@ def _select_topb_kernel(
     s_ptr,  # [N, Hkv, T] scores, any float dtype
     lens_ptr,  # [N] int32/int64 valid tokens per chunk (read only when HAS_LENS)
     idx_ptr,  # [N, Hkv, b] int64 out: selected tokens ascending, then -1
-    kept_ptr,  # [N + N * Hkv] int32 out: kept [N], then one bad-row flag per (chunk, head)
+    kept_ptr,  # [N] int32 out
     err_ptr,  # [1] int32 device error word (triton_kernels.check_errors)
     T,
     n_out,  # b
@@ -68,7 +68,6 @@ def _select_topb_kernel(
 ):  # fmt: skip
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    n_heads = tl.num_programs(1)
     offs = tl.arange(0, BLOCK_T)  # [BLOCK_T] token
     length = T + tl.zeros([], tl.int32)  # a tensor even when T is specialised to a constant
     bad_len = length < 0  # False, as a tensor
@@ -97,7 +96,7 @@ def _select_topb_kernel(
     # Order-preserving int32 key of the fp32 value: flip the magnitude bits of negatives.
     bits = pooled.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 2147483647)
-    kept = tl.where(bad, 0, tl.minimum(length, n_out))  # tokens this row keeps
+    kept = tl.where(bad, 0, tl.minimum(length, n_out))  # tokens this row keeps: none in a bad row
 
     # Threshold search: the largest key thr with #{key >= thr} >= kept, i.e. the kept-th largest
     # key, built bit by bit from the top in the sign-flipped (unsigned-ordered) domain: 32 counts.
@@ -122,9 +121,8 @@ def _select_topb_kernel(
     for j0 in range(0, n_out, BLOCK_T):  # padding after the kept ones
         o = j0 + offs
         tl.store(out + o.to(tl.int64) * stride_ib, tl.full([BLOCK_T], -1, tl.int64), mask=(o >= kept) & (o < n_out))
-    if h == 0:
+    if h == 0:  # a NaN in another head is the gather's to see (_gather_rows_kernel)
         tl.store(kept_ptr + n, tl.where(bad_len, 0, tl.minimum(length, n_out)))
-    tl.store(kept_ptr + tl.num_programs(0) + n * n_heads + h, bad.to(tl.int32))
     if bad:
         tl.atomic_or(err_ptr, 16)  # ERR_TOPB of triton_kernels._dispatch
 
@@ -144,7 +142,9 @@ def _gather_rows_kernel(
     v_ptr,
     ko_ptr,  # [N, b, Hkv, D] out
     vo_ptr,
-    kept_ptr,  # [N + N * Hkv] int32 of _select_topb_kernel (read and fixed only when HAS_FLAGS)
+    lens_ptr,  # [N] valid tokens per chunk (read only when CHUNK_CHECK and HAS_LENS)
+    kept_ptr,  # [N] int32 of _select_topb_kernel (reset to 0 in a bad chunk; only when CHUNK_CHECK)
+    T,
     n_out,  # b
     stride_in, stride_ih, stride_ib,
     stride_kn, stride_kt, stride_kh,
@@ -154,8 +154,9 @@ def _gather_rows_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr,  # next_pow2(Hkv): the chunk's bad-row flags in one load
-    HAS_FLAGS: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # next_pow2(Hkv): the first idx of every head of the chunk in one load
+    CHUNK_CHECK: tl.constexpr,  # idx comes from _select_topb_kernel: make a chunk with a bad row NaN
+    HAS_LENS: tl.constexpr,
 ):  # fmt: skip
     pid_b = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -167,13 +168,20 @@ def _gather_rows_kernel(
     idx_row = idx_ptr + n * stride_in + h * stride_ih
     tok = tl.load(idx_row + offs_b * stride_ib, mask=b_ok, other=-1)  # [BLOCK_B]
     bad = tl.zeros([], tl.int32) != 0  # False, as a tensor
-    if HAS_FLAGS:
-        # A NaN score in any head makes the whole chunk bad (the selection saw only its own row).
-        n_heads = tl.num_programs(1)
+    if CHUNK_CHECK:
+        # The selection kept nothing in a bad row (idx all -1); a row of a chunk with valid tokens
+        # keeps >= 1. So the chunk is bad iff its length is out of range or it has valid tokens and
+        # some head's first idx is -1. Reading it races with other programs' reset below, which only
+        # writes -1 into a chunk that is bad: either value read gives the same verdict.
+        length = T + tl.zeros([], tl.int32)
+        if HAS_LENS:
+            ln = tl.load(lens_ptr + n)
+            bad = (ln < 0) | (ln > T)
+            length = tl.where(bad, 0, ln).to(tl.int32)
         offs_h = tl.arange(0, BLOCK_H)
-        flags = tl.load(kept_ptr + tl.num_programs(2) + n * n_heads + offs_h, mask=offs_h < n_heads, other=0)
-        bad = tl.max(flags, axis=0) != 0
-        if bad:  # the chunk keeps nothing: idx -1, kept 0 (each program fixes only what it owns)
+        first = tl.load(idx_ptr + n * stride_in + offs_h * stride_ih, mask=offs_h < tl.num_programs(1), other=0)
+        bad = bad | ((length > 0) & (tl.min(first, axis=0) < 0))
+        if bad:  # the chunk keeps nothing: idx -1, kept 0 (each program resets only what it owns)
             tl.store(idx_row + offs_b * stride_ib, tl.full([BLOCK_B], -1, tl.int64), mask=b_ok)
             if (pid_b == 0) & (h == 0):
                 tl.store(kept_ptr + n, 0)
@@ -222,25 +230,27 @@ def select_warps(block_t: int) -> int:
 
 
 def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
-    """The whole op in two launches: selection (``_select_topb_kernel``, one program per chunk and
-    KV head) writes ``idx`` and ``kept``; the gather (``_gather_rows_kernel``) copies the rows and
-    makes a chunk with a bad row NaN (idx -1, kept 0). Allocates only the outputs."""
+    """The whole op in two launches: the selection (``_select_topb_kernel``, one program per chunk
+    and KV head) writes ``idx`` and ``kept``; the gather (``_gather_rows_kernel``) copies the rows
+    and makes a chunk with a bad row NaN (idx -1, kept 0). Allocates only the four outputs."""
     require_runnable(_select_topb_kernel, k.device, "topb_gather")
     n, h, t = scores.shape
-    d = k.shape[-1]
     dev = k.device
     idx = alloc((n, h, b), torch.long, dev)
-    kept_buf = alloc((n + n * h,), torch.int32, dev)  # kept [N], then the bad-row flags [N, Hkv]
-    block_t = max(32, next_pow2(t))
+    kept = alloc((n,), torch.int32, dev)
+    block_t = 32 if t <= 32 else 1 << (t - 1).bit_length()  # next_pow2, at least a warp
+    s_n, s_h, s_t = scores.stride()
     args = (
         scores,
-        kept_buf if lens is None else lens,  # not read without lens
+        kept if lens is None else lens,  # not read without lens
         idx,
-        kept_buf,
+        kept,
         error_word(dev),
         t,
         b,
-        *scores.stride(),
+        s_n,
+        s_h,
+        s_t,
         h * b,
         b,
         1,
@@ -250,15 +260,16 @@ def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
         block_t,
     )  # the kernel's signature order (triton_kernels._launch.launch)
     launch(_select_topb_kernel, (n, h), args, select_warps(block_t))
-    k_out, v_out = gather_rows_launch(idx, k, v, kept_buf)
-    return k_out, v_out, idx, kept_buf[:n]
+    k_out, v_out = gather_rows_launch(idx, k, v, kept, lens, t)
+    return k_out, v_out, idx, kept
 
 
-def gather_rows_launch(idx, k, v, kept_buf=None):
+def gather_rows_launch(idx, k, v, kept=None, lens=None, t=0):
     """Gather ``k[n, idx[n, h, j], h]`` into ``k_out[n, j, h]`` (zeros where idx = -1); same for v.
 
-    ``kept_buf``: the ``[N + N * Hkv]`` int32 of :func:`topb_launch`: a chunk with a bad-row flag
-    set is written as NaN and its ``idx`` / ``kept`` reset to -1 / 0 (None: no flags, a plain copy).
+    ``kept`` (with ``lens`` and ``t``, the chunk length): ``idx`` and ``kept`` come from
+    ``_select_topb_kernel``; a chunk with a bad length or a bad row (idx all -1 although the chunk
+    has valid tokens) is written as NaN and its idx / kept reset to -1 / 0. None: a plain copy.
     """
     require_runnable(_gather_rows_kernel, k.device, "topb_gather")
     n, h, b = idx.shape
@@ -267,20 +278,31 @@ def gather_rows_launch(idx, k, v, kept_buf=None):
     v_out = alloc((n, b, h, d), v.dtype, v.device)
     if n * h * b == 0:
         return k_out, v_out
-    block_d = next_pow2(d)
-    block_b = max(1, min(64, 4096 // block_d, next_pow2(b)))
+    block_d = 1 if d <= 1 else 1 << (d - 1).bit_length()  # next_pow2
+    block_b = max(1, min(64, 4096 // block_d, 1 << (b - 1).bit_length()))
+    s_in, s_ih, s_ib = idx.stride()
+    s_kn, s_kt, s_kh, _ = k.stride()
+    s_vn, s_vt, s_vh, _ = v.stride()
     args = (
         idx,
         k,
         v,
         k_out,
         v_out,
-        idx if kept_buf is None else kept_buf,  # not read without flags
+        idx if lens is None else lens,  # not read without lens
+        idx if kept is None else kept,  # not read without kept
+        t,
         b,
-        *idx.stride(),
-        *k.stride()[:3],
-        *v.stride()[:3],
-        b * h * d,
+        s_in,
+        s_ih,
+        s_ib,
+        s_kn,
+        s_kt,
+        s_kh,
+        s_vn,
+        s_vt,
+        s_vh,
+        b * h * d,  # k_out, v_out: contiguous
         h * d,
         d,
         b * h * d,
@@ -289,8 +311,9 @@ def gather_rows_launch(idx, k, v, kept_buf=None):
         d,
         block_b,
         block_d,
-        next_pow2(h),
-        kept_buf is not None,
+        1 if h <= 1 else 1 << (h - 1).bit_length(),
+        kept is not None,
+        lens is not None,
     )  # the kernel's signature order (triton_kernels._launch.launch)
     launch(_gather_rows_kernel, (cdiv(b, block_b), h, n), args, 4)
     return k_out, v_out
