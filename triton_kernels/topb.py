@@ -78,7 +78,10 @@ def _select_topb_kernel(
     row = s_ptr + n * stride_sn + h * stride_sh
     valid = offs < length
     x = tl.load(row + offs * stride_st, mask=valid, other=0.0).to(tl.float32)
-    bad = bad_len | (tl.sum((x != x).to(tl.int32), axis=0) > 0)  # NaN among the valid scores
+    # Sums and scans below call tl.reduce / tl.associative_scan with Triton's own sum combine, which
+    # is what tl.sum / tl.cumsum compile to; the interpreter runs those natively, while a call of the
+    # jit wrappers tl.sum / tl.cumsum costs it milliseconds (36 per row here: the tests' time).
+    bad = bad_len | (tl.reduce((x != x).to(tl.int32), 0, tl.standard._sum_combine) > 0)  # a valid NaN
 
     # Max-pool along tokens (stride 1, same length, windows clipped to the valid tokens), as
     # reference.pool_scores: invalid tokens are -inf before and after pooling.
@@ -104,7 +107,7 @@ def _select_topb_kernel(
     step = tl.full([], _INT_MIN, tl.int32)
     for _ in range(32):
         cand = u | step
-        cnt = tl.sum((key >= (cand ^ _INT_MIN)).to(tl.int32), axis=0)
+        cnt = tl.reduce((key >= (cand ^ _INT_MIN)).to(tl.int32), 0, tl.standard._sum_combine)
         u = tl.where(cnt >= kept, cand, u)
         step = (step >> 1) & 2147483647
     thr = u ^ _INT_MIN
@@ -113,9 +116,10 @@ def _select_topb_kernel(
     # lower token index, as the stable sort of the reference); then compact in token order.
     above = valid & (key > thr)
     tie = valid & (key == thr)
-    n_above = tl.sum(above.to(tl.int32), axis=0)
-    sel = above | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= kept - n_above))
-    pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1  # output row of each selected token
+    n_above = tl.reduce(above.to(tl.int32), 0, tl.standard._sum_combine)
+    tie_rank = tl.associative_scan(tie.to(tl.int32), 0, tl.standard._sum_combine)  # inclusive cumsum
+    sel = above | (tie & (tie_rank <= kept - n_above))
+    pos = tl.associative_scan(sel.to(tl.int32), 0, tl.standard._sum_combine) - 1  # output row per token
     out = idx_ptr + n * stride_in + h * stride_ih
     tl.store(out + pos.to(tl.int64) * stride_ib, offs.to(tl.int64), mask=sel)
     for j0 in range(0, n_out, BLOCK_T):  # padding after the kept ones
@@ -180,7 +184,7 @@ def _gather_rows_kernel(
             length = tl.where(bad, 0, ln).to(tl.int32)
         offs_h = tl.arange(0, BLOCK_H)
         first = tl.load(idx_ptr + n * stride_in + offs_h * stride_ih, mask=offs_h < tl.num_programs(1), other=0)
-        bad = bad | ((length > 0) & (tl.min(first, axis=0) < 0))
+        bad = bad | ((length > 0) & (tl.reduce(first, 0, tl.standard._elementwise_min) < 0))
         if bad:  # the chunk keeps nothing: idx -1, kept 0 (each program resets only what it owns)
             tl.store(idx_row + offs_b * stride_ib, tl.full([BLOCK_B], -1, tl.int64), mask=b_ok)
             if (pid_b == 0) & (h == 0):
