@@ -125,6 +125,17 @@ def test_launches_and_allocations_per_call(cuda_branch, name, launches, allocs):
         assert sum(op in ALLOCS for op in audit.ops) == allocs, audit.ops
 
 
+def test_topb_cuda_branch_runs_no_torch_op_but_its_outputs(cuda_branch):
+    """Issue 35.3/35.5: the top-B selection runs in a kernel, so the CUDA branch of topb_gather makes no
+    torch call but the allocation of its four outputs (before: a torch selection of about 15 ops)."""
+    call = _inputs()["topb"]
+    call()
+    with _Audit() as audit:
+        call()
+    ops = [op for op in audit.ops if op != "aten.randn.default"]  # the scores the lambda builds
+    assert len(ops) == 4 and set(ops) <= ALLOCS, audit.ops
+
+
 def test_direct_launch_keys_on_every_specialisation(cuda_branch):
     """One compiled kernel per (dtypes, alignment, ints, constexprs, warps): a repeat hits the cache,
     a misaligned tensor or another shape does not."""
