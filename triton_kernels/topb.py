@@ -122,8 +122,8 @@ def _select_topb_kernel(
     pos = tl.associative_scan(sel.to(tl.int32), 0, tl.standard._sum_combine) - 1  # output row per token
     out = idx_ptr + n * stride_in + h * stride_ih
     tl.store(out + pos.to(tl.int64) * stride_ib, offs.to(tl.int64), mask=sel)
-    for j0 in range(0, n_out, BLOCK_T):  # padding after the kept ones
-        o = j0 + offs
+    for j in range(tl.cdiv(n_out, BLOCK_T)):  # padding after the kept ones
+        o = j * BLOCK_T + offs
         tl.store(out + o.to(tl.int64) * stride_ib, tl.full([BLOCK_T], -1, tl.int64), mask=(o >= kept) & (o < n_out))
     if h == 0:  # a NaN in another head is the gather's to see (_gather_rows_kernel)
         tl.store(kept_ptr + n, tl.where(bad_len, 0, tl.minimum(length, n_out)))
