@@ -5,24 +5,31 @@ each chunk keeps, per KV head, the ``b`` tokens with the highest max-pooled
 score (pooling keeps neighbourhoods of salient tokens together, as SnapKV does),
 always including token 0 (the BOS attention anchor), in their original order.
 
-Split of the work, and why:
+Two kernels, two launches, only the four outputs allocated (no torch op on the CUDA path):
 
-* **Selection in torch** (``pool_scores`` of the reference + one stable
-  descending sort + one ascending sort). It runs once per chunk at prefill time,
-  never in the decode loop, on ``[N, Hkv, T]`` with T ~ 1K: a few microseconds
-  of sort kernels. The stable sort gives exactly the documented tie rule (equal
-  pooled scores go to the lower index) and is deterministic. A Triton top-k on
-  Triton 3.6 would need ``tl.sort``'s bitonic network on power-of-two rows with
-  the token index packed into the sort key for stability; not worth it here.
-* **Gather in Triton** (``_gather_rows_kernel``): copies the selected rows of
-  K and V into the compact pool ``[N, b, Hkv, D]`` in one pass (padding rows are
-  written as zeros), reading only the selected rows, from any row strides
-  (64-bit offsets).
+* **Selection** (``_select_topb_kernel``, one program of one warp per (chunk, KV head), the row's
+  ``T <= MAX_SELECT_T`` scores in registers): max-pool (the window's loads hit L1), pin BOS, map
+  each fp32 score to an order-preserving int32 key (-0.0 folded into +0.0, which compare equal),
+  find the ``kept``-th largest key by a bit-by-bit threshold search (32 counts of ``key >= c``;
+  a radix select with 1-bit digits, the scheme of PyTorch's CUDA ``topk``
+  (``SortingRadixSelect.cuh``) and of Alabi et al., "Fast k-selection algorithms for graphics
+  processing units", JEA 2012), keep every key above it and the earliest of the keys equal to it
+  (the reference's stable-sort tie rule), and compact with a prefix sum: the indices come out in
+  ascending token order with no sort. On sm_90 each count compiles to bit packing + ``popc`` +
+  one ``redux.sync`` (no shared memory, no barrier).
+* **Gather** (``_gather_rows_kernel``): copies the selected rows of K and V into the compact pool
+  ``[N, b, Hkv, D]`` in one pass (padding rows are written as zeros), reading only the selected
+  rows, from any row strides (64-bit offsets); it also applies the bad-chunk rule below, which
+  needs every head of a chunk.
 
-NaN scores have no rank (a sort would place them arbitrarily): the host value checks
-reject NaN among the valid tokens' scores with a ``ValueError``; where they are off (CUDA by
-default, see :mod:`triton_kernels._dispatch`) such a chunk's ``k_out``/``v_out`` are NaN and
-:func:`triton_kernels.check_errors` raises.
+Rows longer than :data:`MAX_SELECT_T` (not a chunk size this package uses) fall back to the torch
+selection :func:`select_topb` (max-pool + two stable sorts) and the same gather.
+
+NaN scores have no rank: the host value checks reject NaN among the valid tokens' scores (and a
+length outside ``[0, T]``) with a ``ValueError``; where they are off (CUDA by default, see
+:mod:`triton_kernels._dispatch`) such a chunk keeps nothing -- its ``idx`` is -1, ``kept`` 0,
+``k_out``/``v_out`` NaN -- and :func:`triton_kernels.check_errors` raises. A NaN is never
+selected; NaN beyond ``lens`` is ignored.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from triton_kernels._dispatch import (
     resolve_backend,
 )
 from triton_kernels._launch import launch
-from triton_kernels.plan import cdiv, next_pow2
+from triton_kernels.plan import cdiv
 
 # ----------------------------------------------------------------------------- kernels
 
@@ -205,7 +212,8 @@ def _gather_rows_kernel(
 
 
 def select_topb(scores, b, lens, pool_kernel, keep_first):
-    """Selection (torch): ``(idx [N, Hkv, b] int64 ascending, -1 padded, kept [N] int32)``.
+    """Selection in torch (rows longer than :data:`MAX_SELECT_T`; also ``bench_kernels``' torch
+    baseline): ``(idx [N, Hkv, b] int64 ascending, -1 padded, kept [N] int32)``.
 
     Vectorised over chunks and heads with no host sync: sort the pooled scores
     (stable, descending: ties to the lower index), keep the first
@@ -233,13 +241,19 @@ def select_warps(block_t: int) -> int:
     return max(1, min(8, block_t // 1024))
 
 
-def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
-    """The whole op in two launches: the selection (``_select_topb_kernel``, one program per chunk
-    and KV head) writes ``idx`` and ``kept``; the gather (``_gather_rows_kernel``) copies the rows
-    and makes a chunk with a bad row NaN (idx -1, kept 0). Allocates only the four outputs."""
-    require_runnable(_select_topb_kernel, k.device, "topb_gather")
+def select_launch(scores, b, lens, pool_kernel, keep_first):
+    """Launch ``_select_topb_kernel``: ``(idx [N, Hkv, b] int64, kept [N] int32)`` on ``scores``' device.
+
+    ``scores [N, Hkv, T]`` (any float dtype, any strides, ``1 <= T <= MAX_SELECT_T``), ``lens [N]``
+    int32/int64 or None, ``b >= 1``, odd ``pool_kernel``, ``keep_first``: as :func:`topb_gather`, whose
+    checks they passed. ``idx`` holds each row's selected tokens ascending, then -1; a row with a bad
+    length or a NaN valid score keeps nothing (all -1) and sets ERR_TOPB in the error word; ``kept`` is
+    ``min(b, lens)`` (0 for a bad length): a NaN in one head of a chunk is left for the gather to apply
+    to the chunk's other heads (:func:`gather_rows_launch` with ``kept``).
+    """
+    require_runnable(_select_topb_kernel, scores.device, "topb_gather")
     n, h, t = scores.shape
-    dev = k.device
+    dev = scores.device
     idx = alloc((n, h, b), torch.long, dev)
     kept = alloc((n,), torch.int32, dev)
     block_t = 32 if t <= 32 else 1 << (t - 1).bit_length()  # next_pow2, at least a warp
@@ -264,7 +278,15 @@ def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
         block_t,
     )  # the kernel's signature order (triton_kernels._launch.launch)
     launch(_select_topb_kernel, (n, h), args, select_warps(block_t))
-    k_out, v_out = gather_rows_launch(idx, k, v, kept, lens, t)
+    return idx, kept
+
+
+def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
+    """The whole op in two launches: :func:`select_launch` writes ``idx`` and ``kept``;
+    :func:`gather_rows_launch` copies the rows and makes a chunk with a bad row keep nothing (idx -1,
+    kept 0, K/V NaN). Returns ``(k_out, v_out, idx, kept)`` as :func:`topb_gather`; allocates only them."""
+    idx, kept = select_launch(scores, b, lens, pool_kernel, keep_first)
+    k_out, v_out = gather_rows_launch(idx, k, v, kept, lens, scores.shape[-1])
     return k_out, v_out, idx, kept
 
 
@@ -500,13 +522,14 @@ def topb_gather(
             ``pool_kernel``, device mismatch, last dim of K/V not contiguous; lens outside
             ``[0, T]`` or NaN among the scores of valid tokens (beyond ``lens`` they are ignored)
             where the host value checks run (CPU, the torch backend, the checked mode). On CUDA
-            by default such a chunk's ``k_out``/``v_out`` are NaN instead and
-            :func:`triton_kernels.check_errors` raises later (no host sync per call).
+            by default such a chunk keeps nothing instead (``idx`` -1, ``kept`` 0, ``k_out`` /
+            ``v_out`` NaN) and :func:`triton_kernels.check_errors` raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk top-B with BOS kept; max-pooled
-    scores as in SnapKV. Selection by torch stable sort (see module docstring
-    for why), gather by a Triton kernel.
+    scores as in SnapKV. Selection by a Triton radix select over the scores' bits
+    with a prefix-sum compaction, gather by a second Triton kernel (see the module
+    docstring); the torch backend is the naive stable-sort reference.
     """
     sig = V.signature("topb_gather", (scores, k, v, lens), (b, pool_kernel, keep_first))
     if not V.passed(sig) or type(b) is not int or type(pool_kernel) is not int:  # memoised metadata checks

@@ -40,7 +40,8 @@ def _scores(kind, n, t, seed):
     if kind == "ties":  # few distinct values: long runs of equal pooled scores
         s = torch.randint(-2, 3, (n, HKV, t), generator=g).float()
     elif kind == "zeros":  # -0.0 and +0.0 compare equal: a tie, the earlier token wins
-        s = torch.where(torch.rand(n, HKV, t, generator=g) < 0.5, -0.0, 0.0) - (torch.rand(n, HKV, t, generator=g) < 0.2).float()
+        signed = torch.where(torch.rand(n, HKV, t, generator=g) < 0.5, -0.0, 0.0)
+        s = signed - (torch.rand(n, HKV, t, generator=g) < 0.2).float()  # -0.0 - 0.0 stays -0.0
     elif kind == "inf":
         s[..., ::5] = float("inf")
         s[..., 1::7] = float("-inf")
