@@ -437,10 +437,11 @@ def scores_bench(case: Case, dtype, device) -> Bench:
 # ----------------------------------------------------------------------------- top-b gather
 
 
-def torch_topb(scores, k, v, b):
+def torch_topb(scores, k, v, b, lens=None):
+    """The torch baseline: the vectorised torch selection (max-pool + two stable sorts) + ``torch.gather``."""
     from triton_kernels.topb import select_topb
 
-    idx, kept = select_topb(scores, b, None, 7, True)  # [N, H, b]
+    idx, kept = select_topb(scores, b, lens, 7, True)  # [N, H, b]
     gi = idx.clamp(min=0).transpose(1, 2)[..., None].expand(-1, -1, -1, k.shape[-1])  # [N, b, H, D]
     return torch.gather(k, 1, gi), torch.gather(v, 1, gi), idx, kept
 
@@ -457,14 +458,20 @@ def topb_bench(case: Case, dtype, device) -> Bench:
 
     a = make_inputs(case, device, dtype)
     scores, k, v, b = a["scores"], a["k"], a["v"], a["b"]
-    ref = R.topb_gather(scores, k, v, b)
-    keys = ("scores", "k", "v")
+    ref = R.topb_gather(scores, k, v, b, lens=a["lens"])
+    keys = ("scores", "k", "v", "lens")
     ours = (
-        Method("topb_triton", lambda x: tk.topb_gather(x["scores"], x["k"], x["v"], b, backend="triton"), ours=True)
+        Method(
+            "topb_triton",  # two kernels: selection (_select_topb_kernel) and gather (_gather_rows_kernel)
+            lambda x: tk.topb_gather(x["scores"], x["k"], x["v"], b, lens=x["lens"], backend="triton"),
+            ours=True,
+        )
         if device.type == "cuda"
-        else Method("torch_reference", lambda x: R.topb_gather(x["scores"], x["k"], x["v"], b), ours=True)
+        else Method(
+            "torch_reference", lambda x: R.topb_gather(x["scores"], x["k"], x["v"], b, lens=x["lens"]), ours=True
+        )
     )
-    methods = [ours, Method("torch_gather", lambda x: torch_topb(x["scores"], x["k"], x["v"], b))]
+    methods = [ours, Method("torch_gather", lambda x: torch_topb(x["scores"], x["k"], x["v"], b, x["lens"]))]
     for m in methods:  # exact check: same indices, same gathered rows
         m.reads = keys
         m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(a), ref, strict=True)) else "FAIL"
@@ -481,6 +488,16 @@ def topb_bench(case: Case, dtype, device) -> Bench:
             m.reads, m.note = copy_keys, "copy only (selection excluded); not ranked"
             m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(a), ref[:2], strict=True)) else "FAIL"
         methods += gathers
+        from triton_kernels.topb import select_launch, select_topb
+
+        selects = [  # the selection alone: our kernel vs the torch selection of the baseline
+            Method("select_kernel_only", lambda x: select_launch(x["scores"], b, x["lens"], 7, True), rank=False),
+            Method("torch_select_only", lambda x: select_topb(x["scores"], b, x["lens"], 7, True), rank=False),
+        ]
+        for m in selects:
+            m.reads, m.note = ("scores", "lens"), "selection only (idx, kept); not ranked"
+            m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(a), ref[2:], strict=True)) else "FAIL"
+        methods += selects
     return Bench(methods, None, None, a)
 
 

@@ -60,11 +60,12 @@ KERNEL_SITES = [
     (chunk_scores, "_row_lse_kernel"),
     (chunk_scores, "_column_mass_kernel"),
     (chunk_scores, "_row_mass_kernel"),
+    (topb, "_select_topb_kernel"),
     (topb, "_gather_rows_kernel"),
 ]
 DOT_KERNELS = {"_split_s_partial_kernel", "_row_lse_kernel", "_column_mass_kernel", "_row_mass_kernel"}
 PLANNED = {"_split_s_partial_kernel": "split_s", "_row_lse_kernel": "row_lse"}  # occupancy the planner assumes
-SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_R", "BLOCK_B", "N_UNROLL", "KEY_SPLITS", "HAS_LIVE_LENS")
+SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_R", "BLOCK_B", "BLOCK_T", "N_UNROLL", "KEY_SPLITS", "HAS_LIVE_LENS")
 
 
 def ptxas_stats(log: str) -> dict:

@@ -8,8 +8,7 @@ signature), the value-check policy, output allocation and the launch record's ch
 compiled kernel's C launcher, which the stub replaces (about 2-3 us per launch on a GPU host, not
 counted here). Plans are made for an H200 (:func:`triton_kernels.plan.assume_gpu`).
 
-The tensors are small (the host path does not depend on their size, except ``topb_gather``'s
-torch selection, which here runs its sorts on the CPU): shapes are Dream-7B's heads (Hq = 28,
+The tensors are small (the host path does not depend on their size): shapes are Dream-7B's heads (Hq = 28,
 Hkv = 4, D = 128) with few tokens. Prints and records, per op, the minimum over repeats of the
 mean host time per call, and the kernel launches per call.
 
@@ -72,7 +71,7 @@ def cases(dtype=torch.bfloat16) -> dict:
         "chunk_row_mass": (lambda: tk.chunk_row_mass(rq, ck, clens, cx, **tri), f"{n} chunks of {t} tokens"),
         "topb_gather": (
             lambda: tk.topb_gather(scores, ck, ck, 16, lens=clens, **tri),
-            f"{n} chunks of {t} tokens, B=16 (its top-B selection runs as torch ops)",
+            f"{n} chunks of {t} tokens, B=16 (selection and gather: two kernels)",
         ),
     }
 

@@ -179,7 +179,8 @@ def make_inputs(case: Case, device, dtype, *, empty: bool = False, seed: int = 0
     if case.op == "topb_gather":
         n, t, b = p["n"], p["t"], p["b"]
         scores = torch.rand(n, hkv, t, generator=gen).to(device)
-        return dict(scores=scores, k=f(n, t, hkv, d), v=f(n, t, hkv, d), b=b)
+        lens = i32(torch.full((n,), t))  # the pipeline passes lens: the variant it runs
+        return dict(scores=scores, k=f(n, t, hkv, d), v=f(n, t, hkv, d), b=b, lens=lens)
     raise KeyError(case.op)
 
 
@@ -200,5 +201,5 @@ def call(case: Case, inputs: dict, backend: str | None = None):
     if case.op == "chunk_row_mass":
         return tk.chunk_row_mass(a["q"], a["k"], a["lens"], a["k_extra"], backend=backend)
     if case.op == "topb_gather":
-        return tk.topb_gather(a["scores"], a["k"], a["v"], a["b"], backend=backend)
+        return tk.topb_gather(a["scores"], a["k"], a["v"], a["b"], lens=a["lens"], backend=backend)
     raise KeyError(case.op)

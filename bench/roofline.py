@@ -100,7 +100,7 @@ def cost(case: Case, elt: int = 2) -> Cost:
     if case.op == "topb_gather":
         n, t, b = p["n"], p["t"], p["b"]
         nbytes = n * hkv * t * 4 + 4 * n * b * hkv * d * elt + n * hkv * b * 8
-        return Cost(nbytes, 0.0, 0.0, note="selection (torch sort) not counted")
+        return Cost(nbytes, 0.0, 0.0, note="scores read once by the selection kernel (pool window from L1)")
     raise KeyError(case.op)
 
 

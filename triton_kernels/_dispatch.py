@@ -20,8 +20,8 @@ no NaN score) follow one policy:
   every index they load: a slot outside ``[-1, P)`` or a length outside its range reads
   nothing, the affected output rows become NaN (never plausible numbers), and a bit is
   OR-ed into a per-device error word that :func:`triton_kernels.check_errors` reads
-  lazily and raises from (``topb_gather``'s selection runs in torch: it sets its bit and
-  NaN-fills the chunk with sync-free torch ops). Also safe under CUDA graph capture.
+  lazily and raises from (``topb_gather``: a chunk with a bad length or a NaN score keeps
+  nothing, idx -1 and kept 0, and its K/V rows are NaN). Also safe under CUDA graph capture.
 * Checked mode, ``PREFILLING_DLLM_CHECK_VALUES=1`` or inside :func:`eager_value_checks`:
   every op reads the values on the host first and raises a ValueError at the bad call
   (one sync per call on CUDA).

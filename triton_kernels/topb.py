@@ -5,24 +5,31 @@ each chunk keeps, per KV head, the ``b`` tokens with the highest max-pooled
 score (pooling keeps neighbourhoods of salient tokens together, as SnapKV does),
 always including token 0 (the BOS attention anchor), in their original order.
 
-Split of the work, and why:
+Two kernels, two launches, only the four outputs allocated (no torch op on the CUDA path):
 
-* **Selection in torch** (``pool_scores`` of the reference + one stable
-  descending sort + one ascending sort). It runs once per chunk at prefill time,
-  never in the decode loop, on ``[N, Hkv, T]`` with T ~ 1K: a few microseconds
-  of sort kernels. The stable sort gives exactly the documented tie rule (equal
-  pooled scores go to the lower index) and is deterministic. A Triton top-k on
-  Triton 3.6 would need ``tl.sort``'s bitonic network on power-of-two rows with
-  the token index packed into the sort key for stability; not worth it here.
-* **Gather in Triton** (``_gather_rows_kernel``): copies the selected rows of
-  K and V into the compact pool ``[N, b, Hkv, D]`` in one pass (padding rows are
-  written as zeros), reading only the selected rows, from any row strides
-  (64-bit offsets).
+* **Selection** (``_select_topb_kernel``, one program of one warp per (chunk, KV head), the row's
+  ``T <= MAX_SELECT_T`` scores in registers): max-pool (the window's loads hit L1), pin BOS, map
+  each fp32 score to an order-preserving int32 key (-0.0 folded into +0.0, which compare equal),
+  find the ``kept``-th largest key by a bit-by-bit threshold search (32 counts of ``key >= c``;
+  a radix select with 1-bit digits, the scheme of PyTorch's CUDA ``topk``
+  (``SortingRadixSelect.cuh``) and of Alabi et al., "Fast k-selection algorithms for graphics
+  processing units", JEA 2012), keep every key above it and the earliest of the keys equal to it
+  (the reference's stable-sort tie rule), and compact with a prefix sum: the indices come out in
+  ascending token order with no sort. On sm_90 each count compiles to bit packing + ``popc`` +
+  one ``redux.sync`` (no shared memory, no barrier).
+* **Gather** (``_gather_rows_kernel``): copies the selected rows of K and V into the compact pool
+  ``[N, b, Hkv, D]`` in one pass (padding rows are written as zeros), reading only the selected
+  rows, from any row strides (64-bit offsets); it also applies the bad-chunk rule below, which
+  needs every head of a chunk.
 
-NaN scores have no rank (a sort would place them arbitrarily): the host value checks
-reject NaN among the valid tokens' scores with a ``ValueError``; where they are off (CUDA by
-default, see :mod:`triton_kernels._dispatch`; either backend) such a chunk's ``k_out``/``v_out`` are
-NaN, its ``idx`` -1 and its ``kept`` -1, and :func:`triton_kernels.check_errors` raises.
+Rows longer than :data:`MAX_SELECT_T` (not a chunk size this package uses) fall back to the torch
+selection :func:`select_topb` (max-pool + two stable sorts) and the same gather.
+
+NaN scores have no rank: the host value checks reject NaN among the valid tokens' scores (and a
+length outside ``[0, T]``) with a ``ValueError``; where they are off (CUDA by default, see
+:mod:`triton_kernels._dispatch`) such a chunk keeps nothing -- its ``idx`` is -1, ``kept`` 0,
+``k_out``/``v_out`` NaN -- and :func:`triton_kernels.check_errors` raises. A NaN is never
+selected; NaN beyond ``lens`` is ignored.
 """
 
 from __future__ import annotations
@@ -43,16 +50,100 @@ from triton_kernels._dispatch import (
     resolve_backend,
 )
 from triton_kernels._launch import launch
-from triton_kernels.plan import cdiv, next_pow2
+from triton_kernels.plan import cdiv
 
-# ----------------------------------------------------------------------------- kernel
+# ----------------------------------------------------------------------------- kernels
+
+_INT_MIN = tl.constexpr(-2147483648)  # int32 sign bit (a constexpr: a jit function may read it)
 
 
 @triton.jit
-def _copy_rows(src, stride_src, dst, stride_dst, tok, offs_b, offs_d, src_mask, dst_mask):
+def _select_topb_kernel(
+    s_ptr,  # [N, Hkv, T] scores, any float dtype
+    lens_ptr,  # [N] int32/int64 valid tokens per chunk (read only when HAS_LENS)
+    idx_ptr,  # [N, Hkv, b] int64 out: selected tokens ascending, then -1
+    kept_ptr,  # [N] int32 out
+    err_ptr,  # [1] int32 device error word (triton_kernels.check_errors)
+    T,
+    n_out,  # b
+    stride_sn, stride_sh, stride_st,
+    stride_in, stride_ih, stride_ib,
+    POOL: tl.constexpr,  # odd max-pool window
+    KEEP_FIRST: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # next_pow2(T): the whole row lives in registers
+):  # fmt: skip
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_T)  # [BLOCK_T] token
+    length = T + tl.zeros([], tl.int32)  # a tensor even when T is specialised to a constant
+    bad_len = length < 0  # False, as a tensor
+    if HAS_LENS:
+        ln = tl.load(lens_ptr + n)  # int32 or int64: compared before any narrowing
+        bad_len = (ln < 0) | (ln > T)  # bounds guard (issue 35.2): such a chunk selects nothing
+        length = tl.where(bad_len, 0, ln).to(tl.int32)
+    row = s_ptr + n * stride_sn + h * stride_sh
+    valid = offs < length
+    x = tl.load(row + offs * stride_st, mask=valid, other=0.0).to(tl.float32)
+    # Sums and scans below call tl.reduce / tl.associative_scan with Triton's own sum combine, which
+    # is what tl.sum / tl.cumsum compile to; the interpreter runs those natively, while a call of the
+    # jit wrappers tl.sum / tl.cumsum costs it milliseconds (36 per row here: the tests' time).
+    bad = bad_len | (tl.reduce((x != x).to(tl.int32), 0, tl.standard._sum_combine) > 0)  # a valid NaN
+
+    # Max-pool along tokens (stride 1, same length, windows clipped to the valid tokens), as
+    # reference.pool_scores: invalid tokens are -inf before and after pooling.
+    pooled = tl.where(valid, x, float("-inf"))
+    for j in tl.static_range(POOL):
+        if j != POOL // 2:
+            o = offs + (j - POOL // 2)
+            y = tl.load(row + o * stride_st, mask=(o >= 0) & (o < length), other=float("-inf"))
+            pooled = tl.maximum(pooled, y.to(tl.float32))
+    pooled = tl.where(valid, pooled, float("-inf"))
+    if KEEP_FIRST:
+        pooled = tl.where(valid & (offs == 0), float("inf"), pooled)
+    pooled = tl.where(pooled == 0.0, 0.0, pooled)  # -0.0 and +0.0 compare equal: one key for both
+
+    # Order-preserving int32 key of the fp32 value: flip the magnitude bits of negatives.
+    bits = pooled.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 2147483647)
+    kept = tl.where(bad, 0, tl.minimum(length, n_out))  # tokens this row keeps: none in a bad row
+
+    # Threshold search: the largest key thr with #{key >= thr} >= kept, i.e. the kept-th largest
+    # key, built bit by bit from the top in the sign-flipped (unsigned-ordered) domain: 32 counts.
+    u = tl.zeros([], tl.int32)
+    step = tl.full([], _INT_MIN, tl.int32)
+    for _ in range(32):
+        cand = u | step
+        cnt = tl.reduce((key >= (cand ^ _INT_MIN)).to(tl.int32), 0, tl.standard._sum_combine)
+        u = tl.where(cnt >= kept, cand, u)
+        step = (step >> 1) & 2147483647
+    thr = u ^ _INT_MIN
+
+    # Keep every key above thr and, of the keys equal to it, the earliest ones (ties go to the
+    # lower token index, as the stable sort of the reference); then compact in token order.
+    above = valid & (key > thr)
+    tie = valid & (key == thr)
+    n_above = tl.reduce(above.to(tl.int32), 0, tl.standard._sum_combine)
+    tie_rank = tl.associative_scan(tie.to(tl.int32), 0, tl.standard._sum_combine)  # inclusive cumsum
+    sel = above | (tie & (tie_rank <= kept - n_above))
+    pos = tl.associative_scan(sel.to(tl.int32), 0, tl.standard._sum_combine) - 1  # output row per token
+    out = idx_ptr + n * stride_in + h * stride_ih
+    tl.store(out + pos.to(tl.int64) * stride_ib, offs.to(tl.int64), mask=sel)
+    for j in range(tl.cdiv(n_out, BLOCK_T)):  # padding after the kept ones
+        o = j * BLOCK_T + offs
+        tl.store(out + o.to(tl.int64) * stride_ib, tl.full([BLOCK_T], -1, tl.int64), mask=(o >= kept) & (o < n_out))
+    if h == 0:  # a NaN in another head is the gather's to see (_gather_rows_kernel)
+        tl.store(kept_ptr + n, tl.where(bad_len, 0, tl.minimum(length, n_out)))
+    if bad:
+        tl.atomic_or(err_ptr, 16)  # ERR_TOPB of triton_kernels._dispatch
+
+
+@triton.jit
+def _copy_rows(src, stride_src, dst, stride_dst, tok, offs_b, offs_d, src_mask, dst_mask, bad):
     """Rows ``tok`` of one (chunk, KV head) of ``src`` to rows ``offs_b`` of ``dst``: the same copy for K and V."""
     x = tl.load(src + tok[:, None] * stride_src + offs_d[None, :], mask=src_mask, other=0.0)  # [BLOCK_B, BLOCK_D]
-    tl.store(dst + offs_b[:, None] * stride_dst + offs_d[None, :], x, mask=dst_mask)
+    x = tl.where(bad, float("nan"), x)  # a bad chunk is NaN, never plausible numbers
+    tl.store(dst + offs_b[:, None] * stride_dst + offs_d[None, :], x.to(dst.dtype.element_ty), mask=dst_mask)
 
 
 @triton.jit
@@ -62,6 +153,9 @@ def _gather_rows_kernel(
     v_ptr,
     ko_ptr,  # [N, b, Hkv, D] out
     vo_ptr,
+    lens_ptr,  # [N] valid tokens per chunk (read only when CHUNK_CHECK and HAS_LENS)
+    kept_ptr,  # [N] int32 of _select_topb_kernel (reset to 0 in a bad chunk; only when CHUNK_CHECK)
+    T,
     n_out,  # b
     stride_in, stride_ih, stride_ib,
     stride_kn, stride_kt, stride_kh,
@@ -71,6 +165,9 @@ def _gather_rows_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # next_pow2(Hkv): the first idx of every head of the chunk in one load
+    CHUNK_CHECK: tl.constexpr,  # idx comes from _select_topb_kernel: make a chunk with a bad row NaN
+    HAS_LENS: tl.constexpr,
 ):  # fmt: skip
     pid_b = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -79,23 +176,44 @@ def _gather_rows_kernel(
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     b_ok = offs_b < n_out
     offs_b = offs_b.to(tl.int64)
-    tok = tl.load(idx_ptr + n * stride_in + h * stride_ih + offs_b * stride_ib, mask=b_ok, other=-1)  # [BLOCK_B]
+    idx_row = idx_ptr + n * stride_in + h * stride_ih
+    tok = tl.load(idx_row + offs_b * stride_ib, mask=b_ok, other=-1)  # [BLOCK_B]
+    bad = tl.zeros([], tl.int32) != 0  # False, as a tensor
+    if CHUNK_CHECK:
+        # The selection kept nothing in a bad row (idx all -1); a row of a chunk with valid tokens
+        # keeps >= 1. So the chunk is bad iff its length is out of range or it has valid tokens and
+        # some head's first idx is -1. Reading it races with other programs' reset below, which only
+        # writes -1 into a chunk that is bad: either value read gives the same verdict.
+        length = T + tl.zeros([], tl.int32)
+        if HAS_LENS:
+            ln = tl.load(lens_ptr + n)
+            bad = (ln < 0) | (ln > T)
+            length = tl.where(bad, 0, ln).to(tl.int32)
+        offs_h = tl.arange(0, BLOCK_H)
+        first = tl.load(idx_ptr + n * stride_in + offs_h * stride_ih, mask=offs_h < tl.num_programs(1), other=0)
+        bad = bad | ((length > 0) & (tl.reduce(first, 0, tl.standard._elementwise_min) < 0))
+        if bad:  # the chunk keeps nothing: idx -1, kept 0 (each program resets only what it owns)
+            tl.store(idx_row + offs_b * stride_ib, tl.full([BLOCK_B], -1, tl.int64), mask=b_ok)
+            if (pid_b == 0) & (h == 0):
+                tl.store(kept_ptr + n, 0)
+    tok = tl.where(bad, -1, tok)
     sel = tok >= 0
     tok = tl.where(sel, tok, 0).to(tl.int64)
     d_ok = offs_d[None, :] < HEAD_DIM
     src_mask = sel[:, None] & d_ok  # [BLOCK_B, BLOCK_D]: padding rows read nothing...
-    dst_mask = b_ok[:, None] & d_ok  # ...but are written (as zeros)
+    dst_mask = b_ok[:, None] & d_ok  # ...but are written (as zeros; NaN in a bad chunk)
     src_k, dst_k = k_ptr + n * stride_kn + h * stride_kh, ko_ptr + n * stride_kon + h * stride_koh
-    _copy_rows(src_k, stride_kt, dst_k, stride_kob, tok, offs_b, offs_d, src_mask, dst_mask)
+    _copy_rows(src_k, stride_kt, dst_k, stride_kob, tok, offs_b, offs_d, src_mask, dst_mask, bad)
     src_v, dst_v = v_ptr + n * stride_vn + h * stride_vh, vo_ptr + n * stride_von + h * stride_voh
-    _copy_rows(src_v, stride_vt, dst_v, stride_vob, tok, offs_b, offs_d, src_mask, dst_mask)
+    _copy_rows(src_v, stride_vt, dst_v, stride_vob, tok, offs_b, offs_d, src_mask, dst_mask, bad)
 
 
 # ----------------------------------------------------------------------------- launcher
 
 
 def select_topb(scores, b, lens, pool_kernel, keep_first):
-    """Selection (torch): ``(idx [N, Hkv, b] int64 ascending, -1 padded, kept [N] int32)``.
+    """Selection in torch (rows longer than :data:`MAX_SELECT_T`; also ``bench_kernels``' torch
+    baseline): ``(idx [N, Hkv, b] int64 ascending, -1 padded, kept [N] int32)``.
 
     Vectorised over chunks and heads with no host sync: sort the pooled scores
     (stable, descending: ties to the lower index), keep the first
@@ -114,32 +232,114 @@ def select_topb(scores, b, lens, pool_kernel, keep_first):
     return idx, kept.to(torch.int32)
 
 
-def gather_rows_launch(idx, k, v):
-    """Gather ``k[n, idx[n, h, j], h]`` into ``k_out[n, j, h]`` (zeros where idx = -1); same for v."""
+MAX_SELECT_T = 8192  # rows up to this many tokens are selected in registers by _select_topb_kernel
+
+
+def select_warps(block_t: int) -> int:
+    """Warps of one selection program: 1 up to 1024 tokens (32 per thread; its 32 counts then need
+    no cross-warp barrier), one more per 1024 tokens beyond, up to 8."""
+    return max(1, min(8, block_t // 1024))
+
+
+def select_launch(scores, b, lens, pool_kernel, keep_first):
+    """Launch ``_select_topb_kernel``: ``(idx [N, Hkv, b] int64, kept [N] int32)`` on ``scores``' device.
+
+    ``scores [N, Hkv, T]`` (any float dtype, any strides, ``1 <= T <= MAX_SELECT_T``), ``lens [N]``
+    int32/int64 or None, ``b >= 1``, odd ``pool_kernel``, ``keep_first``: as :func:`topb_gather`, whose
+    checks they passed. ``idx`` holds each row's selected tokens ascending, then -1; a row with a bad
+    length or a NaN valid score keeps nothing (all -1) and sets ERR_TOPB in the error word; ``kept`` is
+    ``min(b, lens)`` (0 for a bad length): a NaN in one head of a chunk is left for the gather to apply
+    to the chunk's other heads (:func:`gather_rows_launch` with ``kept``).
+    """
+    require_runnable(_select_topb_kernel, scores.device, "topb_gather")
+    n, h, t = scores.shape
+    dev = scores.device
+    idx = alloc((n, h, b), torch.long, dev)
+    kept = alloc((n,), torch.int32, dev)
+    block_t = 32 if t <= 32 else 1 << (t - 1).bit_length()  # next_pow2, at least a warp
+    s_n, s_h, s_t = scores.stride()
+    args = (
+        scores,
+        kept if lens is None else lens,  # not read without lens
+        idx,
+        kept,
+        error_word(dev),
+        t,
+        b,
+        s_n,
+        s_h,
+        s_t,
+        h * b,
+        b,
+        1,
+        pool_kernel,
+        keep_first,
+        lens is not None,
+        block_t,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    launch(_select_topb_kernel, (n, h), args, select_warps(block_t))
+    return idx, kept
+
+
+def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
+    """The whole op in two launches: :func:`select_launch` writes ``idx`` and ``kept``;
+    :func:`gather_rows_launch` copies the rows and makes a chunk with a bad row keep nothing (idx -1,
+    kept 0, K/V NaN). Returns ``(k_out, v_out, idx, kept)`` as :func:`topb_gather`; allocates only them."""
+    idx, kept = select_launch(scores, b, lens, pool_kernel, keep_first)
+    k_out, v_out = gather_rows_launch(idx, k, v, kept, lens, scores.shape[-1])
+    return k_out, v_out, idx, kept
+
+
+def gather_rows_launch(idx, k, v, kept=None, lens=None, t=0):
+    """Gather ``k[n, idx[n, h, j], h]`` into ``k_out[n, j, h]`` (zeros where idx = -1); same for v.
+
+    ``kept`` (with ``lens`` and ``t``, the chunk length): ``idx`` and ``kept`` come from
+    ``_select_topb_kernel``; a chunk with a bad length or a bad row (idx all -1 although the chunk
+    has valid tokens) is written as NaN and its idx / kept reset to -1 / 0. None: a plain copy.
+    """
     require_runnable(_gather_rows_kernel, k.device, "topb_gather")
     n, h, b = idx.shape
     d = k.shape[-1]
     k_out = alloc((n, b, h, d), k.dtype, k.device)
     v_out = alloc((n, b, h, d), v.dtype, v.device)
-    if k_out.numel() == 0:
+    if n * h * b == 0:
         return k_out, v_out
-    block_d = next_pow2(d)
-    block_b = max(1, min(64, 4096 // block_d, next_pow2(b)))
+    block_d = 1 if d <= 1 else 1 << (d - 1).bit_length()  # next_pow2
+    block_b = max(1, min(64, 4096 // block_d, 1 << (b - 1).bit_length()))
+    s_in, s_ih, s_ib = idx.stride()
+    s_kn, s_kt, s_kh, _ = k.stride()
+    s_vn, s_vt, s_vh, _ = v.stride()
     args = (
         idx,
         k,
         v,
         k_out,
         v_out,
+        idx if lens is None else lens,  # not read without lens
+        idx if kept is None else kept,  # not read without kept
+        t,
         b,
-        *idx.stride(),
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *k_out.stride()[:3],
-        *v_out.stride()[:3],
+        s_in,
+        s_ih,
+        s_ib,
+        s_kn,
+        s_kt,
+        s_kh,
+        s_vn,
+        s_vt,
+        s_vh,
+        b * h * d,  # k_out, v_out: contiguous
+        h * d,
+        d,
+        b * h * d,
+        h * d,
+        d,
         d,
         block_b,
         block_d,
+        1 if h <= 1 else 1 << (h - 1).bit_length(),
+        kept is not None,
+        lens is not None,
     )  # the kernel's signature order (triton_kernels._launch.launch)
     launch(_gather_rows_kernel, (cdiv(b, block_b), h, n), args, 4)
     return k_out, v_out
@@ -215,24 +415,26 @@ def _topb_impl(
         # unchecked: the reference runs on lengths clamped into [0, T] (it indexes with them), then the guard
         safe = None if lens is None else lens.clamp(0, scores.shape[-1])
         out = _ref.topb_gather(scores, k, v, b, lens=safe, pool_kernel=pool_kernel, keep_first=keep_first)
-        return _flag_bad_chunks(scores, lens, *out)
+        _flag_bad_chunks(scores, lens, *out)
+        return out
+    n, h, t = scores.shape
+    if t <= MAX_SELECT_T and n * h > 0:
+        return topb_launch(scores, k, v, b, lens, pool_kernel, keep_first)
+    # Rows too long for the selection kernel's registers: torch selection, then the gather kernel.
     idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
     k_out, v_out = gather_rows_launch(idx, k, v)
     if not checked:
-        return _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept)
+        _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept)
     return k_out, v_out, idx, kept
 
 
-BAD_CHUNK_KEPT = -1  # kept[n] of a chunk flagged bad without a host check (a valid chunk keeps >= 0)
-
-
-def _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept):
-    """Without a host check: a chunk with a NaN valid score or a length outside [0, T] gets NaN
-    ``k_out``/``v_out``, ``idx`` -1 everywhere and ``kept`` :data:`BAD_CHUNK_KEPT` (-1), and sets the
-    error word (:func:`triton_kernels.check_errors`); no sync. Returns the four outputs (changed in place).
+def _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept) -> None:
+    """Without a host check (the torch backend, rows longer than :data:`MAX_SELECT_T`): chunks with a NaN valid score or
+    a length outside [0, T] get NaN ``k_out``/``v_out``, idx -1 and kept 0, as in the kernels, and
+    set the error word (:func:`triton_kernels.check_errors`); no sync.
 
     The selection never indexes out of bounds whatever the values (indices come from a sort over
-    T), so this only keeps a bad chunk from passing as plausible data (indices or a count included).
+    T), so this only keeps a bad chunk from passing as plausible data.
     """
     n, _, t = scores.shape
     nan = torch.isnan(scores)  # [N, Hkv, T]
@@ -245,10 +447,9 @@ def _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept):
         k_out.masked_fill_(bad[:, None, None, None], float("nan"))
         v_out.masked_fill_(bad[:, None, None, None], float("nan"))
     idx.masked_fill_(bad[:, None, None], -1)
-    kept.masked_fill_(bad, BAD_CHUNK_KEPT)
+    kept.masked_fill_(bad, 0)
     word = error_word(scores.device)
     word.bitwise_or_(bad.any().to(torch.int32) * ERR_TOPB)
-    return k_out, v_out, idx, kept
 
 
 def _topb_entry(
@@ -327,15 +528,14 @@ def topb_gather(
             ``pool_kernel``, device mismatch, last dim of K/V not contiguous; lens outside
             ``[0, T]`` or NaN among the scores of valid tokens (beyond ``lens`` they are ignored)
             where the host value checks run (CPU, the torch backend, the checked mode). On CUDA
-            by default, and with either backend inside :func:`skip_value_checks`, such a chunk's
-            ``k_out``/``v_out`` are NaN instead, its ``idx`` -1 everywhere and its ``kept`` -1
-            (:data:`BAD_CHUNK_KEPT`, a count no valid chunk has), and :func:`triton_kernels.check_errors`
-            raises later (no host sync per call).
+            by default such a chunk keeps nothing instead (``idx`` -1, ``kept`` 0, ``k_out`` /
+            ``v_out`` NaN) and :func:`triton_kernels.check_errors` raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk top-B with BOS kept; max-pooled
-    scores as in SnapKV. Selection by torch stable sort (see module docstring
-    for why), gather by a Triton kernel.
+    scores as in SnapKV. Selection by a Triton radix select over the scores' bits
+    with a prefix-sum compaction, gather by a second Triton kernel (see the module
+    docstring); the torch backend is the naive stable-sort reference.
     """
     sig = V.signature("topb_gather", (scores, k, v, lens), (b, pool_kernel, keep_first))
     if not V.passed(sig) or type(b) is not int or type(pool_kernel) is not int:  # memoised metadata checks

@@ -108,8 +108,8 @@ def test_topb_nan_score_or_bad_length_is_nan_and_reported():
     assert torch.isnan(k_out[:2]).all() and torch.isnan(v_out[:2]).all()
     want = R.topb_gather(scores[2:], k[2:], k[2:], 4, lens=lens[2:])
     assert max_err(k_out[2], want[0][0]) == 0 and torch.equal(idx[2], want[2][0])
-    # b38 item 4: a bad chunk's indices and count are visibly invalid too (main: plausible idx, kept 4)
-    assert (idx[:2] == -1).all() and kept[:2].tolist() == [tk.topb.BAD_CHUNK_KEPT] * 2 == [-1, -1]
+    # b38 item 4: a bad chunk keeps nothing: idx -1, kept 0 (main: plausible idx, kept 4)
+    assert (idx[:2] == -1).all() and kept[:2].tolist() == [0, 0]
     assert kept[2].item() == want[3][0].item() == 4
     with pytest.raises(ValueError, match="topb_gather: a lens entry outside"):
         tk.check_errors()
@@ -119,7 +119,7 @@ def test_topb_nan_score_or_bad_length_is_nan_and_reported():
 def test_topb_unchecked_bad_lengths_are_flagged_by_either_backend(backend):
     """b38 item 4: inside skip_value_checks the torch backend returned plausible output for lens=-1 (kept -1,
     idx of garbage) and a RuntimeError for lens > T with b > T; now both backends apply the same guard:
-    NaN K/V, idx -1, kept -1 for the bad chunks, the error word set, the good chunk as the reference."""
+    NaN K/V, idx -1, kept 0 for the bad chunks, the error word set, the good chunk as the reference."""
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(4, 2, 6, generator=g).to(DEVICE)
     k = torch.randn(4, 6, 2, 8, generator=g).to(DEVICE)
@@ -129,7 +129,7 @@ def test_topb_unchecked_bad_lengths_are_flagged_by_either_backend(backend):
         k_out, v_out, idx, kept = tk.topb_gather(scores, k, k, 8, lens=lens, backend=backend)
     bad = [0, 2, 3]
     assert torch.isnan(k_out[bad]).all() and torch.isnan(v_out[bad]).all()
-    assert (idx[bad] == -1).all() and kept[bad].tolist() == [-1, -1, -1]
+    assert (idx[bad] == -1).all() and kept[bad].tolist() == [0, 0, 0]
     want = R.topb_gather(scores[1:2], k[1:2], k[1:2], 8, lens=lens[1:2])
     assert max_err(k_out[1], want[0][0]) == 0 and torch.equal(idx[1], want[2][0]) and kept[1].item() == 5
     with pytest.raises(ValueError, match="topb_gather"):

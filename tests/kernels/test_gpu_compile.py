@@ -33,9 +33,10 @@ KERNELS = {
     "_row_lse_kernel",
     "_column_mass_kernel",
     "_row_mass_kernel",
+    "_select_topb_kernel",
     "_gather_rows_kernel",
 }
-DOT_KERNELS = KERNELS - {"_merge_states_kernel", "_gather_rows_kernel"}
+DOT_KERNELS = KERNELS - {"_merge_states_kernel", "_select_topb_kernel", "_gather_rows_kernel"}
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,7 @@ def test_checked_mode_reads_on_the_host_and_raises(cuda_branch):
         ("merge", 1, 2),
         ("scores", 3, 3),
         ("row_mass", 1, 1),
-        ("topb", 1, None),
+        ("topb", 2, 4),  # selection + gather; k_out, v_out, idx, kept (+ its bad-row flags)
     ],
 )
 def test_launches_and_allocations_per_call(cuda_branch, name, launches, allocs):
@@ -123,6 +123,17 @@ def test_launches_and_allocations_per_call(cuda_branch, name, launches, allocs):
     assert len(record) == launches, record
     if allocs is not None:
         assert sum(op in ALLOCS for op in audit.ops) == allocs, audit.ops
+
+
+def test_topb_cuda_branch_runs_no_torch_op_but_its_outputs(cuda_branch):
+    """Issue 35.3/35.5: the top-B selection runs in a kernel, so the CUDA branch of topb_gather makes no
+    torch call but the allocation of its four outputs (before: a torch selection of about 15 ops)."""
+    call = _inputs()["topb"]
+    call()
+    with _Audit() as audit:
+        call()
+    ops = [op for op in audit.ops if op != "aten.randn.default"]  # the scores the lambda builds
+    assert len(ops) == 4 and set(ops) <= ALLOCS, audit.ops
 
 
 def test_direct_launch_keys_on_every_specialisation(cuda_branch):
