@@ -43,13 +43,33 @@ def test_kernel_table_per_step_and_shares():
 
 
 def test_report_carries_the_bound_ratio_and_both_modes():
-    summary = dict(layers=28, gen=32, repeats=20, weight_gb=15.23, kv_gb=0.5, bound_ms=3.17, eager_ms=33.0)
-    summary |= dict(host_ms=20.0, graph_ms=11.5)
+    summary = dict(layers=28, gen=32, repeats=20, weight_gb=15.23, kv_gb=0.5, bound_ms=3.17)
+    summary["paths"] = {"torch": dict(eager_ms=33.0, host_ms=20.0, graph_ms=11.5)}
     rows = ds.kernel_table([("gemm", 10, 100.0)], steps=1)
-    text = ds.report(summary, {"graph replay": rows, "eager": []}, command="python -m bench.decode_step", machine="m")
-    assert "| 33.000 | 20.000 | 11.500 | 3.170 | 3.63x | <= 1.5x |" in text
-    assert "## graph replay: 0.100 ms of kernel time per step, by kind" in text
-    assert "## eager: no kernels recorded by the profiler" in text
+    tables = {"torch: graph replay": rows, "torch: eager": []}
+    text = ds.report(summary, tables, command="python -m bench.decode_step", machine="m")
+    assert "| torch | 33.000 | 20.000 | 11.500 | 3.170 | 3.63x | <= 1.5x |" in text
+    assert "## torch: graph replay: 0.100 ms of kernel time per step, by kind" in text
+    assert "## torch: eager: no kernels recorded by the profiler" in text
+    assert "Fused over torch" not in text  # one path: no ratio
+
+
+def test_report_puts_the_fused_path_beside_the_torch_path():
+    summary = dict(layers=28, gen=32, repeats=20, weight_gb=15.23, kv_gb=0.5, bound_ms=3.17)
+    summary["paths"] = {
+        "torch": dict(eager_ms=33.0, host_ms=20.0, graph_ms=11.5),
+        "fused": dict(eager_ms=16.5, host_ms=8.0, graph_ms=5.75),
+    }
+    summary["accuracy"] = dict(max_abs_diff=0.0625, max_abs_logit=12.0, argmax_agree=1.0)
+    text = ds.report(summary, {}, command="c", machine="m")
+    assert "| fused | 16.500 | 8.000 | 5.750 | 3.170 | 1.81x | <= 1.5x |" in text
+    assert "Fused over torch, same run: eager 2.00x, host 2.50x, graph 2.00x faster." in text
+    assert "max abs difference 0.0625 (largest |logit| 12), same argmax at 100.0% of the positions." in text
+
+
+def test_fused_choice_names_the_paths(tmp_path):
+    assert ds.PATHS["both"] == ("torch", "fused") and ds.PATHS["on"] == ("fused",) and ds.PATHS["off"] == ("torch",)
+    assert ds.main(["--out", str(tmp_path), "--dry-run", "--fused", "on"]) == 0
 
 
 def test_without_cuda_it_skips_and_says_why(tmp_path, capsys):
