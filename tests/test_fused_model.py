@@ -24,6 +24,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: an OpenMP team on a busy 2-core box costs milliseconds per op (see tests/kernels/conftest.py)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="module")
 def model():
     # Dream's family at two layers (the second takes the first's MLP output as its pending residual; the interpreter runs a program per token: seconds per forward)
