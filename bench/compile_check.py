@@ -3,7 +3,8 @@
 The interpreter accepts programs the real compiler rejects, and it says nothing about
 registers, spills or shared memory. This tool plans every case of the ``gate``
 registry (``bench/kernel_cases.py``: Dream-7B and LLaDA-8B decode, scoring, joint
-scoring, top-B gather, merge, and the decode step's residual add + RMSNorm, RoPE and SwiGLU) for a fake 132-SM H200 (sm_90) or 108-SM A100 (sm_80)
+scoring, top-B gather, merge, and the decode step's residual add + RMSNorm, RoPE and
+SwiGLU) for a fake 132-SM H200 (sm_90) or 108-SM A100 (sm_80)
 (:func:`triton_kernels.plan.assume_gpu`), calls the public ops with
 ``backend="triton"`` on uninitialised CPU tensors, and intercepts every
 ``kernel[grid](...)`` launch: instead of running it, that exact specialisation (the

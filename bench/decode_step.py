@@ -237,11 +237,11 @@ def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tup
             model.fused_ops = path == "fused"  # eager steps read it at every call; a graph at its capture
             eager = PrefillingPolicy(model, query, start, cache, gen, 0, cuda_graph=False)
             eager.logits(resp)  # warm-up (compiles the Triton kernels of this path)
-            t = dict(eager_ms=_median_ms(lambda: eager.logits(resp), repeats))
-            t["host_ms"] = T.host_time_us(lambda: eager.logits(resp), repeats, sync=T.cuda_sync) / 1e3
+            t = dict(eager_ms=_median_ms(lambda p=eager: p.logits(resp), repeats))
+            t["host_ms"] = T.host_time_us(lambda p=eager: p.logits(resp), repeats, sync=T.cuda_sync) / 1e3
             graph = PrefillingPolicy(model, query, start, cache, gen, 0, cuda_graph=True)
             logits[path] = graph.logits(resp).float().clone()  # warm-up + capture
-            t["graph_ms"] = _median_ms(lambda: graph.logits(resp), repeats)
+            t["graph_ms"] = _median_ms(lambda p=graph: p.logits(resp), repeats)
             summary["paths"][path] = t
             for mode, pol in (("graph replay", graph), ("eager", eager)):
                 name = f"{path}: {mode}"
@@ -251,7 +251,6 @@ def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tup
                 except Exception as exc:  # the timings above stand without the breakdown
                     print(f"[decode_step] profiler failed in {name}: {type(exc).__name__}: {exc}", flush=True)
                     tables[name] = []
-            del eager, graph
         model.fused_ops = None
     if len(logits) == 2:
         a, b = logits["torch"], logits["fused"]

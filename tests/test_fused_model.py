@@ -35,7 +35,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model():
-    # Dream's family at two layers (the second takes the first's MLP output as its pending residual; the interpreter runs a program per token: seconds per forward)
+    # Dream's family at two layers (the second takes the first's MLP output as its pending residual);
+    # the interpreter runs a program per token: seconds per forward
     cfg = ModelConfig(
         family="dream", vocab_size=256, hidden_size=112, intermediate_size=160, num_layers=2, num_heads=7,
         num_kv_heads=1, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6, qkv_bias=True,

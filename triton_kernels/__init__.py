@@ -1,8 +1,9 @@
 """Fused ops for long-context dLLM inference (Prefilling-dLLM).
 
 Public API: ``split_s_attention``, ``merge_states``,
-``chunk_attention_scores``, ``chunk_row_mass``, ``topb_gather``; the decode step's fused elementwise ops ``add_rms_norm``
-(residual add + RMSNorm), ``rope_qk`` (RoPE of q and k) and ``swiglu``; for a KV-cache
+``chunk_attention_scores``, ``chunk_row_mass``, ``topb_gather``; the decode step's fused
+elementwise ops ``add_rms_norm`` (residual add + RMSNorm), ``rope_qk`` (RoPE of q and k) and
+``swiglu``; for a KV-cache
 owner, ``check_segment_table`` (validate once) and ``skip_value_checks`` (then skip
 the per-call checks); ``check_errors`` (raise if a kernel met a bad index: on CUDA the
 ops do not read index values on the host) and ``eager_value_checks`` (checked mode).
@@ -20,11 +21,11 @@ elementwise ops are plain functions (the model calls them on CUDA only, outside 
 
 from triton_kernels._dispatch import check_errors, eager_value_checks, skip_value_checks
 from triton_kernels.chunk_scores import chunk_attention_scores, chunk_row_mass
+from triton_kernels.glu import swiglu
 from triton_kernels.merge import merge_states
 from triton_kernels.rms_norm import add_rms_norm
 from triton_kernels.rope import rope_qk
 from triton_kernels.split_s import check_segment_table, split_s_attention
-from triton_kernels.glu import swiglu
 from triton_kernels.topb import topb_gather
 
 __all__ = [

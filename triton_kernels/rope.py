@@ -127,11 +127,30 @@ def rope_qk_launch(q, k, cos, sin):
     block_hq = triton.next_power_of_2(hq)
     block_hk = triton.next_power_of_2(hkv)
     args = (
-        q, k, cos, sin, q_out, k_out, n, hq, hkv,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        cb, cl, sb, sl,
-        half, block_hq, block_hk, block_half,
-    )  # fmt: skip  (the kernel's signature order: triton_kernels._launch.launch)
+        q,
+        k,
+        cos,
+        sin,
+        q_out,
+        k_out,
+        n,
+        hq,
+        hkv,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        cb,
+        cl,
+        sb,
+        sl,
+        half,
+        block_hq,
+        block_hk,
+        block_half,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
     # about 8-16 fp32 values per thread per operand at Hq=28/32, D=128
     num_warps = max(1, min(8, block_hq * block_half // 512))
     launch(_rope_qk_kernel, (b * n,), args, num_warps)
