@@ -210,11 +210,13 @@ def _median_ms(fn, repeats: int) -> float:
 PATHS = {"on": ("fused",), "off": ("torch",), "both": ("torch", "fused")}  # --fused choice -> model paths run
 
 
-def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tuple = ("torch", "fused")):
+def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tuple = ("torch", "fused"), on_path=None):
     """Build the model and cache on the GPU; per model path (``torch``, ``fused``) time the step eagerly,
     on the host and from its CUDA graph, and profile it both ways. Returns ``(summary, tables)``:
     ``summary["paths"][path]`` holds ``eager_ms``, ``host_ms``, ``graph_ms``; with both paths
-    ``summary["accuracy"]`` compares their graph logits; ``tables["<path>: graph replay" | "<path>: eager"]``."""
+    ``summary["accuracy"]`` compares their graph logits; ``tables["<path>: graph replay" | "<path>: eager"]``.
+    ``on_path(summary, tables)``, if given, runs after each path (``main`` writes its files there, so a run
+    cut short by its stage timeout keeps the paths it finished)."""
     from bench.cuda_graph_check import _random_cache, dream_model
     from dllm.decode.policies import PrefillingPolicy
 
@@ -251,14 +253,16 @@ def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tup
                 except Exception as exc:  # the timings above stand without the breakdown
                     print(f"[decode_step] profiler failed in {name}: {type(exc).__name__}: {exc}", flush=True)
                     tables[name] = []
+            if len(logits) == 2:
+                a, b = logits["torch"], logits["fused"]
+                summary["accuracy"] = dict(
+                    max_abs_diff=float((a - b).abs().max()),
+                    max_abs_logit=float(a.abs().max()),
+                    argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
+                )
+            if on_path is not None:
+                on_path(summary, tables)
         model.fused_ops = None
-    if len(logits) == 2:
-        a, b = logits["torch"], logits["fused"]
-        summary["accuracy"] = dict(
-            max_abs_diff=float((a - b).abs().max()),
-            max_abs_logit=float(a.abs().max()),
-            argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
-        )
     return summary, tables
 
 
@@ -291,16 +295,20 @@ def main(argv=None) -> int:
         print(f"decode_step skipped: {why}")
         return 0
     t0 = time.perf_counter()
-    summary, tables = run(args.layers, args.repeats, args.profile_steps, paths=PATHS[args.fused])
-    rows = [dict(mode=mode, **r) for mode, rs in tables.items() for r in rs]
-    common = {k: v for k, v in summary.items() if k not in ("paths", "accuracy")}
-    rows += [dict(mode=f"summary: {path}", **common, **t) for path, t in summary["paths"].items()]
-    if "accuracy" in summary:
-        rows.append(dict(mode="accuracy: fused vs torch", **summary["accuracy"]))
-    write_csv(out / "decode_step.csv", rows, "cuda")
-    text = report(summary, tables, command=cmd, machine=f"{machine_line('cuda')}; {time.perf_counter() - t0:.0f} s")
-    (out / "decode_step.md").write_text(text)
-    print(text)
+
+    def write(summary, tables):
+        rows = [dict(mode=mode, **r) for mode, rs in tables.items() for r in rs]
+        common = {k: v for k, v in summary.items() if k not in ("paths", "accuracy")}
+        rows += [dict(mode=f"summary: {path}", **common, **t) for path, t in summary["paths"].items()]
+        if "accuracy" in summary:
+            rows.append(dict(mode="accuracy: fused vs torch", **summary["accuracy"]))
+        write_csv(out / "decode_step.csv", rows, "cuda")
+        machine = f"{machine_line('cuda')}; {time.perf_counter() - t0:.0f} s"
+        (out / "decode_step.md").write_text(report(summary, tables, command=cmd, machine=machine))
+        print(f"[decode_step] {', '.join(summary['paths'])} written ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    run(args.layers, args.repeats, args.profile_steps, paths=PATHS[args.fused], on_path=write)
+    print((out / "decode_step.md").read_text())
     return 0
 
 

@@ -124,7 +124,11 @@ def test_run_measures_both_paths_side_by_side(monkeypatch, one_thread):
     for name in ("add_rms_norm", "rope_qk", "swiglu"):
         fn = getattr(tk, name)
         monkeypatch.setattr(tk, name, lambda *a, _fn=fn, backend=None, **k: _fn(*a, backend="torch", **k))
-    summary, tables = ds.run(layers=1, repeats=1, profile_steps=1, gen=4)
+    written = []
+    summary, tables = ds.run(
+        layers=1, repeats=1, profile_steps=1, gen=4, on_path=lambda s, t: written.append(list(s["paths"]))
+    )
+    assert written == [["torch"], ["torch", "fused"]]  # after each path: a timeout keeps what was done
     assert seen == [False, False, True, True]  # eager and graph policies of each path, torch first
     assert model.fused_ops is None  # restored
     assert set(summary["paths"]) == {"torch", "fused"}
