@@ -157,6 +157,8 @@ class DiffusionLM(nn.Module):
     ``model_dir``. ``family``, ``mask_token_id`` and ``shift_logits`` come from
     the config; ``rope`` (:class:`~dllm.model.rope.RotaryEmbedding`) holds the RoPE
     frequencies, also used to re-position cached chunk keys (``model.rope.rotate_keys``).
+    ``fused_ops`` (None = auto, True, False) chooses the fused elementwise Triton path
+    (:meth:`uses_fused_ops`, the module docstring).
     """
 
     def __init__(self, cfg: ModelConfig):
