@@ -91,6 +91,23 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, *, backend: str |
 
     Algorithm: SwiGLU (Shazeer 2020), elementwise, fp32 arithmetic.
     """
+    sig = V.signature("swiglu", (gate, up), ())
+    if not V.passed(sig):  # metadata checks, memoised per metadata signature (a decode loop repeats one)
+        _validate(gate, up)
+        V.remember(sig)
+    if resolve_backend(backend, gate.device) == "torch":
+        return _ref.swiglu(gate, up)
+    if up is None:
+        i = gate.shape[-1] // 2
+        g2 = _rows(gate)
+        out = swiglu_launch(g2[:, :i], g2[:, i:])
+    else:
+        i = gate.shape[-1]
+        out = swiglu_launch(_rows(gate), _rows(up))
+    return out.view(*gate.shape[:-1], i)
+
+
+def _validate(gate, up) -> None:
     op = "swiglu"
     if not isinstance(gate, torch.Tensor):
         raise TypeError(f"{op}: gate must be a torch.Tensor, got {type(gate).__name__}")
@@ -103,13 +120,3 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, *, backend: str |
         raise ValueError(f"{op}: a fused gate-up tensor needs an even last dim (gate then up), got {gate.shape[-1]}")
     V.check_device(op, gate=gate, up=up)
     V.check_last_dim_contiguous(op, gate=gate, up=up)
-    if resolve_backend(backend, gate.device) == "torch":
-        return _ref.swiglu(gate, up)
-    if up is None:
-        i = gate.shape[-1] // 2
-        g2 = _rows(gate)
-        out = swiglu_launch(g2[:, :i], g2[:, i:])
-    else:
-        i = gate.shape[-1]
-        out = swiglu_launch(_rows(gate), _rows(up))
-    return out.view(*gate.shape[:-1], i)

@@ -140,6 +140,20 @@ def add_rms_norm(
     Normalization"; the fusion as in vLLM's / FlashInfer's ``fused_add_rmsnorm``), one program per row,
     the sum of squares in fp32.
     """
+    sig = V.signature("add_rms_norm", (x, weight, residual), (eps,))
+    if not V.passed(sig):  # metadata checks, memoised per metadata signature (a decode loop repeats one)
+        _validate(x, weight, eps, residual)
+        V.remember(sig)
+    if resolve_backend(backend, x.device) == "torch":
+        return _ref.add_rms_norm(x, weight, eps, residual)
+    x2 = _rows(x)
+    res2 = _rows(residual) if residual is not None else None
+    y, s = add_rms_norm_launch(x2, weight.contiguous(), eps, res2)
+    shape = tuple(x.shape)
+    return y.view(shape), (s.view(shape) if s is not None else None)
+
+
+def _validate(x, weight, eps, residual) -> None:
     op = "add_rms_norm"
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
@@ -155,10 +169,3 @@ def add_rms_norm(
     V.check_last_dim_contiguous(op, x=x, residual=residual)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 <= float(eps) < float("inf")):
         raise ValueError(f"{op}: eps must be a finite float >= 0, got {eps!r}")
-    if resolve_backend(backend, x.device) == "torch":
-        return _ref.add_rms_norm(x, weight, eps, residual)
-    x2 = _rows(x)
-    res2 = _rows(residual) if residual is not None else None
-    y, s = add_rms_norm_launch(x2, weight.contiguous(), eps, res2)
-    shape = tuple(x.shape)
-    return y.view(shape), (s.view(shape) if s is not None else None)

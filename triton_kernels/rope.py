@@ -187,6 +187,16 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     Algorithm: RoPE (Su et al. 2021, RoFormer), rotate-half form; one program per token rotates
     its Hq + Hkv heads with one read of the token's tables.
     """
+    sig = V.signature("rope_qk", (q, k, cos, sin), ())
+    if not V.passed(sig):  # metadata checks, memoised per metadata signature (a decode loop repeats one)
+        _validate(q, k, cos, sin)
+        V.remember(sig)
+    if resolve_backend(backend, q.device) == "torch":
+        return _ref.rope_qk(q, k, cos, sin)
+    return rope_qk_launch(q, k, cos, sin)
+
+
+def _validate(q, k, cos, sin) -> None:
     op = "rope_qk"
     V.check_ndim(op, "q", q, 4, "[B, L, Hq, D]")
     V.check_ndim(op, "k", k, 4, "[B, L, Hkv, D]")
@@ -205,6 +215,3 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             raise ValueError(f"{op}: {name} must be [B, L, D] = {(b, n, d)} or [L, D] = {(n, d)}, got {tuple(t.shape)}")
     V.check_device(op, q=q, k=k, cos=cos, sin=sin)
     V.check_last_dim_contiguous(op, q=q, k=k, cos=cos, sin=sin)
-    if resolve_backend(backend, q.device) == "torch":
-        return _ref.rope_qk(q, k, cos, sin)
-    return rope_qk_launch(q, k, cos, sin)
