@@ -19,6 +19,7 @@ from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
 from triton_kernels._dispatch import alloc, require_runnable, resolve_backend
 from triton_kernels._launch import launch
+from triton_kernels.plan import next_pow2  # plain Python: triton.next_power_of_2 costs us of host time
 
 BLOCK_I = 1024  # columns per program: I = 18944 (Dream-7B) -> 19 column blocks per row
 
@@ -56,9 +57,9 @@ def swiglu_launch(g2, u2):
     out = alloc((r, i), g2.dtype, g2.device)
     if r == 0 or i == 0:
         return out
-    block = min(BLOCK_I, triton.next_power_of_2(i))
+    block = min(BLOCK_I, next_pow2(i))
     args = (g2, u2, out, i, g2.stride(0), u2.stride(0), block)  # the kernel's signature order
-    launch(_swiglu_kernel, (r, triton.cdiv(i, block)), args, 4)
+    launch(_swiglu_kernel, (r, (i + block - 1) // block), args, 4)
     return out
 
 

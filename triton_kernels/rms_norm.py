@@ -25,6 +25,7 @@ from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
 from triton_kernels._dispatch import alloc, require_runnable, resolve_backend
 from triton_kernels._launch import launch
+from triton_kernels.plan import next_pow2  # plain Python: triton.next_power_of_2 costs us of host time
 
 # ----------------------------------------------------------------------------- kernel
 
@@ -79,7 +80,7 @@ def add_rms_norm_launch(x2, w, eps: float, res2=None):
     s = alloc((r, h), x2.dtype, x2.device) if res2 is not None else None
     if r == 0 or h == 0:
         return y, s
-    block_h = triton.next_power_of_2(h)
+    block_h = next_pow2(h)
     args = (
         x2,
         res2 if res2 is not None else x2,

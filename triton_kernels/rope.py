@@ -25,6 +25,7 @@ from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
 from triton_kernels._dispatch import alloc, require_runnable, resolve_backend
 from triton_kernels._launch import launch
+from triton_kernels.plan import next_pow2  # plain Python: triton.next_power_of_2 costs us of host time
 
 # ----------------------------------------------------------------------------- kernel
 
@@ -123,9 +124,9 @@ def rope_qk_launch(q, k, cos, sin):
     cb, cl = (cos.stride(0), cos.stride(1)) if cos.dim() == 3 else (0, cos.stride(0))
     sb, sl = (sin.stride(0), sin.stride(1)) if sin.dim() == 3 else (0, sin.stride(0))
     half = d // 2
-    block_half = triton.next_power_of_2(half)
-    block_hq = triton.next_power_of_2(hq)
-    block_hk = triton.next_power_of_2(hkv)
+    block_half = next_pow2(half)
+    block_hq = next_pow2(hq)
+    block_hk = next_pow2(hkv)
     args = (
         q,
         k,
