@@ -3,7 +3,8 @@
 The interpreter accepts programs the real compiler rejects, and it says nothing about
 registers, spills or shared memory. This tool plans every case of the ``gate``
 registry (``bench/kernel_cases.py``: Dream-7B and LLaDA-8B decode, scoring, joint
-scoring, top-B gather, merge) for a fake 132-SM H200 (sm_90) or 108-SM A100 (sm_80)
+scoring, top-B gather, merge, and the decode step's residual add + RMSNorm, RoPE and
+SwiGLU) for a fake 132-SM H200 (sm_90) or 108-SM A100 (sm_80)
 (:func:`triton_kernels.plan.assume_gpu`), calls the public ops with
 ``backend="triton"`` on uninitialised CPU tensors, and intercepts every
 ``kernel[grid](...)`` launch: instead of running it, that exact specialisation (the
@@ -49,7 +50,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from bench.kernel_cases import call, cases, make_inputs  # noqa: E402
-from triton_kernels import chunk_scores, merge, skip_value_checks, split_s, topb  # noqa: E402
+from triton_kernels import chunk_scores, glu, merge, rms_norm, rope, skip_value_checks, split_s, topb  # noqa: E402
 from triton_kernels.plan import A100, H200, assume_gpu, assumed_ctas_per_sm, ctas_per_sm  # noqa: E402
 
 SPECS = {90: H200, 80: A100}
@@ -62,10 +63,14 @@ KERNEL_SITES = [
     (chunk_scores, "_row_mass_kernel"),
     (topb, "_select_topb_kernel"),
     (topb, "_gather_rows_kernel"),
+    (rms_norm, "_add_rms_norm_kernel"),
+    (rope, "_rope_qk_kernel"),
+    (glu, "_swiglu_kernel"),
 ]
 DOT_KERNELS = {"_split_s_partial_kernel", "_row_lse_kernel", "_column_mass_kernel", "_row_mass_kernel"}
 PLANNED = {"_split_s_partial_kernel": "split_s", "_row_lse_kernel": "row_lse"}  # occupancy the planner assumes
 SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_R", "BLOCK_B", "BLOCK_T", "N_UNROLL", "KEY_SPLITS", "HAS_LIVE_LENS")
+SHOWN += ("BLOCK_H", "HAS_RESIDUAL", "BLOCK_HQ", "BLOCK_HK", "BLOCK_HALF", "BLOCK")
 
 
 def ptxas_stats(log: str) -> dict:

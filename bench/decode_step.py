@@ -1,6 +1,6 @@
 """The prefilling decode step at the Dream-7B shape: eager, graph and host time, and where the GPU time goes.
 
-    python -m bench.decode_step [--out DIR] [--layers 28] [--repeats 20] [--dry-run]
+    python -m bench.decode_step [--out DIR] [--layers 28] [--repeats 20] [--fused both|on|off] [--dry-run]
 
 Issue 35.1 / 35.6 (measurement half). A Dream-v0-7B-shaped model (28 layers, hidden 3584, 28 / 4
 heads of D = 128, vocabulary 152064, random bf16 weights) decodes one row over a random static
@@ -13,6 +13,13 @@ masked response tokens. One denoising step's forward (``PrefillingPolicy.logits`
 * ``graph ms``: the same step replayed from its CUDA graph (``cuda_graph=True``), median;
 * the weight-streaming bound: every bf16 weight read once at the H200's 4.8 TB/s, and the graph
   time over it (issue 35.6's target: at most 1.5x).
+
+``--fused both`` (the default) measures the two paths of the model side by side in one run, on the
+same weights, cache and tokens: ``torch`` (``model.fused_ops = False``: the torch elementwise ops) and
+``fused`` (``model.fused_ops = True``: the Triton add + RMSNorm, RoPE and SwiGLU kernels of
+:mod:`dllm.model.modeling`), each with its three times, their ratio, and the accuracy of the fused
+step's logits against the torch step's (max abs difference, share of positions with the same argmax).
+``--fused on`` / ``off`` measures one path.
 
 Then ``torch.profiler`` records ``--profile-steps`` graph replays and as many eager steps; the
 per-kernel table (GPU time per step, calls per step, share) and the same time grouped by kind
@@ -144,8 +151,14 @@ def _markdown(rows: list[dict], cols: list[tuple[str, str]], limit: int | None =
 
 
 def report(summary: dict, tables: dict, *, command: str, machine: str) -> str:
-    """The markdown of ``decode_step.md`` from the timings and the per-mode kernel rows."""
+    """The markdown of ``decode_step.md`` from the timings (``summary["paths"]``) and the per-mode kernel rows."""
     s = summary
+    rows = []
+    for path, t in s["paths"].items():
+        rows.append(
+            f"| {path} | {t['eager_ms']:.3f} | {t['host_ms']:.3f} | {t['graph_ms']:.3f} | {s['bound_ms']:.3f} | "
+            f"{t['graph_ms'] / s['bound_ms']:.2f}x | <= {TARGET_OVER_BOUND}x |"
+        )
     lines = [
         "# Prefilling decode step at the Dream-7B shape: eager, graph, host, and its kernels",
         "",
@@ -155,14 +168,25 @@ def report(summary: dict, tables: dict, *, command: str, machine: str) -> str:
         f"Shape: {s['layers']} layers, random bf16 weights ({s['weight_gb']:.2f} GB), one row, cache of a 16-token "
         f"prefix + 4 x 1025 tokens, {s['gen']} masked response tokens.",
         "",
-        "| eager ms | host ms | graph ms | weight-streaming bound ms | graph / bound | target |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {s['eager_ms']:.3f} | {s['host_ms']:.3f} | {s['graph_ms']:.3f} | {s['bound_ms']:.3f} | "
-        f"{s['graph_ms'] / s['bound_ms']:.2f}x | <= {TARGET_OVER_BOUND}x |",
+        "| path | eager ms | host ms | graph ms | weight-streaming bound ms | graph / bound | target |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
         "",
         f"Bound: the weights once at {H200_HBM_BYTES_S / 1e12:.1f} TB/s (the KV cache adds "
-        f"{s['kv_gb']:.2f} GB). Host: {s['repeats']} eager steps back to back without a sync, per step.",
+        f"{s['kv_gb']:.2f} GB). Host: {s['repeats']} eager steps back to back without a sync, per step. "
+        "Paths: `torch` = the model's torch elementwise ops, `fused` = its Triton add + RMSNorm, RoPE and SwiGLU.",
     ]
+    if {"torch", "fused"} <= set(s["paths"]):
+        t, f = s["paths"]["torch"], s["paths"]["fused"]
+        acc = s.get("accuracy", {})
+        lines += [
+            "",
+            f"Fused over torch, same run: eager {t['eager_ms'] / f['eager_ms']:.2f}x, host "
+            f"{t['host_ms'] / f['host_ms']:.2f}x, graph {t['graph_ms'] / f['graph_ms']:.2f}x faster. Accuracy "
+            f"(graph logits, fused vs torch): max abs difference {acc.get('max_abs_diff', float('nan')):.3g} "
+            f"(largest |logit| {acc.get('max_abs_logit', float('nan')):.3g}), same argmax at "
+            f"{100 * acc.get('argmax_agree', float('nan')):.1f}% of the positions.",
+        ]
     for mode, rows in tables.items():
         if not rows:
             lines += ["", f"## {mode}: no kernels recorded by the profiler"]
@@ -183,8 +207,16 @@ def _median_ms(fn, repeats: int) -> float:
     return T.eager_us(fn, repeats, sync=T.cuda_sync) / 1e3
 
 
-def run(layers: int, repeats: int, profile_steps: int, gen: int = 32):
-    """Build the model and cache on the GPU, time and profile one step both ways."""
+PATHS = {"on": ("fused",), "off": ("torch",), "both": ("torch", "fused")}  # --fused choice -> model paths run
+
+
+def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tuple = ("torch", "fused"), on_path=None):
+    """Build the model and cache on the GPU; per model path (``torch``, ``fused``) time the step eagerly,
+    on the host and from its CUDA graph, and profile it both ways. Returns ``(summary, tables)``:
+    ``summary["paths"][path]`` holds ``eager_ms``, ``host_ms``, ``graph_ms``; with both paths
+    ``summary["accuracy"]`` compares their graph logits; ``tables["<path>: graph replay" | "<path>: eager"]``.
+    ``on_path(summary, tables)``, if given, runs after each path (``main`` writes its files there, so a run
+    cut short by its stage timeout keeps the paths it finished)."""
     from bench.cuda_graph_check import _random_cache, dream_model
     from dllm.decode.policies import PrefillingPolicy
 
@@ -199,21 +231,38 @@ def run(layers: int, repeats: int, profile_steps: int, gen: int = 32):
     kv_bytes = 2 * cfg.num_layers * (start + 40 + gen) * cfg.num_kv_heads * cfg.head_dim * 2
     summary = dict(layers=layers, gen=gen, repeats=repeats, weight_gb=weight_bytes(model) / 1e9, kv_gb=kv_bytes / 1e9)
     summary["bound_ms"] = 1e3 * weight_bytes(model) / H200_HBM_BYTES_S
+    summary["paths"] = {}
     tables = {}
+    logits = {}
     with torch.no_grad():
-        eager = PrefillingPolicy(model, query, start, cache, gen, 0, cuda_graph=False)
-        eager.logits(resp)  # warm-up
-        summary["eager_ms"] = _median_ms(lambda: eager.logits(resp), repeats)
-        summary["host_ms"] = T.host_time_us(lambda: eager.logits(resp), repeats, sync=T.cuda_sync) / 1e3
-        graph = PrefillingPolicy(model, query, start, cache, gen, 0, cuda_graph=True)
-        graph.logits(resp)  # warm-up + capture
-        summary["graph_ms"] = _median_ms(lambda: graph.logits(resp), repeats)
-        for mode, pol in (("graph replay", graph), ("eager", eager)):
-            try:
-                tables[mode] = kernel_table(profile_kernels(lambda p=pol: p.logits(resp), profile_steps), profile_steps)
-            except Exception as exc:  # the timings above stand without the breakdown
-                print(f"[decode_step] profiler failed in {mode}: {type(exc).__name__}: {exc}", flush=True)
-                tables[mode] = []
+        for path in paths:
+            model.fused_ops = path == "fused"  # eager steps read it at every call; a graph at its capture
+            eager = PrefillingPolicy(model, query, start, cache, gen, 0, cuda_graph=False)
+            eager.logits(resp)  # warm-up (compiles the Triton kernels of this path)
+            t = dict(eager_ms=_median_ms(lambda p=eager: p.logits(resp), repeats))
+            t["host_ms"] = T.host_time_us(lambda p=eager: p.logits(resp), repeats, sync=T.cuda_sync) / 1e3
+            graph = PrefillingPolicy(model, query, start, cache, gen, 0, cuda_graph=True)
+            logits[path] = graph.logits(resp).float().clone()  # warm-up + capture
+            t["graph_ms"] = _median_ms(lambda p=graph: p.logits(resp), repeats)
+            summary["paths"][path] = t
+            for mode, pol in (("graph replay", graph), ("eager", eager)):
+                name = f"{path}: {mode}"
+                try:
+                    steps = profile_kernels(lambda p=pol: p.logits(resp), profile_steps)
+                    tables[name] = kernel_table(steps, profile_steps)
+                except Exception as exc:  # the timings above stand without the breakdown
+                    print(f"[decode_step] profiler failed in {name}: {type(exc).__name__}: {exc}", flush=True)
+                    tables[name] = []
+            if len(logits) == 2:
+                a, b = logits["torch"], logits["fused"]
+                summary["accuracy"] = dict(
+                    max_abs_diff=float((a - b).abs().max()),
+                    max_abs_logit=float(a.abs().max()),
+                    argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
+                )
+            if on_path is not None:
+                on_path(summary, tables)
+        model.fused_ops = None
     return summary, tables
 
 
@@ -223,6 +272,13 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument(
+        "--fused",
+        choices=sorted(PATHS),
+        default="both",
+        help="model path(s) to measure: the fused Triton elementwise kernels (on), the torch ops (off), or "
+        "both side by side (default)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="skip (gpu_check.sh's dry run): say so and exit 0")
     args = ap.parse_args(argv)
     if args.layers < 1 or args.repeats < 1 or args.profile_steps < 1:
@@ -239,13 +295,20 @@ def main(argv=None) -> int:
         print(f"decode_step skipped: {why}")
         return 0
     t0 = time.perf_counter()
-    summary, tables = run(args.layers, args.repeats, args.profile_steps)
-    rows = [dict(mode=mode, **r) for mode, rs in tables.items() for r in rs]
-    rows.append(dict(mode="summary", **summary))
-    write_csv(out / "decode_step.csv", rows, "cuda")
-    text = report(summary, tables, command=cmd, machine=f"{machine_line('cuda')}; {time.perf_counter() - t0:.0f} s")
-    (out / "decode_step.md").write_text(text)
-    print(text)
+
+    def write(summary, tables):
+        rows = [dict(mode=mode, **r) for mode, rs in tables.items() for r in rs]
+        common = {k: v for k, v in summary.items() if k not in ("paths", "accuracy")}
+        rows += [dict(mode=f"summary: {path}", **common, **t) for path, t in summary["paths"].items()]
+        if "accuracy" in summary:
+            rows.append(dict(mode="accuracy: fused vs torch", **summary["accuracy"]))
+        write_csv(out / "decode_step.csv", rows, "cuda")
+        machine = f"{machine_line('cuda')}; {time.perf_counter() - t0:.0f} s"
+        (out / "decode_step.md").write_text(report(summary, tables, command=cmd, machine=machine))
+        print(f"[decode_step] {', '.join(summary['paths'])} written ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    run(args.layers, args.repeats, args.profile_steps, paths=PATHS[args.fused], on_path=write)
+    print((out / "decode_step.md").read_text())
     return 0
 
 

@@ -166,7 +166,9 @@ stage bench "$((BENCH_BUDGET_S + BENCH_MARGIN_S))" "$WORK_DIR/bench.log" \
     "$PYTHON" -m bench.bench_kernels --out "$WORK_DIR" --budget-s "$BENCH_BUDGET_S" $(pick "" --no-flex)
 
 # Stage 3: the decode step at the Dream-7B shape, 28 layers, one row (issue 35.1 / 35.6): eager, graph
-# and host ms per step against the weight-streaming bound, and torch.profiler's per-kernel breakdown.
+# and host ms per step against the weight-streaming bound, and torch.profiler's per-kernel breakdown,
+# for the model's torch elementwise path and its fused Triton path side by side (--fused both, the
+# default: about twice one path's GPU work, predicted 30-45 s with the model build; the timeout stays 75 s).
 stage decode_step "${DECODE_STEP_TIMEOUT_S:-$(pick 75 30)}" "$WORK_DIR/decode_step.log" \
     "$PYTHON" -m bench.decode_step --out "$WORK_DIR" --layers 28 $(pick "" --dry-run)
 
@@ -207,7 +209,8 @@ stage e2e_dream "$((DREAM_BUDGET_S + 30))" "$WORK_DIR/e2e_dream_shape.log" \
         echo
         echo "Decode step at the Dream-7B shape (bench/decode_step.py):"
         echo
-        sed -n '/^| eager ms\|^Skipped/,/^$/p' "$WORK_DIR/decode_step.md"
+        sed -n '/^| path | eager ms\|^Skipped/,/^$/p' "$WORK_DIR/decode_step.md"
+        sed -n '/^Fused over torch/p' "$WORK_DIR/decode_step.md"
     fi
     if [ -f "$WORK_DIR/e2e_dream_shape.md" ]; then
         echo

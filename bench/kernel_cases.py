@@ -4,7 +4,10 @@ A case is an op, a model's head layout (Dream-7B: 28 query / 4 KV heads; LLaDA-8
 32 / 32; D = 128 for both) and the op's shape parameters. ``where`` says who uses it:
 ``gpu`` (the GPU benchmark, in priority order: a time budget cuts from the end),
 ``cpu`` (the CPU benchmark at small fp32 shapes) and ``gate`` (the AOT compile gate,
-which compiles every launch of the case for sm_90 and sm_80 in bf16 and fp16).
+which compiles every launch of the case for sm_90 and sm_80 in bf16 and fp16). The decode
+step's fused elementwise ops (:data:`ELEMENTWISE_OPS`: residual add + RMSNorm, RoPE of q and k,
+SwiGLU) have ``gate`` cases only, at the models' decode shapes; their GPU timing is the decode
+step's (``bench/decode_step.py --fused both``).
 
 :func:`make_inputs` builds the op's arguments for a case (random, or uninitialised
 with ``empty=True`` for the compile gate, which never launches); :func:`call` runs
@@ -19,7 +22,9 @@ import torch
 
 MODELS = {"dream7b": (28, 4), "llada8b": (32, 32)}  # (Hq, Hkv)
 HEAD_DIM = 128
+INTERMEDIATE = {"dream7b": 18944, "llada8b": 12288}  # SwiGLU width I (hidden = Hq * HEAD_DIM)
 OPS = ("split_s_attention", "merge_states", "chunk_attention_scores", "chunk_row_mass", "topb_gather")
+ELEMENTWISE_OPS = ("add_rms_norm", "rope_qk", "swiglu")
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,23 @@ _TOPB = [
 ]
 
 
+# The decode step's elementwise ops at the live block of a step: 40 query + 32 response tokens (rows).
+_NORM = [
+    ("dream7b", GATE, dict(rows=72, residual=1)),  # the two norms of a layer (the residual add fused)
+    ("dream7b", GATE, dict(rows=72, residual=0)),  # the first layer's input norm
+    ("llada8b", GATE, dict(rows=72, residual=1)),
+]
+_ROPE = [
+    ("dream7b", GATE, dict(b=1, l=72)),
+    ("dream7b", GATE, dict(b=4, l=72)),  # a batch of rows
+    ("llada8b", GATE, dict(b=1, l=72)),
+]
+_SWIGLU = [
+    ("dream7b", GATE, dict(rows=72)),
+    ("llada8b", GATE, dict(rows=72)),
+]
+
+
 def _build(op: str, rows) -> list[Case]:
     """Cases in list order; a shape listed twice (e.g. for the GPU and the CPU) is one case used by both."""
     out: dict = {}
@@ -117,12 +139,15 @@ CASES: dict[str, list[Case]] = {
     "chunk_attention_scores": _build("chunk_attention_scores", _SCORES),
     "chunk_row_mass": _build("chunk_row_mass", _ROW_MASS),
     "topb_gather": _build("topb_gather", _TOPB),
+    "add_rms_norm": _build("add_rms_norm", _NORM),
+    "rope_qk": _build("rope_qk", _ROPE),
+    "swiglu": _build("swiglu", _SWIGLU),
 }
 
 
 def cases(where: str) -> list[Case]:
     """Every case used by ``where`` (``gpu``, ``cpu`` or ``gate``), ops interleaved in priority order."""
-    per_op = [[c for c in CASES[op] if where in c.where] for op in OPS]
+    per_op = [[c for c in CASES[op] if where in c.where] for op in OPS + ELEMENTWISE_OPS]
     out = []
     for i in range(max(len(x) for x in per_op)):
         out += [x[i] for x in per_op if i < len(x)]
@@ -181,6 +206,16 @@ def make_inputs(case: Case, device, dtype, *, empty: bool = False, seed: int = 0
         scores = torch.rand(n, hkv, t, generator=gen).to(device)
         lens = i32(torch.full((n,), t))  # the pipeline passes lens: the variant it runs
         return dict(scores=scores, k=f(n, t, hkv, d), v=f(n, t, hkv, d), b=b, lens=lens)
+    if case.op == "add_rms_norm":
+        rows, hidden = p["rows"], hq * d
+        return dict(x=f(rows, hidden), weight=f(hidden), residual=f(rows, hidden) if p["residual"] else None)
+    if case.op == "rope_qk":
+        b, n = p["b"], p["l"]
+        cos = torch.randn(b, n, d, generator=gen).to(device)
+        return dict(q=f(b, n, hq, d), k=f(b, n, hkv, d), cos=cos, sin=torch.randn(b, n, d, generator=gen).to(device))
+    if case.op == "swiglu":
+        rows, i = p["rows"], INTERMEDIATE[case.model]
+        return dict(gate=f(rows, i), up=f(rows, i))
     raise KeyError(case.op)
 
 
@@ -202,4 +237,10 @@ def call(case: Case, inputs: dict, backend: str | None = None):
         return tk.chunk_row_mass(a["q"], a["k"], a["lens"], a["k_extra"], backend=backend)
     if case.op == "topb_gather":
         return tk.topb_gather(a["scores"], a["k"], a["v"], a["b"], lens=a["lens"], backend=backend)
+    if case.op == "add_rms_norm":
+        return tk.add_rms_norm(a["x"], a["weight"], 1e-6, a["residual"], backend=backend)
+    if case.op == "rope_qk":
+        return tk.rope_qk(a["q"], a["k"], a["cos"], a["sin"], backend=backend)
+    if case.op == "swiglu":
+        return tk.swiglu(a["gate"], a["up"], backend=backend)
     raise KeyError(case.op)

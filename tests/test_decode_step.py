@@ -43,13 +43,33 @@ def test_kernel_table_per_step_and_shares():
 
 
 def test_report_carries_the_bound_ratio_and_both_modes():
-    summary = dict(layers=28, gen=32, repeats=20, weight_gb=15.23, kv_gb=0.5, bound_ms=3.17, eager_ms=33.0)
-    summary |= dict(host_ms=20.0, graph_ms=11.5)
+    summary = dict(layers=28, gen=32, repeats=20, weight_gb=15.23, kv_gb=0.5, bound_ms=3.17)
+    summary["paths"] = {"torch": dict(eager_ms=33.0, host_ms=20.0, graph_ms=11.5)}
     rows = ds.kernel_table([("gemm", 10, 100.0)], steps=1)
-    text = ds.report(summary, {"graph replay": rows, "eager": []}, command="python -m bench.decode_step", machine="m")
-    assert "| 33.000 | 20.000 | 11.500 | 3.170 | 3.63x | <= 1.5x |" in text
-    assert "## graph replay: 0.100 ms of kernel time per step, by kind" in text
-    assert "## eager: no kernels recorded by the profiler" in text
+    tables = {"torch: graph replay": rows, "torch: eager": []}
+    text = ds.report(summary, tables, command="python -m bench.decode_step", machine="m")
+    assert "| torch | 33.000 | 20.000 | 11.500 | 3.170 | 3.63x | <= 1.5x |" in text
+    assert "## torch: graph replay: 0.100 ms of kernel time per step, by kind" in text
+    assert "## torch: eager: no kernels recorded by the profiler" in text
+    assert "Fused over torch" not in text  # one path: no ratio
+
+
+def test_report_puts_the_fused_path_beside_the_torch_path():
+    summary = dict(layers=28, gen=32, repeats=20, weight_gb=15.23, kv_gb=0.5, bound_ms=3.17)
+    summary["paths"] = {
+        "torch": dict(eager_ms=33.0, host_ms=20.0, graph_ms=11.5),
+        "fused": dict(eager_ms=16.5, host_ms=8.0, graph_ms=5.75),
+    }
+    summary["accuracy"] = dict(max_abs_diff=0.0625, max_abs_logit=12.0, argmax_agree=1.0)
+    text = ds.report(summary, {}, command="c", machine="m")
+    assert "| fused | 16.500 | 8.000 | 5.750 | 3.170 | 1.81x | <= 1.5x |" in text
+    assert "Fused over torch, same run: eager 2.00x, host 2.50x, graph 2.00x faster." in text
+    assert "max abs difference 0.0625 (largest |logit| 12), same argmax at 100.0% of the positions." in text
+
+
+def test_fused_choice_names_the_paths(tmp_path):
+    assert ds.PATHS["both"] == ("torch", "fused") and ds.PATHS["on"] == ("fused",) and ds.PATHS["off"] == ("torch",)
+    assert ds.main(["--out", str(tmp_path), "--dry-run", "--fused", "on"]) == 0
 
 
 def test_without_cuda_it_skips_and_says_why(tmp_path, capsys):
@@ -57,3 +77,64 @@ def test_without_cuda_it_skips_and_says_why(tmp_path, capsys):
     assert "Skipped: dry run" in (tmp_path / "decode_step.md").read_text()
     assert ds.main(["--out", str(tmp_path), "--repeats", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: an OpenMP team on a busy 2-core box costs milliseconds per op (see tests/kernels/conftest.py)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_run_measures_both_paths_side_by_side(monkeypatch, one_thread):
+    """``run`` on CPU with stand-ins for what needs CUDA (the 7B model, the graph, the profiler, the
+    syncs): both paths are timed on the same model, the fused one really sets ``model.fused_ops``, and
+    the accuracy line compares their logits (the fused ops run their torch references here)."""
+    import torch
+
+    import triton_kernels as tk
+    from bench import cuda_graph_check as cg
+    from bench import gpu_timing as T
+    from dllm.decode import policies
+    from dllm.model.config import ModelConfig
+    from dllm.model.modeling import DiffusionLM
+
+    cfg = ModelConfig(
+        family="dream", vocab_size=64, hidden_size=56, intermediate_size=64, num_layers=1, num_heads=7,
+        num_kv_heads=1, head_dim=8, rope_theta=1e6, rms_norm_eps=1e-6, qkv_bias=True,
+        tie_word_embeddings=False, shift_logits=True, mask_token_id=63,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = DiffusionLM(cfg).eval()
+    monkeypatch.setattr(cg, "dream_model", lambda layers: model)
+    monkeypatch.setattr(T, "cuda_sync", lambda: None)
+    monkeypatch.setattr(ds, "profile_kernels", lambda step, steps: (step(), [("gemm", steps, 10.0 * steps)])[1])
+    seen = []
+    plain = policies.PrefillingPolicy
+
+    def eager_policy(*a, cuda_graph=False, **k):  # no CUDA graph on CPU: the same step, eagerly
+        seen.append(model.fused_ops)
+        return plain(*a, cuda_graph=False, **k)
+
+    monkeypatch.setattr(policies, "PrefillingPolicy", eager_policy)
+    for name in ("add_rms_norm", "rope_qk", "swiglu"):
+        fn = getattr(tk, name)
+        monkeypatch.setattr(tk, name, lambda *a, _fn=fn, backend=None, **k: _fn(*a, backend="torch", **k))
+    written = []
+    summary, tables = ds.run(
+        layers=1, repeats=1, profile_steps=1, gen=4, on_path=lambda s, t: written.append(list(s["paths"]))
+    )
+    assert written == [["torch"], ["torch", "fused"]]  # after each path: a timeout keeps what was done
+    assert seen == [False, False, True, True]  # eager and graph policies of each path, torch first
+    assert model.fused_ops is None  # restored
+    assert set(summary["paths"]) == {"torch", "fused"}
+    assert all(t["eager_ms"] > 0 and t["graph_ms"] > 0 for t in summary["paths"].values())
+    acc = summary["accuracy"]
+    assert acc["argmax_agree"] == 1.0 and acc["max_abs_diff"] <= 1e-5 * max(1.0, acc["max_abs_logit"])
+    assert set(tables) == {"torch: graph replay", "torch: eager", "fused: graph replay", "fused: eager"}
+    text = ds.report(summary, tables, command="c", machine="m")
+    assert "| torch |" in text and "| fused |" in text and "Fused over torch, same run" in text

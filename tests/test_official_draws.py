@@ -109,11 +109,13 @@ class _Bf16Model:
         self.table = torch.randn(40, 40, generator=g) * 2
         self.pos = torch.randn(64, 40, generator=g)
 
-    def __call__(self, x, pos, cache=None, *, logits_start=0, **kw):
+    def __call__(self, x, pos, cache=None, *, logits_start=0, logits_at=None, **kw):
         from dllm.model.modeling import DecoderOutput
 
         rows = self.table[x]
         logits = rows + 0.5 * rows.mean(dim=1, keepdim=True) + self.pos[pos].expand_as(rows)
+        if logits_at is not None:  # a semi-autoregressive block's columns only
+            return DecoderOutput(logits.gather(1, logits_at[..., None].expand(-1, -1, logits.shape[-1])).bfloat16())
         return DecoderOutput(logits[:, logits_start:].to(torch.bfloat16))
 
 

@@ -46,6 +46,7 @@ class _Checked:
         self.model, self.policy, self.queries, self.starts, self.exact = model, policy, queries, starts, exact
         self.inputs = []
         self.steps = 0
+        self.widths = set()  # logit rows a step returned
         self.handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs):
@@ -63,10 +64,15 @@ class _Checked:
         return self.policy.nfe
 
     def prepare(self, resp, block, step):
+        self.block = block
         self.policy.prepare(resp, block, step)
 
     def logits(self, resp):
         got = self.policy.logits(resp)
+        # a block narrower than the response: the policy computes that block's logits only
+        block = self.block if got.shape[1] != resp.shape[1] else slice(0, resp.shape[1])
+        assert got.shape[1] == block.stop - block.start
+        self.widths.add(got.shape[1])
         self.handle.remove()
         try:
             cache = self.policy.cache
@@ -74,7 +80,8 @@ class _Checked:
                 ids = torch.cat([query, resp[b]])[None]
                 row = StaticKVCache(cache.k, cache.v, cache.seg_slots[b : b + 1], cache.seg_lens[b : b + 1])
                 pos = torch.arange(start, start + ids.shape[1])
-                want = self.model(ids, pos, row, logits_start=query.numel()).logits[0]
+                cols = query.numel() + torch.arange(block.start, block.stop)[None]
+                want = self.model(ids, pos, row, logits_at=cols).logits[0]
                 if self.exact:
                     assert torch.equal(got[b], want), f"step {self.steps} row {b}"
                 else:
@@ -104,6 +111,7 @@ def test_static_step_equals_a_plain_forward_over_a_whole_generation(dream, batch
     finally:
         checked.handle.remove()
     assert n == checked.steps >= 2
+    assert checked.widths == {4}  # blocks of 4 of an 8-token response: the LM head ran on the block only
     # the static buffers: the same ids, positions and RoPE tables at every step, nothing reallocated
     assert len(checked.inputs) == n and len(set(map(repr, checked.inputs))) == 1
     live = setup.policy.live
@@ -360,3 +368,22 @@ def test_cuda_graph_check_parts_run_on_cpu_with_an_eager_stand_in(dream, monkeyp
     assert [r["rows"] for r in rows] == [1, 1, 2, 1, 8] and all(r["equal_tokens"] == 1 for r in rows)
     assert rows[-1]["max_logit_diff"] == 0.0 and all(r["eager_ms_per_step"] > 0 for r in rows)
     assert "| dream7b-shape | 2 layers, 8 row(s) | 8 | yes |" in cuda_graph_check.summarize(rows)
+
+
+def test_select_block_refills_one_static_buffer():
+    """The LM head's rows for a semi-autoregressive block: one [B, W] buffer at a fixed address, refilled
+    in place per block (a graph captured with it reads the next block); the whole response needs none."""
+    from dllm.decode.policies import LiveBlock
+
+    live = LiveBlock([torch.tensor([1, 2, 3]), torch.tensor([4])], 10, 8)  # ragged heads of 3 and 1
+    live.select_block(slice(0, 8))
+    assert live.block_cols is None
+    live.select_block(slice(0, 4))
+    buf = live.block_cols
+    assert buf.tolist() == [[3, 4, 5, 6], [1, 2, 3, 4]]
+    live.select_block(slice(4, 8))
+    assert live.block_cols is buf and buf.tolist() == [[7, 8, 9, 10], [5, 6, 7, 8]]
+    with pytest.raises(ValueError, match="width"):
+        live.select_block(slice(2, 8))
+    with pytest.raises(ValueError, match="contiguous"):
+        live.select_block(slice(8, 12))

@@ -42,7 +42,11 @@ class StubModel:
         logp[:, :3] = torch.tensor(PROBS).log()
         self.logp = logp
 
-    def __call__(self, x, pos, cache=None, *, logits_start=0, return_kv=False, **kw):
+    def __call__(self, x, pos, cache=None, *, logits_start=0, logits_at=None, return_kv=False, **kw):
+        if logits_at is not None:  # a semi-autoregressive block's columns (the response is the last 4)
+            start = x.shape[1] - self.logp.shape[0]
+            self.history.append(x[0, start:].tolist())
+            return DecoderOutput(self.logp[logits_at - start].clone())
         self.history.append(x[0, logits_start:].tolist())
         g = x.shape[1] - logits_start
         return DecoderOutput(self.logp[:g].unsqueeze(0).expand(x.shape[0], g, 5).clone())

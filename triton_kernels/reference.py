@@ -249,3 +249,49 @@ def topb_gather(scores, k, v, b, *, lens=None, pool_kernel=7, keep_first=True):
             k_out[i, :c, hh] = k[i, sel[hh], hh]
             v_out[i, :c, hh] = v[i, sel[hh], hh]
     return k_out, v_out, idx, kept
+
+
+# ----------------------------------------------------------------------------- decode-step elementwise ops
+# References of the fused elementwise kernels of the model's decode step. Unlike the attention
+# references above they round where the torch model rounds (dllm.model.modeling), so that the fused
+# path and the torch path of the model agree to the last rounding step, not just within a tolerance.
+
+
+def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """Reference of :func:`triton_kernels.add_rms_norm`.
+
+    x [..., H], weight [H], residual [..., H] or None -> (y [..., H] in promote(x, weight) dtype,
+    s = x + residual in x.dtype or None).
+    """
+    s = x + residual if residual is not None else None
+    src = s if s is not None else x
+    sf = src.float()
+    normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed, s
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Reference of :func:`triton_kernels.rope_qk`: rotate-half RoPE of q and k in fp32.
+
+    q [B, L, Hq, D], k [B, L, Hkv, D], cos/sin [B, L, D] or [L, D] fp32 -> (q, k) rotated, same dtypes.
+    """
+    c = cos.unsqueeze(-2)  # broadcast over heads
+    s = sin.unsqueeze(-2)
+
+    def rot(x):
+        xf = x.float()
+        half = xf.shape[-1] // 2
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        return (xf * c + rotated * s).to(x.dtype)
+
+    return rot(q), rot(k)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference of :func:`triton_kernels.swiglu`: ``silu(gate) * up`` in the input dtype.
+
+    gate [..., I] and up [..., I], or gate [..., 2I] (gate then up) with up None -> [..., I].
+    """
+    if up is None:
+        gate, up = gate.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -107,7 +107,9 @@ def denoise(
                     break
                 policy.prepare(resp, blk, step)
                 with timer.phase("decode"):
-                    logits = policy.logits(resp)[:, blk]  # [B, block, V]
+                    logits = policy.logits(resp)  # [B, L_d, V], or the block's [B, block, V] only
+                    if logits.shape[1] != block_length:
+                        logits = logits[:, blk]
                     choice = unmask_batch(
                         logits,
                         cand,

@@ -50,7 +50,9 @@ class DecodePolicy(Protocol):
         that rebuilds its cache does it here (and times it as ``prefill``)."""
 
     def logits(self, resp: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, L_d, V]`` (model dtype) of every response position given ``resp [B, L_d]`` int64."""
+        """Logits ``[B, L_d, V]`` (model dtype) of every response position given ``resp [B, L_d]`` int64,
+        or ``[B, W, V]`` of only the W positions of the block of the last :meth:`prepare` (a policy may
+        skip the LM head elsewhere; :func:`dllm.decode.denoise.denoise` tells the two apart by the width)."""
 
 
 class LiveBlock:
@@ -78,6 +80,9 @@ class LiveBlock:
         head_lens: the B head lengths H_b.
         cos, sin: ``[B, M, D]`` float32 RoPE tables of ``positions``, once :meth:`precompute_rope`
             ran (the decode policies do it), else None.
+        block_cols: ``[B, W]`` int64 columns of the current semi-autoregressive block's W response
+            tokens (:meth:`select_block`), the only ones whose logits a step computes; None while the
+            block is the whole response (then all ``L_d`` are computed).
 
     Raises:
         ValueError: no row, an empty head list, heads on different devices, or a ``start`` list of
@@ -106,6 +111,8 @@ class LiveBlock:
         ragged = any(n != self.head_lens[0] for n in self.head_lens)
         self.live_lens = (lens + gen_length).to(torch.int32) if ragged else None
         self.cos = self.sin = None
+        self.block_cols = None
+        self._block = None  # (start, stop) of the block block_cols holds
         # uniform rows write the response with one slice copy, ragged rows with a scatter
         self._resp_slice = None if ragged else slice(self.head_lens[0], self.head_lens[0] + gen_length)
 
@@ -117,6 +124,34 @@ class LiveBlock:
         """Build ``cos``/``sin`` for ``positions`` once (``rope``: the model's
         :class:`~dllm.model.rope.RotaryEmbedding`), so that no step recomputes them."""
         self.cos, self.sin = rope.cos_sin(self.positions)
+
+    def select_block(self, block: slice) -> None:
+        """Compute logits only for the response positions of ``block`` (a slice of ``0..L_d``) from now on.
+
+        The LM head streams its whole weight matrix whatever the row count, but past about 200 rows it
+        is bound by FLOPs and the logits it writes grow with the rows: a semi-autoregressive schedule
+        (LLaDA: 256 tokens in blocks of 32) would compute 8x the rows it uses. The columns go into one
+        static ``[B, W]`` buffer, refilled in place when the block changes (no host sync; a CUDA graph
+        captured with it reads the new block). A block that covers the whole response changes nothing.
+
+        Raises:
+            ValueError: a block outside the response, or of another width than an earlier block (the
+                blocks of one generation have one width).
+        """
+        n = self.resp_cols.shape[1]
+        start, stop, _ = block.indices(n)
+        if block.step not in (None, 1) or not 0 <= start < stop <= n:
+            raise ValueError(f"block {block} is not a non-empty contiguous part of the {n} response positions")
+        if (start, stop) == self._block or (self.block_cols is None and (start, stop) == (0, n)):
+            return
+        cols = self.resp_cols[:, start:stop]
+        if self.block_cols is None:
+            self.block_cols = cols.clone()
+        elif self.block_cols.shape != cols.shape:
+            raise ValueError(f"block {block} has width {stop - start}, earlier blocks {self.block_cols.shape[1]}")
+        else:
+            self.block_cols.copy_(cols)
+        self._block = (start, stop)
 
     def write(self, resp: torch.Tensor) -> torch.Tensor:
         """Copy ``resp [B, L_d]`` into the response slots (same storage every step); returns ``ids``."""
@@ -141,13 +176,18 @@ def live_block_logits(model, live: LiveBlock, cache: StaticKVCache | None) -> to
         cache: the static KV it attends to, or None.
 
     Returns:
-        ``[B, L_d, V]`` response logits in the model dtype.
+        ``[B, L_d, V]`` response logits in the model dtype, or ``[B, W, V]`` of the current block's W
+        positions once :meth:`LiveBlock.select_block` chose a block narrower than the response.
     """
     kw = {} if live.cos is None else {"rope": (live.cos, live.sin)}
-    if live.live_lens is None:  # rows of one length: the response starts at one column
+    if live.live_lens is not None:
+        kw["live_lens"] = live.live_lens
+    if live.block_cols is not None:  # a semi-autoregressive block: the LM head on its positions only
+        kw["logits_at"] = live.block_cols
+    elif live.live_lens is None:  # rows of one length: the response starts at one column
         kw["logits_start"] = live.head_lens[0]
     else:
-        kw.update(live_lens=live.live_lens, logits_at=live.resp_cols)
+        kw["logits_at"] = live.resp_cols
     with triton_kernels.skip_value_checks():
         out = model(live.ids, live.positions, cache, **kw)
     return out.logits
@@ -180,14 +220,17 @@ class LiveBlockPolicy:
         return self.live.batch_size
 
     def prepare(self, resp: torch.Tensor, block: slice, step: int) -> None:
-        pass
+        """Before each step: the LM head computes the logits of ``block``'s positions only
+        (:meth:`LiveBlock.select_block`)."""
+        self.live.select_block(block)
 
     def _forward(self) -> torch.Tensor:
         return live_block_logits(self.model, self.live, self.cache)
 
     def logits(self, resp: torch.Tensor) -> torch.Tensor:
-        """``[B, L_d, V]`` response logits for ``resp``. Under a CUDA graph the tensor is the graph's
-        output buffer, overwritten by the next step: clone it to keep it."""
+        """``[B, L_d, V]`` response logits for ``resp`` (``[B, W, V]``, the current block's, after a
+        :meth:`prepare` of a block narrower than the response). Under a CUDA graph the tensor is the
+        graph's output buffer, overwritten by the next step: clone it to keep it."""
         self.live.write(resp)
         out = self.graph() if self.graph is not None else self._forward()
         self.nfe += 1
@@ -245,6 +288,7 @@ class PrefixCachePolicy(LiveBlockPolicy):
         self.prompt, self.timer, self.refresh, self.scope = prompt, timer, refresh, scope
 
     def prepare(self, resp, block, step):
+        super().prepare(resp, block, step)
         if step == 0 or self.refresh == "step":
             self._build(resp)
 

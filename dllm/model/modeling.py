@@ -11,10 +11,21 @@ The forward takes explicit ``position_ids`` and an optional
 the cached segments plus themselves through ``triton_kernels.split_s_attention``
 (partials + LSE merge; Triton on CUDA, the torch reference on CPU). Without one,
 attention is torch SDPA over the live tokens, optionally with a mask.
+
+Fused elementwise path (CUDA): between the GEMMs a layer runs, in torch, about 34 small
+elementwise kernels (RMSNorm's casts/square/mean/rsqrt/products twice, RoPE's seven kernels
+for q and again for k, the residual adds, SiLU and its product). On CUDA the model runs three
+Triton kernels instead (:func:`triton_kernels.add_rms_norm`, which also does the residual add,
+:func:`triton_kernels.rope_qk` and :func:`triton_kernels.swiglu`): four launches per layer,
+the same rounding steps as the torch path. ``DiffusionLM.fused_ops`` chooses: ``None`` (default)
+= on for CUDA weights when the ops dispatch to Triton and ``PREFILLING_DLLM_FUSED`` is not ``0``;
+``True`` forces it (a CPU test does, through the Triton interpreter); ``False`` turns it off.
+CPU keeps the torch path.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +36,9 @@ import triton_kernels
 from dllm.model.config import ModelConfig
 from dllm.model.kv_cache import StaticKVCache
 from dllm.model.rope import RotaryEmbedding, apply_rope
-from triton_kernels._dispatch import check_values_enabled
+from triton_kernels._dispatch import check_values_enabled, resolve_backend
+
+FUSED_ENV = "PREFILLING_DLLM_FUSED"  # "0" turns the fused elementwise path off (see the module docstring)
 
 
 class RMSNorm(nn.Module):
@@ -51,10 +64,19 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.hq * self.d, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens=None):
+    def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens=None, fused=False):
         b, n, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, n, self.hq, self.d), cos, sin)  # [B, L, Hq, D]
-        k = apply_rope(self.k_proj(x).view(b, n, self.hkv, self.d), cos, sin)  # [B, L, Hkv, D]
+        if fused:  # q and k rotated by one kernel
+            q, k = triton_kernels.rope_qk(
+                self.q_proj(x).view(b, n, self.hq, self.d),
+                self.k_proj(x).view(b, n, self.hkv, self.d),
+                cos,
+                sin,
+                backend="triton",
+            )
+        else:
+            q = apply_rope(self.q_proj(x).view(b, n, self.hq, self.d), cos, sin)  # [B, L, Hq, D]
+            k = apply_rope(self.k_proj(x).view(b, n, self.hkv, self.d), cos, sin)  # [B, L, Hkv, D]
         v = self.v_proj(x).view(b, n, self.hkv, self.d)
         if hook is not None:
             hook(layer_idx, q, k, v)
@@ -77,7 +99,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, fused=False):
+        if fused:
+            return self.down_proj(triton_kernels.swiglu(self.gate_proj(x), self.up_proj(x), backend="triton"))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -95,6 +119,18 @@ class DecoderLayer(nn.Module):
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
+
+    def forward_fused(self, x, delta, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens=None):
+        """The fused path: the residual stream is ``x + delta`` (``delta`` = the previous layer's MLP
+        output, added here by the norm kernel; None for the first layer). Returns ``(x, delta, k, v)``:
+        the residual before this layer's MLP output and that output, whose sum is :meth:`forward`'s x."""
+        norm = self.input_layernorm
+        h, s = triton_kernels.add_rms_norm(x, norm.weight, norm.eps, delta, backend="triton")
+        x = x if s is None else s
+        a, k, v = self.self_attn(h, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens, fused=True)
+        norm = self.post_attention_layernorm
+        h, x = triton_kernels.add_rms_norm(a, norm.weight, norm.eps, x, backend="triton")  # x + a, then its norm
+        return x, self.mlp(h, fused=True), k, v
 
 
 @dataclass
@@ -121,6 +157,8 @@ class DiffusionLM(nn.Module):
     ``model_dir``. ``family``, ``mask_token_id`` and ``shift_logits`` come from
     the config; ``rope`` (:class:`~dllm.model.rope.RotaryEmbedding`) holds the RoPE
     frequencies, also used to re-position cached chunk keys (``model.rope.rotate_keys``).
+    ``fused_ops`` (None = auto, True, False) chooses the fused elementwise Triton path
+    (:meth:`uses_fused_ops`, the module docstring).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -138,6 +176,7 @@ class DiffusionLM(nn.Module):
         self.rope = RotaryEmbedding.from_config(cfg)
         self.tokenizer = None
         self.model_dir = None
+        self.fused_ops: bool | None = None  # None = auto (see uses_fused_ops)
 
     # --- identity -----------------------------------------------------------------
     @property
@@ -165,6 +204,21 @@ class DiffusionLM(nn.Module):
     def dtype(self) -> torch.dtype:
         """Floating dtype of the weights."""
         return self.embed_tokens.weight.dtype
+
+    def uses_fused_ops(self, device: torch.device | None = None) -> bool:
+        """Whether a forward on ``device`` (default: the weights') runs the fused elementwise Triton kernels.
+
+        ``self.fused_ops``: ``True`` / ``False`` force the choice; ``None`` (the default) = auto: on for a
+        CUDA device whose ops dispatch to Triton (:func:`triton_kernels._dispatch.resolve_backend`),
+        unless the environment variable ``PREFILLING_DLLM_FUSED`` is ``0`` / ``false`` / ``no``. Forcing
+        ``True`` on CPU needs the Triton interpreter (``TRITON_INTERPRET=1`` before the first import).
+        """
+        if self.fused_ops is not None:
+            return bool(self.fused_ops)
+        device = self.device if device is None else device
+        if device.type != "cuda" or resolve_backend(None, device) != "triton":
+            return False
+        return os.environ.get(FUSED_ENV, "1").strip().lower() not in ("0", "false", "no")
 
     # --- forward ------------------------------------------------------------------
     def forward(
@@ -273,24 +327,43 @@ class DiffusionLM(nn.Module):
         x = self.embed_tokens(input_ids)
         ks, vs = [], []
         cache_lens = live_lens if cache is not None else None
+        fused = self.uses_fused_ops(x.device)
+        delta = None  # fused path: the last MLP output, not yet added to the residual stream x
         # the cache's segment table was range-checked when it was built: skip the per-call host sync
         with triton_kernels.skip_value_checks():
             for i, layer in enumerate(self.layers):
                 cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
-                x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i, cache_lens)
+                if fused:
+                    x, delta, k, v = layer.forward_fused(
+                        x, delta, cos, sin, cache_kv, cache, mask, attn_hook, i, cache_lens
+                    )
+                else:
+                    x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i, cache_lens)
                 if return_kv:
                     ks.append(k)
                     vs.append(v)
         logits = None
-        if logits_at is not None:
-            src = (logits_at - 1).clamp_min(0) if cfg.shift_logits else logits_at  # [B, K]
-            h = x.gather(1, src[..., None].expand(-1, -1, x.shape[-1]))
-            logits = self.lm_head(self.norm(h))
-        elif logits_start < n:
-            if cfg.shift_logits:
-                src = torch.arange(logits_start - 1, n - 1, device=x.device).clamp_min(0)
-                h = x.index_select(1, src)
+        rows = _logit_rows(x, n, logits_start, logits_at, cfg.shift_logits)  # the LM head's rows only
+        if rows is not None:
+            if fused:  # the last residual add, on those rows only, fused into the final norm
+                last = rows(delta) if delta is not None else None
+                h, _ = triton_kernels.add_rms_norm(rows(x), self.norm.weight, self.norm.eps, last, backend="triton")
             else:
-                h = x[:, logits_start:]
-            logits = self.lm_head(self.norm(h))
+                h = self.norm(rows(x))
+            logits = self.lm_head(h)
         return DecoderOutput(logits, ks if return_kv else None, vs if return_kv else None)
+
+
+def _logit_rows(x: torch.Tensor, n: int, logits_start: int, logits_at, shift: bool):
+    """A function selecting, from a ``[B, L, H]`` hidden state, the rows whose logits are returned
+    (``logits_at`` per row, or columns ``logits_start..L-1``; one position earlier for a shifted model),
+    or None when no logits are asked for."""
+    if logits_at is not None:
+        src = (logits_at - 1).clamp_min(0) if shift else logits_at  # [B, K]
+        return lambda t: t.gather(1, src[..., None].expand(-1, -1, t.shape[-1]))
+    if logits_start >= n:
+        return None
+    if shift:
+        src = torch.arange(logits_start - 1, n - 1, device=x.device).clamp_min(0)
+        return lambda t: t.index_select(1, src)
+    return lambda t: t[:, logits_start:]

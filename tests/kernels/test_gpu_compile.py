@@ -4,7 +4,8 @@ The interpreter accepts programs the compiler rejects and says nothing about reg
 spills or shared memory, so on CPU-only machines this runs ``bench/compile_check.py`` in a
 subprocess without TRITON_INTERPRET: the launchers plan every ``gate`` case of
 ``bench/kernel_cases.py`` (Dream-7B and LLaDA-8B decode, ragged batch, scoring batch of 16,
-joint scoring N=1 T=4096, top-B gather, merge) for a fake 132-SM sm_90 and 108-SM sm_80
+joint scoring N=1 T=4096, top-B gather, merge; the decode step's add + RMSNorm, RoPE,
+SwiGLU) for a fake 132-SM sm_90 and 108-SM sm_80
 device, in bf16 and fp16, and each launch is compiled to a cubin by the ptxas of the Triton
 wheel. It runs on the newest Triton (``make test``) and on Triton 3.6.0 (``make test-compat``).
 On a GPU the other tests compile and run the kernels for that machine.
@@ -35,8 +36,11 @@ KERNELS = {
     "_row_mass_kernel",
     "_select_topb_kernel",
     "_gather_rows_kernel",
+    "_add_rms_norm_kernel",
+    "_rope_qk_kernel",
+    "_swiglu_kernel",
 }
-DOT_KERNELS = KERNELS - {"_merge_states_kernel", "_select_topb_kernel", "_gather_rows_kernel"}
+DOT_KERNELS = {"_split_s_partial_kernel", "_row_lse_kernel", "_column_mass_kernel", "_row_mass_kernel"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,131 @@
+"""The model's fused elementwise path (Triton add_rms_norm / rope_qk / swiglu) against its torch path.
+
+On CPU the fused path is forced (``model.fused_ops = True``) and runs through the Triton interpreter at a
+tiny Dream-family shape (GQA 7:1, q/k/v bias, shifted logits), over a static cache (split-S attention)
+and without one, with ``logits_start`` and with ``logits_at``: the logits and the live K/V must match
+the torch path to fp32 rounding, and the greedy tokens exactly. The auto rule (CUDA only, env switch)
+is checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm.model.config import ModelConfig
+from dllm.model.kv_cache import StaticKVCache
+from dllm.model.modeling import FUSED_ENV, DiffusionLM
+from triton_kernels._dispatch import is_interpreted
+from triton_kernels.rms_norm import _add_rms_norm_kernel
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and not is_interpreted(_add_rms_norm_kernel),
+    reason="the fused path on CPU needs the Triton interpreter",
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: an OpenMP team on a busy 2-core box costs milliseconds per op (see tests/kernels/conftest.py)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def model():
+    # Dream's family at two layers (the second takes the first's MLP output as its pending residual);
+    # the interpreter runs a program per token: seconds per forward
+    cfg = ModelConfig(
+        family="dream", vocab_size=256, hidden_size=112, intermediate_size=160, num_layers=2, num_heads=7,
+        num_kv_heads=1, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6, qkv_bias=True,
+        tie_word_embeddings=False, shift_logits=True, mask_token_id=255,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    m = DiffusionLM(cfg).eval()
+    with torch.no_grad():  # non-trivial norm weights and biases, so a kernel that drops one is seen
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return m
+
+
+def _both(model, *args, **kw):
+    outs = []
+    for fused in (False, True):
+        model.fused_ops = fused
+        with torch.no_grad():
+            outs.append(model(*args, **kw))
+    model.fused_ops = None
+    return outs
+
+
+def _close(a, b, what):
+    scale = a.abs().max().item()
+    err = (a - b).abs().max().item()
+    assert err <= 1e-5 * max(scale, 1.0), f"{what}: fused vs torch path differ by {err:.3e} (max |x| {scale:.3e})"
+
+
+def test_fused_path_equals_torch_path_over_a_cache(model):
+    cfg = model.config
+    g = torch.Generator().manual_seed(1)
+    b, t, n = 2, 20, 6
+    ks = [torch.randn(b, t, cfg.num_kv_heads, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
+    vs = [torch.randn(b, t, cfg.num_kv_heads, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
+    cache = StaticKVCache.single_segment(ks, vs)
+    ids = torch.randint(0, 250, (b, n), generator=g)
+    pos = torch.arange(t, t + n)
+    ref, got = _both(model, ids, pos, cache, logits_start=2, return_kv=True)
+    assert got.logits.shape == ref.logits.shape == (b, n - 2, cfg.vocab_size)
+    _close(ref.logits, got.logits, "logits")
+    assert torch.equal(ref.logits.argmax(-1), got.logits.argmax(-1))
+    for i in range(cfg.num_layers):
+        _close(ref.k[i], got.k[i], f"layer {i} keys (RoPE)")
+        _close(ref.v[i], got.v[i], f"layer {i} values")
+    # ragged rows: live_lens + logits_at (the gather path of the LM head)
+    at = torch.tensor([[2, 4, 5], [1, 2, 3]])
+    lens = torch.tensor([6, 4], dtype=torch.int32)
+    ref, got = _both(model, ids, pos, cache, live_lens=lens, logits_at=at)
+    assert got.logits.shape == (b, 3, cfg.vocab_size)
+    _close(ref.logits, got.logits, "logits_at")
+
+
+def test_fused_path_without_cache_runs_the_fused_kernels(model, monkeypatch):
+    """Attention over the live tokens only (SDPA), every position's logits; and a guard: the three kernels
+    ran (a silently unfused path would pass the equality too)."""
+    import triton_kernels as tk
+
+    calls = []
+    for name in ("add_rms_norm", "rope_qk", "swiglu"):
+        fn = getattr(tk, name)
+        monkeypatch.setattr(tk, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
+    ids = torch.randint(0, 250, (1, 5), generator=torch.Generator().manual_seed(2))
+    ref, got = _both(model, ids, torch.arange(5) * 3)  # spread positions
+    _close(ref.logits, got.logits, "logits")
+    assert torch.equal(ref.logits.argmax(-1), got.logits.argmax(-1))
+    n_layers = model.config.num_layers
+    # per layer: two norms (the second with the residual add), one RoPE, one SwiGLU; then the final norm
+    assert calls.count("add_rms_norm") == 2 * n_layers + 1
+    assert calls.count("rope_qk") == calls.count("swiglu") == n_layers
+
+
+def test_auto_rule(model, monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    monkeypatch.delenv("PREFILLING_DLLM_BACKEND", raising=False)
+    assert model.fused_ops is None
+    assert not model.uses_fused_ops(cpu)  # CPU keeps the torch path
+    assert model.uses_fused_ops(cuda)
+    monkeypatch.setenv(FUSED_ENV, "0")
+    assert not model.uses_fused_ops(cuda)
+    monkeypatch.setenv(FUSED_ENV, "1")
+    monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "torch")  # the torch references: no fused kernels either
+    assert not model.uses_fused_ops(cuda)
+    model.fused_ops = True
+    try:
+        assert model.uses_fused_ops(cpu)
+    finally:
+        model.fused_ops = None
