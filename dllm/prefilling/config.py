@@ -206,7 +206,7 @@ class PrefillingConfig:
         m = self.adaptive_k
         if m is not None:
             if isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m) or m <= 0:
-                raise ValueError(f"adaptive_k must be a finite real number > 0 (a margin; None = fixed K), got {m!r}")
+                raise ValueError(f"adaptive_k must be a finite real number > 0 (a margin), got {m!r}")
             object.__setattr__(self, "adaptive_k", float(m))
 
     @classmethod
