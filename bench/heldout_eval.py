@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -33,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from bench.provenance import write_csv
+from bench.provenance import machine_line, write_csv
 from dllm import encode_document, generate, load_model
 from dllm.decode.denoise import denoise
 from dllm.decode.policies import PrefillingPolicy
@@ -52,6 +53,7 @@ from dllm.prefilling.selection import adaptive_top_k, first_stage_scores, ngram_
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEED_BASE = 1 << 31  # seeds no training run draws
 CROP = 1024
+DIGIT_RUN = re.compile(r"\d+")
 LEXICAL_N = 4  # characters per n-gram of the lexical probe (a short word or a word's stem)
 ALL_TERMS = ("self_info", "pseudo_label", "answer_confidence")
 
@@ -199,6 +201,33 @@ def run(model, cfg: PrefillingConfig, docs, pols, dense: bool, log=print) -> lis
     return rows
 
 
+READING_VARIANTS = (  # (distractor share, near distractors): the evaluation's documents, then fewer numbers
+    (0.45, True), (0.1, True), (0.1, False), (0.0, False),
+)  # fmt: skip
+
+
+def reading_probe(model, length: int = 4096, log=print) -> list[dict]:
+    """Dense decoding of the 1K crop around the needle as the registers' numbers thin out: what the model
+    reads once selection is out of the picture (pass keys and number strings, 5 depths)."""
+    rows = []
+    for share, near in READING_VARIANTS:
+        for task in ("passkey", "number_string"):
+            for d in DEPTHS:
+                rep = make_report(length, [(task, d)], SEED_BASE, distractor_share=share, near_distractors=near)
+                needle, case = rep.needles[0], rep.case(0)
+                crop, off = crop_around(rep.context, needle.start, needle.end, CROP)
+                g = case.answer_tokens + 4
+                ids = encode_text(model, case.prefix + crop + case.query, bos=True)[None]
+                text = generate(model, ids, method="dense", gen_length=g, steps=g).text[0]
+                outside = crop[:off] + " " + crop[off + needle.end - needle.start :]  # the needle's digits left out
+                digits = len(DIGIT_RUN.findall(outside))
+                rows.append({"distractor_share": share, "near_distractors": near, "task": task, "depth": d,
+                             "answer": text, "gold": case.answer, "correct": score(task, text, case),
+                             "other_numbers_in_crop": digits})  # fmt: skip
+                log(f"share={share} near={near} {task} d={d} {text!r} gold={case.answer!r} numbers={digits}")
+    return rows
+
+
 def summary(rows: list[dict], by: tuple) -> str:
     """Markdown: exact answers, needle chunk kept and mean kept tokens per ``by`` cell."""
     cells = defaultdict(list)
@@ -234,6 +263,11 @@ def main(argv=None) -> int:
         metavar="CSV",
         help="write the Markdown from these CSVs of earlier runs (e.g. lengths run in parallel) and stop",
     )
+    p.add_argument(
+        "--reading-probe",
+        action="store_true",
+        help="only the dense-crop reading probe (4K, 4 densities of numbers) -> reading_probe.md",
+    )
     args = p.parse_args(argv)
     cmd = "python -m bench.heldout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.report_from:
@@ -243,6 +277,24 @@ def main(argv=None) -> int:
     model_dir = args.model or default_model_dir()
     model = load_model(model_dir)
     cfg = PrefillingConfig.from_pretrained(model_dir)
+    if args.reading_probe:
+        rows = reading_probe(model)
+        os.makedirs(args.out, exist_ok=True)
+        write_csv(os.path.join(args.out, "reading_probe.csv"), rows, str(model.device))
+        cells = defaultdict(list)
+        for r in rows:
+            cells[(r["distractor_share"], r["near_distractors"], r["task"])].append(r)
+        lines = ["| register sentences | distractors next to the needle | task | exact, dense 1K crop | mean other "
+                 "numbers in the crop |", "|---:|---|---|---:|---:|"]  # fmt: skip
+        for (share, near, task), rs in cells.items():
+            ok = sum(r["correct"] for r in rs)
+            nums = sum(r["other_numbers_in_crop"] for r in rs) / len(rs)
+            lines.append(f"| {share:.0%} | {'yes' if near else 'no'} | {task} | {ok}/{len(rs)} | {nums:.1f} |")
+        with open(os.path.join(args.out, "reading_probe.md"), "w") as f:
+            f.write(f"# Reading probe\n\nCommand: `{cmd.strip()}`  \n{machine_line(str(model.device))}\n\n"
+                    + "\n".join(lines) + "\n")  # fmt: skip
+        print("\n".join(lines))
+        return 0
     pols = policies(cfg.score_terms, args.margins)
     docs = reports(args.lengths, args.seeds, args.multi_from)
     rows = run(model, cfg, docs, pols, not args.no_dense)

@@ -47,6 +47,8 @@ _PLACES = ("Marlow", "Dunmore", "Ashby", "Kelso", "Whitby", "Tarbert", "Ludlow",
            "Rye", "Thirsk", "Wells", "Hexham", "Bala", "Ripon")  # fmt: skip
 _COLOURS = ("grey", "brown", "slate", "russet", "buff", "tan", "dun", "sable")  # none is a word_fact answer
 _BEASTS = ("mule", "ox", "cob", "ram", "goose", "terrier")  # none is a word_fact answer
+DISTRACTOR_SHARE = 0.45
+"""The default share of register sentences (those with numbers) among a section's sentences."""
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
            "November", "December")  # fmt: skip
 
@@ -122,13 +124,14 @@ def _register_sentence(num: _Numbers) -> str:
     )
 
 
-def _register(rng: random.Random, num: _Numbers, sentences: tuple[str, ...], volume: int) -> list[str]:
-    """One register as units: each unit carries its own leading separator (a heading starts a paragraph)."""
+def _register(rng: random.Random, num: _Numbers, sentences: tuple[str, ...], volume: int, share: float) -> list[str]:
+    """One register as units: each unit carries its own leading separator (a heading starts a paragraph);
+    a sentence is a register sentence with probability ``share``, else the dictionary's."""
     units = [f"\n\nRegister of the {rng.choice(_TRUSTS)}, volume {volume}, closed {num.date()}."]
     for i, head in enumerate(SECTIONS, 1):
         units.append(f"\n\n{i}. {head}\n")
         for k in range(rng.randint(3, 7)):
-            s = rng.choice(sentences) if rng.random() < 0.55 else _register_sentence(num)
+            s = rng.choice(sentences) if rng.random() < 1 - share else _register_sentence(num)
             units.append(s if k == 0 else " " + s)
     return units
 
@@ -196,7 +199,14 @@ def _occurrences(text: str, answer: str) -> int:
     return len(re.findall(rf"(?i)\b{re.escape(answer)}\b", text))
 
 
-def make_report(length: int, needles: Sequence[tuple[str, float]], seed: int) -> Report:
+def make_report(
+    length: int,
+    needles: Sequence[tuple[str, float]],
+    seed: int,
+    *,
+    distractor_share: float = DISTRACTOR_SHARE,
+    near_distractors: bool = True,
+) -> Report:
     """A register document of at most ``length`` characters with one needle per ``(task, depth)``.
 
     Each needle group is ``near-distractor needle near-distractor`` (two register sentences drawn for it) at
@@ -209,16 +219,22 @@ def make_report(length: int, needles: Sequence[tuple[str, float]], seed: int) ->
         needles: ``(task, depth)`` pairs, task in :data:`NEEDLE_TASKS`, depth in [0, 1]; at most one per task
             (an answer is unique in the document, so two questions never share one).
         seed: any int.
+        distractor_share: the share of a section's sentences that are register sentences (numbers), in
+            [0, 1]; the rest are the dictionary's. Headings and title lines (section numbers, a date) stay.
+        near_distractors: False leaves out the two register sentences around each needle (the same
+            document otherwise: the same draws are made): a probe of what they cost.
 
     Returns:
         :class:`Report`; ``context[n.start:n.end]`` is each needle's sentence, and each answer occurs in
         the context only inside its needle (as "{x} is the pass key" wordings repeat it: only there).
 
     Raises:
-        ValueError: an unknown task, a task given twice, a depth outside [0, 1], no needle, or a length
-            too short for the needles plus 512 characters of filler.
+        ValueError: an unknown task, a task given twice, a depth outside [0, 1], no needle, a share outside
+            [0, 1], or a length too short for the needles plus 512 characters of filler.
     """
     length = check_length(length)
+    if not 0 <= distractor_share <= 1:
+        raise ValueError(f"distractor_share must be in [0, 1], got {distractor_share!r}")
     if not needles:
         raise ValueError("make_report needs at least one (task, depth) needle")
     tasks = [check_choice("task", t, NEEDLE_TASKS) for t, _ in needles]
@@ -230,6 +246,8 @@ def make_report(length: int, needles: Sequence[tuple[str, float]], seed: int) ->
     num = _Numbers(rng, [a for a, *_ in drawn])
     near = _register_sentence  # the distractors drawn for each needle, one before and one after it
     groups = [(" " + near(num) + " ", sentence, " " + near(num)) for _a, sentence, *_ in drawn]
+    if not near_distractors:  # drawn all the same, so the rest of the document is the same
+        groups = [(" ", sentence, "") for _b, sentence, _a in groups]
     cost = sum(len(a) + len(b) + len(c) for a, b, c in groups)
     budget = length - cost
     if budget < 512:
@@ -238,7 +256,7 @@ def make_report(length: int, needles: Sequence[tuple[str, float]], seed: int) ->
     units: list[str] = []
     size, volume = 0, 1
     while size < budget:
-        for u in _register(rng, num, sentences, volume):
+        for u in _register(rng, num, sentences, volume, distractor_share):
             units.append(u)
             size += len(u)
         volume += 1
@@ -285,7 +303,8 @@ def make_report(length: int, needles: Sequence[tuple[str, float]], seed: int) ->
         assert context[s:e] == sentence
         if _occurrences(context[:s] + " " + context[e:], answer):
             # the dictionary holds this word (a colour or animal): draw the document again
-            return make_report(length, needles, seed + 1_000_003)
+            kw = {"distractor_share": distractor_share, "near_distractors": near_distractors}
+            return make_report(length, needles, seed + 1_000_003, **kw)
         out.append(Needle(task, answer, prefix, query, depth, s, e))
     return Report(context, tuple(out), length, int(seed))
 
