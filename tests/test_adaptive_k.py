@@ -97,9 +97,9 @@ def test_generate_keeps_the_adaptive_count_of_its_own_scores():
     from dllm.eval.tasks import make_case
 
     model = load_model()
-    case = make_case("passkey", 1280, 0.5, 0)
-    cfg = PrefillingConfig.from_pretrained(model.model_dir, top_k=4, adaptive_k=2.0)
-    res = generate(model, **case_inputs(model, case, "prefilling"), method="prefilling", gen_length=9, prefilling=cfg)
+    case = make_case("passkey", 1000, 0.5, 0)
+    cfg = PrefillingConfig.from_pretrained(model.model_dir, chunk_size=128, top_k=4, adaptive_k=2.0)
+    res = generate(model, **case_inputs(model, case, "prefilling"), method="prefilling", gen_length=2, prefilling=cfg)
     scores = torch.tensor(res.stats.extra["all_chunk_scores"])
     k = adaptive_top_k(scores, 1, 4, 2.0)
     assert scores.numel() > 4 and k < 4  # a case where the rule cuts below the ceiling
