@@ -1,4 +1,4 @@
-"""Chunk selection beyond the paper's plain top-K: a cheap first stage and redundancy-aware top-K.
+"""Chunk selection beyond the paper's plain top-K: a cheap first stage, redundancy-aware top-K, adaptive K.
 
 Both are our extensions of Prefilling-dLLM (arXiv 2606.10537), off by default
 (``PrefillingConfig(candidates=None, redundancy_threshold=None)`` is the paper's selection):
@@ -14,6 +14,9 @@ Both are our extensions of Prefilling-dLLM (arXiv 2606.10537), off by default
   overlap an already kept chunk's by a Jaccard similarity of at least ``threshold`` while other
   chunks remain (greedy, in score order; the maximal-marginal-relevance idea of Carbonell and
   Goldstein, SIGIR 1998, with a hard threshold): repeated boilerplate then takes one slot of K, not all.
+- :func:`adaptive_top_k` (``PrefillingConfig.adaptive_k``, off by default) chooses K per question, up to the
+  configured K: the chunks above the first drop between ranked scores of at least a margin of robust
+  spreads, so a clear winner is kept alone and an unclear ranking keeps up to K.
 """
 
 from __future__ import annotations
