@@ -45,6 +45,15 @@ def test_distractors_near_the_needle_and_away_from_it():
     assert sum(s in text for s in prose) >= 10  # the held-out dictionary's prose fills it
 
 
+def test_fewer_numbers_when_asked():
+    dense = make_report(16384, [("passkey", 0.5)], 4)
+    sparse = make_report(16384, [("passkey", 0.5)], 4, distractor_share=0.0, near_distractors=False)
+    count = lambda rep: len(DIGITS.findall(rep.context))  # noqa: E731
+    assert count(sparse) < count(dense) / 3
+    n = sparse.needles[0]
+    assert sparse.context[n.start - 1] == " " and not re.search(r"\d", sparse.context[n.end : n.end + 2])
+
+
 def test_three_needles_in_one_long_document_in_depth_order():
     rep = make_report(65536, [("passkey", 0.1), ("number_string", 0.9), ("word_fact", 0.5)], 2)
     starts = {n.task: n.start for n in rep.needles}
@@ -77,5 +86,7 @@ def test_bad_arguments_are_errors():
         make_report(600, [("passkey", 0.5)], 0)
     with pytest.raises(ValueError, match="depth"):
         make_report(4096, [("passkey", 1.5)], 0)
+    with pytest.raises(ValueError, match="distractor_share"):
+        make_report(4096, [("passkey", 0.5)], 0, distractor_share=1.5)
     with pytest.raises(ValueError, match="span"):
         crop_around("abc def", 3, 3)
