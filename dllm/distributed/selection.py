@@ -23,7 +23,7 @@ from dllm.prefilling.config import PrefillingConfig
 from dllm.prefilling.pipeline import Selection
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
-from dllm.prefilling.selection import first_stage_scores, select_chunks, top_chunks
+from dllm.prefilling.selection import first_stage_scores, kept_count, select_chunks, top_chunks
 
 TERMS = ("self_info", "pseudo_label", "answer_confidence")
 
@@ -107,7 +107,7 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     if cfg.redundancy_threshold is not None:
         all_ids = doc.context_ids()
         chunk_ids = all_ids.__getitem__
-    kept = select_chunks(scores.total, k, chunk_ids, cfg.redundancy_threshold)
+    kept = select_chunks(scores.total, kept_count(scores.total, k, cfg.adaptive_k), chunk_ids, cfg.redundancy_threshold)
     pseudo = [lab for lab, c in zip(labels.tolist(), confirmed.tolist()) if c]
     nfe = 1 + (cands is not None) + max(e[1] for e in everyone)
     return Selection(kept, scores, pseudo, nfe), [e[1] for e in everyone]

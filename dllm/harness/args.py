@@ -238,6 +238,7 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
     ),
     "candidates": (_or_none(_int(1)), None, "chunks the first stage passes to the predictive score", _PREFILLING),
     "candidate_layer": (_or_none(_int(-(2**31))), None, "the first stage's layer (None: all)", _PREFILLING),
+    "adaptive_k": (_or_none(_float(0, math.inf, low_open=True)), None, "adaptive K's margin (None: off)", _PREFILLING),
     # the harness's own
     "context_field": (_text, "context", "the doc field holding the long context", _PREFILLING),
     "add_bos": (_bool, True, "put BOS before the prompt (off under a chat template)", _ANY_METHOD),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import numbers
 import os
 from dataclasses import asdict, dataclass, fields
@@ -127,6 +128,11 @@ class PrefillingConfig:
             they get the predictive score (our extension). Fewer than K candidates are raised to K.
         candidate_layer: the one layer of the first stage (negative counts from the last), None = all layers;
             only with ``candidates`` (a ValueError without: the layer of a stage that does not run).
+        adaptive_k: None (the paper: a fixed K) or a margin m > 0: K is chosen per question between 1 and
+            ``top_k`` (the ceiling; all chunks when None) by how far the best scores stand out: the chunks above
+            the first drop between consecutive ranked scores of at least m robust spreads (1.4826 x the
+            median absolute deviation of the chunks' scores), ``top_k`` when no drop is that large (our
+            extension; :func:`dllm.prefilling.selection.adaptive_top_k`).
     """
 
     chunk_size: int = 1024
@@ -146,6 +152,7 @@ class PrefillingConfig:
     redundancy_threshold: float | None = None
     candidates: int | None = None
     candidate_layer: int | None = None
+    adaptive_k: float | None = None
 
     def __post_init__(self):
         # Integer knobs must be real ints: 2.5 or True would pass a range check and fail (or run as 1) later.
@@ -212,6 +219,11 @@ class PrefillingConfig:
                 f"candidate_layer={self.candidate_layer} needs candidates (the first stage it belongs to is off "
                 "with candidates=None): give candidates too, or leave candidate_layer unset"
             )
+        m = self.adaptive_k
+        if m is not None:
+            if isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m) or m <= 0:
+                raise ValueError(f"adaptive_k must be a finite real number > 0 (a margin), got {m!r}")
+            object.__setattr__(self, "adaptive_k", float(m))
 
     @classmethod
     def from_pretrained(cls, model_dir: str | None, **overrides) -> PrefillingConfig:

@@ -42,7 +42,7 @@ from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
-from dllm.prefilling.selection import first_stage_scores, select_chunks, top_chunks
+from dllm.prefilling.selection import first_stage_scores, kept_count, select_chunks, top_chunks
 
 
 @dataclass
@@ -382,7 +382,8 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
         if b in cands:
             sc = sc.scatter(cands[b], n)
         if ks[b] < n:
-            kept = select_chunks(sc.total, ks[b], chunks[b].context_ids, cfg.redundancy_threshold)
+            k = kept_count(sc.total, ks[b], cfg.adaptive_k)
+            kept = select_chunks(sc.total, k, chunks[b].context_ids, cfg.redundancy_threshold)
         else:
             kept = list(range(n))
         out[b] = Selection(kept, sc, labels[confirmed].tolist(), n_scoring + 1 + (b in cands))

@@ -1,4 +1,4 @@
-"""Chunk selection beyond the paper's plain top-K: a cheap first stage and redundancy-aware top-K.
+"""Chunk selection beyond the paper's plain top-K: a cheap first stage, redundancy-aware top-K, adaptive K.
 
 Both are our extensions of Prefilling-dLLM (arXiv 2606.10537), off by default
 (``PrefillingConfig(candidates=None, redundancy_threshold=None)`` is the paper's selection):
@@ -14,11 +14,15 @@ Both are our extensions of Prefilling-dLLM (arXiv 2606.10537), off by default
   overlap an already kept chunk's by a Jaccard similarity of at least ``threshold`` while other
   chunks remain (greedy, in score order; the maximal-marginal-relevance idea of Carbonell and
   Goldstein, SIGIR 1998, with a hard threshold): repeated boilerplate then takes one slot of K, not all.
+- :func:`adaptive_top_k` (``PrefillingConfig.adaptive_k``, off by default) chooses K per question, up to the
+  configured K: the chunks above the first drop between ranked scores of at least a margin of robust
+  spreads, so a clear winner is kept alone and an unclear ranking keeps up to K.
 """
 
 from __future__ import annotations
 
 import numbers
+import math
 
 import torch
 
@@ -185,3 +189,60 @@ def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, la
                 logits = logits.masked_fill(~valid[lo:hi, :, None], float("-inf"))
                 out[lo:hi] += logits.amax(1).sum(1)
     return out / (len(layers) * hkv * m * g)
+
+
+def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float) -> int:
+    """K chosen per question by how far the best scores stand out: the chunks above the first large drop.
+
+    Rule (our extension of Prefilling-dLLM's fixed top-K, arXiv 2606.10537): rank the chunks
+    (:func:`rank_chunks`; only finite scores count), let ``s_1 >= s_2 >= ...`` be their scores and
+    ``sigma = 1.4826 * median(|s - median(s)|)`` the scores' robust spread (the median absolute deviation,
+    scaled to a standard deviation for normal scores; it does not grow with the document's length, and a
+    few outstanding chunks do not move it). K is the first ``k`` in ``[floor, ceiling)`` whose drop to the
+    next chunk is at least ``margin`` spreads, ``s_k - s_{k+1} >= margin * sigma``; when no drop is that
+    large (nothing stands out, or ``sigma`` is 0: all scores equal), K is ``ceiling``. Both bounds are
+    capped at the finite scores' count. One setting serves every document length: a 4K and a 1M document
+    are both cut where their own scores drop, never deeper than ``ceiling``.
+
+    Args:
+        scores: ``[N]`` float chunk scores (``-inf`` or NaN: not a candidate).
+        floor: the fewest chunks kept, >= 1.
+        ceiling: the most, >= floor.
+        margin: a drop of at least this many robust spreads ends the kept set, > 0.
+
+    Returns:
+        K, ``min(floor, n) <= K <= min(ceiling, n)`` with n the finite scores' count (but at least 1, so
+        a vector with no finite score keeps one chunk).
+
+    Raises:
+        ValueError: an empty vector, ``floor < 1``, ``ceiling < floor`` or a margin that is not a finite
+            number > 0.
+    """
+    n_all = int(scores.numel())
+    if n_all == 0:
+        raise ValueError("adaptive_top_k needs at least one chunk score")
+    if not 1 <= floor <= ceiling:
+        raise ValueError(f"adaptive K needs 1 <= floor <= ceiling, got floor={floor}, ceiling={ceiling}")
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+        raise ValueError(f"adaptive K needs a finite margin > 0, got {margin!r}")
+    s = scores.detach().cpu().double()
+    s = s[torch.isfinite(s)]
+    n = int(s.numel())
+    if n == 0:
+        return 1
+    lo, hi = min(floor, n), min(ceiling, n)
+    top = torch.sort(s, descending=True).values
+    med = s.median()  # the lower middle value for an even count: no interpolation needed
+    sigma = 1.4826 * float((s - med).abs().median())
+    if sigma > 0:
+        for k in range(lo, hi):  # k chunks kept when the drop after the k-th is large
+            if float(top[k - 1] - top[k]) >= margin * sigma:
+                return k
+    return hi
+
+
+def kept_count(scores: torch.Tensor, k: int, adaptive_margin: float | None) -> int:
+    """The number of chunks to keep of ``scores [N]`` under a configured ``K = k`` (<= N): ``k`` itself
+    (the paper's fixed K), or with ``adaptive_margin`` (``PrefillingConfig.adaptive_k``)
+    :func:`adaptive_top_k` between 1 and ``k``. The one rule of the library and the sharded run."""
+    return k if adaptive_margin is None else adaptive_top_k(scores, 1, k, adaptive_margin)
