@@ -131,7 +131,8 @@ def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, la
 
     Args:
         model: the dLLM.
-        chunks: :class:`~dllm.prefilling.chunks.ChunkCache` (per layer K ``[N, T, Hkv, D]``).
+        chunks: :class:`~dllm.prefilling.chunks.ChunkCache` (per layer K ``[N, T, Hkv, D]``; only the layers
+            read need be set).
         query: ``[Mq]`` int64 the query-window tokens.
         draft_tokens: m, mask slots after the query.
         layer: the layer whose queries and keys are compared (negative counts from the last), None = all.
@@ -146,7 +147,7 @@ def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, la
     if layer is not None and not -n_layers <= layer < n_layers:
         raise ValueError(f"candidate_layer={layer} is outside the model's {n_layers} layers")
     layers = range(n_layers) if layer is None else [layer % n_layers]
-    n, t, hkv, d = chunks.k[0].shape
+    n, t, hkv, d = chunks.k[layers[0]].shape  # only the first stage's layers need keys (encode_candidates)
     dev = query.device
     live = torch.cat([query, torch.full((draft_tokens,), model.mask_token_id, dtype=torch.long, device=dev)])
     got = {}
