@@ -89,7 +89,9 @@ def test_fresh_two_pass_equals_a_full_encoding(dream):
     assert two_pass_candidates(dream, parts, cfg) == 13
     fresh = dllm.generate(dream, prompt=parts, prefilling=cfg, **KW)
     doc = dllm.encode_document(dream, parts.context, prefilling=cfg)  # every chunk in full
-    cached = dllm.generate(dream, prompt=PromptParts(parts.prefix, None, parts.query), document=doc, prefilling=cfg, **KW)
+    cached = dllm.generate(
+        dream, prompt=PromptParts(parts.prefix, None, parts.query), document=doc, prefilling=cfg, **KW
+    )
     cands = fresh.stats.extra["candidate_chunks"]
     assert len(cands) == 13 and cands == cached.stats.extra["candidate_chunks"]
     assert fresh.stats.extra["selected_chunks"] == cached.stats.extra["selected_chunks"]

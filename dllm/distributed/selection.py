@@ -34,9 +34,9 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
 
     Collective. The root drafts pseudo-labels from ``prefix + query`` (no context,
     :func:`~dllm.prefilling.scoring.draft_pseudo_labels`) and broadcasts the query window and the draft. With
-    ``cfg.candidates`` (a first stage, fewer than N candidates: :meth:`PrefillingConfig.candidate_count`) every rank ranks its
-    chunks by :func:`~dllm.prefilling.selection.first_stage_scores` and the best candidates of the gathered
-    ``[N]`` are the only chunks scored predictively. Every rank scores its (candidate) chunks
+    ``cfg.candidates`` (a first stage, fewer than N candidates: :meth:`PrefillingConfig.candidate_count`) every
+    rank ranks its chunks by :func:`~dllm.prefilling.selection.first_stage_scores` and the best candidates of the
+    gathered ``[N]`` are the only chunks scored predictively. Every rank scores its (candidate) chunks
     (:func:`~dllm.prefilling.scoring.score_chunks` with ``cfg``'s mode, terms and batch, at the document's
     padded width); the scores are all-gathered in chunk order and the K kept chosen on the gathered tensor by
     :func:`~dllm.prefilling.selection.select_chunks` (``redundancy_threshold``: over the chunks' token ids,

@@ -220,7 +220,12 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
         "Jaccard of token 8-grams at which a chunk is a near-copy",
         _PREFILLING,
     ),
-    "candidates": (_candidates, None, "chunks the first stage passes to the predictive score, auto or all", _PREFILLING),
+    "candidates": (
+        _candidates,
+        None,
+        "chunks the first stage passes to the predictive score, auto or all",
+        _PREFILLING,
+    ),
     "candidate_layer": (_layer_or_all, None, "the first stage's layer, or all", _PREFILLING),
     # the harness's own
     "context_field": (_text, "context", "the doc field holding the long context", _PREFILLING),

@@ -311,7 +311,12 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
     nfe = 0
     for b in [b for b in fresh if two_pass_candidates(model, parts[b], cfg) is not None]:
         chunks[b], nfe_row[b], cands[b] = encode_candidates(
-            model, parts[b].context, cfg, bos, cfg.candidate_layer, lambda keys, b=b: _first_stage(model, parts[b], keys, cfg)
+            model,
+            parts[b].context,
+            cfg,
+            bos,
+            cfg.candidate_layer,
+            lambda keys, b=b: _first_stage(model, parts[b], keys, cfg),
         )
         nfe += nfe_row[b]
         fresh.remove(b)
