@@ -114,6 +114,39 @@ def fresh(model, cfgs, length, depth, haystack) -> list:
     return rows
 
 
+def heldout(model, cfgs, length, seed) -> list:
+    """Item 1's held-out documents (:mod:`dllm.eval.tasks.reports`, branch s-eval: registers full of section
+    numbers, dates, amounts and codes around an excerpt of a source no training phase saw): one document with
+    a pass key, a number string and a word fact, encoded once, each question asked from the cache with each
+    configuration (greedy, one token per step, the answer's tokens + 4)."""
+    from dllm.eval.tasks.reports import make_report
+
+    rep = make_report(length, [("passkey", 0.2), ("number_string", 0.5), ("word_fact", 0.8)], (1 << 31) + seed)
+    ids = encode_text(model, rep.context)
+    w0 = time.perf_counter()
+    doc = encode_document(model, ids, prefilling=cfgs["defaults"])
+    enc = time.perf_counter() - w0
+    rows = []
+    for qi, needle in enumerate(rep.needles):
+        case = rep.case(qi)
+        near = {j for j, (s, c) in enumerate(zip(doc.chunks.starts, doc.chunks.sizes())) if s < needle.end and
+                needle.start < s + c}  # fmt: skip
+        prompt = PromptParts(encode_text(model, case.prefix, bos=True), None, encode_text(model, case.query))
+        g = case.answer_tokens + 4
+        for name, cfg in cfgs.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            res = generate(model, method="prefilling", prompt=prompt, document=doc, prefilling=cfg.for_chunks(
+                doc.num_chunks), gen_length=g, steps=g)  # fmt: skip
+            row = _row("heldout", name, case, res, time.perf_counter() - w0, time.process_time() - c0, near,
+                       len(doc), needle.depth, qi, doc.num_chunks, enc)  # fmt: skip
+            row["correct"] = int(score(case.task, res.text[0], case))
+            row["task"] = case.task
+            rows.append(row)
+            print(f"  heldout {len(doc)} {case.task} {name}: {res.text[0]!r} ({case.answer}) kept "
+                  f"{row['needle_kept']}", flush=True)  # fmt: skip
+    return rows
+
+
 def summarize(rows: list) -> str:
     lines = [
         "| where | context tokens | chunks | config | candidates | questions | exact | needle kept | wall s / q | "
@@ -162,13 +195,21 @@ def main(argv=None) -> int:
     p.add_argument("--fresh-lengths", type=int, nargs="*", default=[100000])
     p.add_argument("--fresh-depths", type=float, nargs="+", default=[0.5])
     p.add_argument("--haystack", choices=HAYSTACKS, default="filler")
+    p.add_argument(
+        "--heldout-lengths",
+        type=int,
+        nargs="*",
+        default=[],
+        help="item 1's held-out register documents of these lengths (needs dllm.eval.tasks.reports)",
+    )
+    p.add_argument("--heldout-seeds", type=int, nargs="+", default=[1, 2])
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     if not 1 <= args.questions <= len(QUESTIONS) or args.every_questions < 0:
         p.error(f"--questions must lie in 1..{len(QUESTIONS)} and --every-questions >= 0")
     if not all(0.0 <= d <= 1.0 for d in [*args.depths, *args.fresh_depths]):
         p.error("depths must lie in 0..1")
-    if any(n < 1024 for n in [*args.cache_lengths, *args.fresh_lengths]):
+    if any(n < 1024 for n in [*args.cache_lengths, *args.fresh_lengths, *args.heldout_lengths]):
         p.error("lengths must be >= 1024 tokens")
     out = str(output_dir(args, "bench"))
     torch.set_num_threads(args.threads)
@@ -183,6 +224,9 @@ def main(argv=None) -> int:
     for n in args.cache_lengths:
         for d in args.depths:
             rows += from_cache(model, cfgs, n, d, args.haystack, args.questions, args.every_questions)
+    for n in args.heldout_lengths:
+        for seed in args.heldout_seeds:
+            rows += heldout(model, cfgs, n, seed)
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "scale_default.csv"), rows, "cpu")
     write_report(
