@@ -391,7 +391,8 @@ def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
     # candidates="auto" (issue 36 item 2): the same rule across ranks as in one (fresh, two-pass) process
     e, w = got[0]["extra_auto"], ref["extra_auto"]
     n = w["num_chunks"]
-    assert len(w["candidate_chunks"]) == max(8, math.ceil(2 * math.sqrt(n))) and 2 * len(w["candidate_chunks"]) < n
+    least = max(8, math.ceil(2 * math.sqrt(n)))  # + the two neighbours of the best (K=1)
+    assert least <= len(w["candidate_chunks"]) <= least + 2 < n
     assert e["candidate_chunks"] == w["candidate_chunks"] and e["selected_chunks"] == w["selected_chunks"]
     assert torch.equal(got[0]["tokens_auto"], ref["tokens_auto"])
     assert len(ref["extra_staged"]["candidate_chunks"]) == 9 < ref["extra_staged"]["num_chunks"]

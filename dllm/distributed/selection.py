@@ -23,7 +23,7 @@ from dllm.prefilling.config import PrefillingConfig
 from dllm.prefilling.pipeline import Selection
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
-from dllm.prefilling.selection import first_stage_scores, select_chunks, top_chunks
+from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, select_chunks
 
 TERMS = ("self_info", "pseudo_label", "answer_confidence")
 
@@ -83,7 +83,8 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
         first = run_on_all(
             lambda: first_stage_scores(model, chunks, window, cfg.draft_tokens, cfg.candidate_layer).cpu(), doc.group
         )
-        cands = top_chunks(torch.cat(all_gather(first, doc.group)), n_cand)  # the one-process rule: ties earliest
+        gathered = torch.cat(all_gather(first, doc.group))
+        cands = first_stage_candidates(gathered, n_cand, cfg.neighbours_of(k))  # the one-process rule
         mine = [j - lo for j in cands if lo <= j < hi]
         chunks = chunks.select(mine) if mine else None
 

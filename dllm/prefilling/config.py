@@ -27,6 +27,9 @@ AUTO = "auto"  # candidates="auto": the first stage engages by itself (auto_cand
 # AUTO_PER_K * K candidates and AUTO_SQRT * sqrt(N), and only where that leaves out at least half the chunks.
 AUTO_PER_K = 8
 AUTO_SQRT = 2.0
+# With "auto", the best K of the first stage also bring their two neighbours (a fact cut by a chunk boundary
+# lies in two chunks; measured: bench/results/scale_default.md, essays at 64K)
+AUTO_NEIGHBOURS_PER_K = 1
 
 
 def auto_candidates(num_chunks: int, top_k: int) -> int | None:
@@ -154,7 +157,8 @@ class PrefillingConfig:
             :func:`dllm.prefilling.selection.first_stage_scores`) keeps the n best chunks and only
             they get the predictive score (our extension). Fewer than K candidates are raised to K.
             ``"auto"`` picks n from the chunk count (:func:`auto_candidates`: sublinear in N, engaged only
-            once it leaves out half the chunks); :meth:`candidate_count` is the rule every path applies.
+            once it leaves out half the chunks) and adds the neighbours of the K best (:meth:`neighbours_of`);
+            :meth:`candidate_count` is the rule every path applies.
         candidate_layer: the one layer of the first stage (negative counts from the last), None = all layers.
             A fresh context (no document cache) with the first stage engaged and a layer set is encoded in two
             passes: every chunk only up to that layer's keys, then the candidates in full
@@ -320,6 +324,12 @@ class PrefillingConfig:
             return auto_candidates(num_chunks, top_k)
         n = max(self.candidates, top_k)
         return n if n < num_chunks else None
+
+    def neighbours_of(self, top_k: int) -> int:
+        """How many of the first stage's best chunks bring their two neighbours into the candidates
+        (:func:`dllm.prefilling.selection.first_stage_candidates`): ``AUTO_NEIGHBOURS_PER_K * K`` with
+        ``candidates="auto"``, else 0 (an explicit n is n chunks)."""
+        return AUTO_NEIGHBOURS_PER_K * top_k if self.candidates == AUTO else 0
 
     def changed_fields(self) -> dict:
         """The fields that differ from the paper's defaults (what :meth:`save_pretrained` writes)."""

@@ -49,7 +49,7 @@ from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
-from dllm.prefilling.selection import first_stage_scores, select_chunks, top_chunks
+from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, select_chunks
 
 
 @dataclass
@@ -365,7 +365,8 @@ def _first_stage(model, parts: PromptParts, chunks: ChunkCache, cfg: PrefillingC
     n = chunks.num_chunks
     window = parts.query if cfg.query_window is None else parts.query[-cfg.query_window :]
     first = first_stage_scores(model, chunks, window, cfg.draft_tokens, cfg.candidate_layer)
-    return top_chunks(first, cfg.candidate_count(n, min(cfg.top_k, n)))
+    k = min(cfg.top_k, n)
+    return first_stage_candidates(first, cfg.candidate_count(n, k), cfg.neighbours_of(k))
 
 
 # --- step 2: score and select ---------------------------------------------------------------------
@@ -414,7 +415,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
             # first stage: only the n_cand chunks it ranks best get the predictive score
             first = first_stage_scores(model, chunks[b], window, cfg.draft_tokens, cfg.candidate_layer)
             nfe += 1
-            cands[b] = top_chunks(first, n_cand)
+            cands[b] = first_stage_candidates(first, n_cand, cfg.neighbours_of(ks[b]))
             rows_chunks = chunks[b].select(cands[b])
         score_rows.append(ScoringRow(rows_chunks, window, labels, confirmed))
     scores, n_scoring = score_chunks_rows(

@@ -173,3 +173,29 @@ def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, la
                 logits = logits.masked_fill(~valid[lo:hi, :, None], float("-inf"))
                 out[lo:hi] += logits.amax(1).sum(1)
     return out / (len(layers) * hkv * m * g)
+
+
+def first_stage_candidates(scores: torch.Tensor, n: int, neighbours_of: int = 0) -> list:
+    """The chunks a first stage passes on: the ``n`` best by :func:`rank_chunks`, plus the two neighbours
+    (``j - 1``, ``j + 1``) of each of the best ``neighbours_of`` (our extension, ``candidates="auto"``: a fact cut
+    by a chunk boundary lies in two adjacent chunks, and the first stage may rank only one of them high).
+
+    Args:
+        scores: ``[N]`` float first-stage scores.
+        n: 1 <= n <= N.
+        neighbours_of: how many of the best bring their neighbours, >= 0.
+
+    Returns:
+        between ``min(n, N)`` and ``n + 2 * neighbours_of`` chunk indices, ascending.
+
+    Raises:
+        ValueError: ``n`` outside ``[1, N]`` or ``neighbours_of < 0``.
+    """
+    total = int(scores.numel())
+    if not 1 <= n <= total or neighbours_of < 0:
+        raise ValueError(f"n={n} must be in [1, N={total}] and neighbours_of={neighbours_of} >= 0")
+    order = rank_chunks(scores)
+    picked = set(order[:n])
+    for j in order[:neighbours_of]:
+        picked.update(x for x in (j - 1, j + 1) if 0 <= x < total)
+    return sorted(picked)
