@@ -20,4 +20,8 @@ EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # chunks with the phase-7 weights that chose this; with today's (phase 9) it ranks the needle chunk as well
 # or better at fixed cuts, and s_C - s_P stays the default because every accuracy study is recorded with it
 # (bench/results/score_terms*.md and bench/results/README.md).
-TINY_PREFILLING = PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",), boundary_snap=64)
+# The first stage engages by itself on long documents (candidates="auto" in layer 0, issue 36 item 2:
+# bench/results/scale_default.md); below 65 chunks (16K tokens) every chunk is scored as before.
+TINY_PREFILLING = PrefillingConfig(
+    chunk_size=256, top_k=4, score_terms=("draft_contrast",), boundary_snap=64, candidates="auto", candidate_layer=0
+)

@@ -333,10 +333,12 @@ def test_eval_csv_carries_every_prefilling_setting_it_ran_with(files, capsys):
     row = next(csv.DictReader((files / "snap.csv").open()))
     assert [f.name for f in dataclasses.fields(PrefillingConfig) if f.name not in row] == []
     assert (row["boundary_snap"], row["redundancy_threshold"], row["candidates"]) == ("8", "0.5", "3")
-    assert (row["chunk_size"], row["top_k"], row["candidate_layer"], row["prefill_batch"]) == ("64", "2", "all", "auto")
+    assert (row["chunk_size"], row["top_k"], row["candidate_layer"], row["prefill_batch"]) == ("64", "2", "0", "auto")
     rc, _, _ = run_cli(capsys, *shlex.split(cmd), "--out", "plain.csv")  # the checkpoint's snap, carried to C=64
     row = next(csv.DictReader((files / "plain.csv").open()))
-    assert rc == 0 and (row["boundary_snap"], row["redundancy_threshold"], row["candidates"]) == ("16", "off", "off")
+    assert rc == 0 and (row["boundary_snap"], row["redundancy_threshold"], row["candidates"]) == ("16", "off", "auto")
+    rc, _, _ = run_cli(capsys, *shlex.split(cmd), "--candidates", "all", "--out", "every.csv")  # the paper's
+    assert rc == 0 and next(csv.DictReader((files / "every.csv").open()))["candidates"] == "off"
 
 
 def test_git_commit_never_fails(tmp_path, monkeypatch):

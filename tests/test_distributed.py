@@ -9,6 +9,7 @@ results must be bit-equal (``torch.equal``), not merely close.
 import dataclasses
 import datetime
 import functools
+import math
 import os
 import time
 
@@ -33,6 +34,8 @@ CONFIGS = {
 }
 # the checkpoint's defaults with a first stage of 9 candidates and redundancy-aware top-K
 STAGED = dataclasses.replace(PrefillingConfig.from_pretrained(MODEL_DIR), candidates=9, redundancy_threshold=0.3)
+# the defaults' first stage (candidates="auto") engaged: C=64 cuts the long case into ~45 chunks, K=1 -> 14 candidates
+AUTO = dataclasses.replace(PrefillingConfig.from_pretrained(MODEL_DIR), chunk_size=64, boundary_snap=16, top_k=1)
 SHORT = PrefillingConfig(chunk_size=384, top_k=2, score_terms=("draft_contrast",))  # 3 chunks, the last of 131 tokens
 GLOO_TIMEOUT_S = 300  # a rank waits this long for a peer (rank 2 waits through the 2-rank steps)
 TIMEOUT_S = 600  # the whole group, spawn and imports included (seconds on an idle machine; minutes when loaded)
@@ -170,6 +173,10 @@ def _defaults(model, rank, out_dir, group):
         if res is not None:
             out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
     doc.save(os.path.join(out_dir, f"snapped{group_world(group)[1]}.idx"))
+    small = dd.encode_document(model, ctx, prefilling=AUTO, group=group)
+    res = dd.generate(model, small, root, prefilling=AUTO, **GEN)
+    if res is not None:
+        out["tokens_auto"], out["extra_auto"] = res.tokens, res.stats.extra
     return out
 
 
@@ -220,6 +227,11 @@ def ref():
     for name, cfg in (("defaults", None), ("staged", STAGED)):
         res = dllm.generate(model, method="prefilling", prompt=parts, document=doc, prefilling=cfg, **GEN)
         out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
+    # the first stage engaged by itself, fresh (two passes: layer-0 keys, then the candidates) in one process
+    res = dllm.generate(
+        model, method="prefilling", prompt=PromptParts(parts.prefix, ctx, parts.query), prefilling=AUTO, **GEN
+    )
+    out["tokens_auto"], out["extra_auto"] = res.tokens, res.stats.extra
     return out
 
 
@@ -376,6 +388,13 @@ def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
         for key in ("num_chunks", "selected_chunks", "all_chunk_scores", "chunk_scores", "pseudo_labels"):
             assert e[key] == w[key], (name, key)
     assert got[0]["extra_staged"]["candidate_chunks"] == ref["extra_staged"]["candidate_chunks"]
+    # candidates="auto" (issue 36 item 2): the same rule across ranks as in one (fresh, two-pass) process
+    e, w = got[0]["extra_auto"], ref["extra_auto"]
+    n = w["num_chunks"]
+    least = max(8, math.ceil(2 * math.sqrt(n)))  # + the two neighbours of the best (K=1)
+    assert least <= len(w["candidate_chunks"]) <= least + 2 < n
+    assert e["candidate_chunks"] == w["candidate_chunks"] and e["selected_chunks"] == w["selected_chunks"]
+    assert torch.equal(got[0]["tokens_auto"], ref["tokens_auto"])
     assert len(ref["extra_staged"]["candidate_chunks"]) == 9 < ref["extra_staged"]["num_chunks"]
     # the redundancy threshold changed the choice against plain top-K over the same scores
     total = torch.tensor([float("-inf") if x is None else x for x in ref["extra_staged"]["all_chunk_scores"]])

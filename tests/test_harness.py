@@ -51,8 +51,11 @@ def test_model_args_typed_like_the_harness_or_as_strings():
 def test_model_args_defaults_are_the_checkpoints_prefilling_config():
     s = parse_model_args({})
     assert s.method == "prefilling"
-    # the bundled model's prefilling_config.json: C=256, K=4, s = s_C - s_P, boundaries snapped within 64
-    assert s.prefilling == PrefillingConfig(chunk_size=256, top_k=4, score_terms=("draft_contrast",), boundary_snap=64)
+    # the bundled model's prefilling_config.json: C=256, K=4, s = s_C - s_P, boundaries snapped within 64, the
+    # first stage engaged by itself on long documents (layer 0)
+    assert s.prefilling == PrefillingConfig(
+        chunk_size=256, top_k=4, score_terms=("draft_contrast",), boundary_snap=64, candidates="auto", candidate_layer=0
+    )
     assert not s.explicit_top_k
     # top_k=all overrides the file's K (None keeps every chunk)
     assert parse_model_args({"top_k": "all"}).prefilling.top_k is None

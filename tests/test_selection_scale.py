@@ -318,9 +318,11 @@ def test_new_knobs_are_off_by_default_and_checked():
     bundled = PrefillingConfig.from_pretrained(default_model_dir())
     assert bundled.top_k == 4  # the file was read
     # the bundled model snaps its chunk boundaries (bench/results/tiny_prose_eval: what measured best in
-    # held-out prose); the other knobs stay off there too
+    # held-out prose) and engages the first stage by itself on long documents (issue 36 item 2:
+    # bench/results/scale_by_default.md); redundancy stays off
     assert bundled.boundary_snap == 64
-    assert not {"redundancy_threshold", "candidates", "candidate_layer"} & set(bundled.changed_fields())
+    assert (bundled.candidates, bundled.candidate_layer) == ("auto", 0)
+    assert "redundancy_threshold" not in bundled.changed_fields()
     for bad, match in (
         (dict(boundary_snap=1024), "boundary_snap"),
         (dict(boundary_snap=-1), "boundary_snap"),
@@ -328,6 +330,7 @@ def test_new_knobs_are_off_by_default_and_checked():
         (dict(redundancy_threshold=1.5), "redundancy_threshold"),
         (dict(redundancy_threshold=True), "redundancy_threshold"),
         (dict(candidates=0), "candidates"),
+        (dict(candidates="all"), "candidates"),
         (dict(candidate_layer=1.5), "candidate_layer"),
         (dict(candidate_layer=1), "candidate_layer=1 needs candidates"),  # b38 item 7: main ignored it
     ):

@@ -18,7 +18,7 @@ import stat
 from dllm.cli.errors import UserError
 from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, DRAW_ORDERS
 from dllm.generate import METHODS
-from dllm.prefilling.config import CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
+from dllm.prefilling.config import AUTO, CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
 
 ALL = "all"  # --top-k all / --token-budget all: keep every chunk / every token (the library's None)
 _PREFILLING_DEFAULTS = PrefillingConfig()
@@ -96,6 +96,12 @@ non_negative_int = _int_at_least(0)
 
 def positive_int_or_all(text: str):
     return ALL if text == ALL else positive_int(text)
+
+
+def candidates_arg(text: str):
+    """``--candidates``: an int >= 1, ``auto`` (:func:`dllm.prefilling.config.auto_candidates`) or ``all``
+    (every chunk scored: the library's None)."""
+    return text if text in (ALL, AUTO) else positive_int(text)
 
 
 def non_negative_float(text: str) -> float:
@@ -323,10 +329,12 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
     )
     g.add_argument(
         "--candidates",
-        type=positive_int,
+        type=candidates_arg,
         default=None,
+        metavar="N|auto|all",
         help="chunks a cheap first stage (max attention logit over the cached keys) passes to the predictive "
-        "score (default: off, every chunk scored)",
+        "score: N, auto (2 sqrt(chunks), at least 8 K, once that leaves out half of them) or all (every chunk "
+        f"scored, the paper) ({default_help(model_dir, 'candidates', lambda c: 'all' if c is None else c)})",
     )
     g.add_argument(
         "--no-cuda-graph",

@@ -23,7 +23,7 @@ from dllm.prefilling.config import PrefillingConfig
 from dllm.prefilling.pipeline import Selection
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
-from dllm.prefilling.selection import first_stage_scores, kept_count, select_chunks, top_chunks
+from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_count, select_chunks
 
 TERMS = ("self_info", "pseudo_label", "answer_confidence")
 
@@ -34,9 +34,9 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
 
     Collective. The root drafts pseudo-labels from ``prefix + query`` (no context,
     :func:`~dllm.prefilling.scoring.draft_pseudo_labels`) and broadcasts the query window and the draft. With
-    ``cfg.candidates`` (a first stage, fewer than N candidates: ``max(candidates, K)``) every rank ranks its
-    chunks by :func:`~dllm.prefilling.selection.first_stage_scores` and the best candidates of the gathered
-    ``[N]`` are the only chunks scored predictively. Every rank scores its (candidate) chunks
+    ``cfg.candidates`` (a first stage, fewer than N candidates: :meth:`PrefillingConfig.candidate_count`) every
+    rank ranks its chunks by :func:`~dllm.prefilling.selection.first_stage_scores` and the best candidates of the
+    gathered ``[N]`` are the only chunks scored predictively. Every rank scores its (candidate) chunks
     (:func:`~dllm.prefilling.scoring.score_chunks` with ``cfg``'s mode, terms and batch, at the document's
     padded width); the scores are all-gathered in chunk order and the K kept chosen on the gathered tensor by
     :func:`~dllm.prefilling.selection.select_chunks` (``redundancy_threshold``: over the chunks' token ids,
@@ -77,13 +77,14 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     # pass (and the first stage's positions, right after a full chunk) depend on the padded length
     chunks = at_width(doc.local.chunks, doc.width, doc.pad_token_id)
     lo, hi = doc.bounds[rank]
-    n_cand = None if cfg.candidates is None else max(cfg.candidates, k)
+    n_cand = cfg.candidate_count(n, k)  # the one-process rule (an int, or "auto": sublinear in N)
     cands = None
-    if n_cand is not None and n_cand < n:
+    if n_cand is not None:
         first = run_on_all(
             lambda: first_stage_scores(model, chunks, window, cfg.draft_tokens, cfg.candidate_layer).cpu(), doc.group
         )
-        cands = top_chunks(torch.cat(all_gather(first, doc.group)), n_cand)  # the one-process rule: ties earliest
+        gathered = torch.cat(all_gather(first, doc.group))
+        cands = first_stage_candidates(gathered, n_cand, cfg.neighbours_of(k))  # the one-process rule
         mine = [j - lo for j in cands if lo <= j < hi]
         chunks = chunks.select(mine) if mine else None
 

@@ -28,6 +28,7 @@ from typing import Any
 from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, DRAW_ORDERS, UnmaskingConfig
 from dllm.generate import METHODS
 from dllm.prefilling.config import (
+    AUTO,
     CACHE_MODES,
     POSITION_MODES,
     SCORE_MODES,
@@ -117,6 +118,26 @@ def _float(low: float, high: float, low_open: bool = False, high_open: bool = Fa
         return float(v)
 
     return parse
+
+
+def _candidates(v):
+    if v is None or (isinstance(v, str) and v.strip().lower() == ALL):
+        return None
+    if isinstance(v, str) and v.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return _int(1)(v)
+    except TypeError:
+        raise TypeError("expected an integer >= 1, 'auto' or 'all'") from None
+
+
+def _layer_or_all(v):
+    if v is None or (isinstance(v, str) and v.strip().lower() == ALL):
+        return None
+    try:
+        return _int(-(2**31))(v)
+    except TypeError:
+        raise TypeError("expected an integer or 'all'") from None
 
 
 def _or_none(inner):
@@ -236,8 +257,13 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
         "Jaccard of token 8-grams at which a chunk is a near-copy",
         _PREFILLING,
     ),
-    "candidates": (_or_none(_int(1)), None, "chunks the first stage passes to the predictive score", _PREFILLING),
-    "candidate_layer": (_or_none(_int(-(2**31))), None, "the first stage's layer (None: all)", _PREFILLING),
+    "candidates": (
+        _candidates,
+        None,
+        "chunks the first stage passes to the predictive score, auto or all",
+        _PREFILLING,
+    ),
+    "candidate_layer": (_layer_or_all, None, "the first stage's layer, or all", _PREFILLING),
     "adaptive_k": (_or_none(_float(0, math.inf, low_open=True)), None, "adaptive K's margin (None: off)", _PREFILLING),
     # the harness's own
     "context_field": (_text, "context", "the doc field holding the long context", _PREFILLING),

@@ -220,6 +220,52 @@ class DiffusionLM(nn.Module):
             return False
         return os.environ.get(FUSED_ENV, "1").strip().lower() not in ("0", "false", "no")
 
+    @torch.no_grad()
+    def layer_keys(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layer: int, *, attention_mask=None
+    ) -> torch.Tensor:
+        """The keys of one layer, at the cost of the layers before it: ``forward(..., return_kv=True).k[layer]``
+        without the rest of the model (layers ``0 .. layer-1`` run in full, of ``layer`` only its input norm and K
+        projection). Layer 0's keys are a projection of the token embeddings: nearly free. Used by the first
+        stage of a fresh context (:func:`dllm.prefilling.chunks.encode_candidates`); our extension.
+
+        Args:
+            input_ids: ``[B, L]`` int64.
+            position_ids: ``[B, L]`` or ``[L]`` int64 RoPE positions.
+            layer: 0 <= layer < num_layers (negative counts from the last).
+            attention_mask: None or ``[B, L]`` bool (True = a valid key), as :meth:`forward`'s.
+
+        Returns:
+            ``[B, L, Hkv, D]`` keys, RoPE applied, in the model dtype.
+
+        Raises:
+            ValueError: ``layer`` outside the model's layers, ids not ``[B, L]``, a mask or positions of
+                another shape.
+        """
+        n_layers = len(self.layers)
+        if not -n_layers <= layer < n_layers:
+            raise ValueError(f"layer={layer} is outside the model's {n_layers} layers")
+        layer %= n_layers
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
+        b, n = input_ids.shape
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0).expand(b, n)
+        if tuple(position_ids.shape) != (b, n):
+            raise ValueError(f"position_ids {tuple(position_ids.shape)} does not match input_ids {(b, n)}")
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.dtype != torch.bool or tuple(attention_mask.shape) != (b, n):
+                raise ValueError(f"attention_mask must be [B, L] = {(b, n)} bool, got {tuple(attention_mask.shape)}")
+            mask = attention_mask[:, None, None, :]
+        cos, sin = self.rope.cos_sin(position_ids)
+        x = self.embed_tokens(input_ids)
+        for i in range(layer):
+            x, _k, _v = self.layers[i](x, cos, sin, None, None, mask, None, i)
+        attn = self.layers[layer].self_attn
+        h = self.layers[layer].input_layernorm(x)
+        return apply_rope(attn.k_proj(h).view(b, n, attn.hkv, attn.d), cos, sin)  # as Attention.forward's k
+
     # --- forward ------------------------------------------------------------------
     def forward(
         self,

@@ -294,6 +294,7 @@ def encode_chunks_rows(
     batch: int | None = None,
     progress: bool = False,
     boundary_snap: int = 0,
+    spans: list | None = None,
 ) -> tuple[list, int, list]:
     """Chunked prefill of several contexts at once: their chunks stacked along N in shared forwards.
 
@@ -308,6 +309,8 @@ def encode_chunks_rows(
         contexts: B ``[L_ctx_b]`` int64 token id tensors on the model's device.
         chunk_size, bos_id, pad_id, batch, progress, boundary_snap: as :func:`encode_chunks` (``batch``
             counts chunks of all rows).
+        spans: per row, the ``(start, size)`` chunks to encode (sizes <= C; default: :func:`chunk_spans` of the
+            row under ``chunk_size`` and ``boundary_snap``): :func:`encode_candidates` encodes a subset.
 
     Returns:
         (B chunk caches, the number of model forwards, B forward counts: the forwards each row's
@@ -324,7 +327,8 @@ def encode_chunks_rows(
             f"chunk_size={chunk_size}: a chunk and its BOS anchor take {chunk_size + 1} positions, more than the "
             f"model's {limit} trained positions (max_position_embeddings, with its rope_scaling factor)"
         )
-    spans = [chunk_spans(model, c, chunk_size, boundary_snap) for c in contexts]
+    if spans is None:
+        spans = [chunk_spans(model, c, chunk_size, boundary_snap) for c in contexts]
     groups: dict[int, list[int]] = {}
     for row, c in enumerate(contexts):
         groups.setdefault(min(chunk_size, c.numel()) + 1, []).append(row)
@@ -372,3 +376,73 @@ def encode_chunks_rows(
         for row, off in zip(rows, offsets):
             caches[row] = whole if len(rows) == 1 else whole.rows(off, len(spans[row]))
     return caches, nfe, per_row
+
+
+def encode_candidates(model, context: torch.Tensor, cfg, anchor: int, layer: int, pick) -> tuple:
+    """Chunked prefill of a fresh context in two passes: every chunk only up to the keys of ``layer``, then the
+    chunks ``pick`` chooses from those keys in full (our extension of Prefilling-dLLM's chunked prefill, arXiv
+    2606.10537, which encodes every chunk in full: for one question only the first stage's candidates need
+    their K/V, and layer 0's keys are a projection of the token embeddings).
+
+    The chunks are cut, anchored, padded and batched as :func:`encode_chunks_as_configured` cuts them, so the
+    candidates' K/V are those of a full encoding (up to the last bits of a differently batched product).
+
+    Args:
+        model: the dLLM.
+        context: ``[L_ctx]`` int64 token ids on the model's device, L_ctx >= 1.
+        cfg: the :class:`~dllm.prefilling.PrefillingConfig` (``chunk_size``, ``boundary_snap``, ``prefill_batch``).
+        anchor: the token put before every chunk.
+        layer: the layer whose keys the first pass computes (:meth:`DiffusionLM.layer_keys`).
+        pick: ``fn(keys: ChunkCache) -> list[int]``: the candidates (ascending chunk indices), from a cache
+            whose ``k[layer]`` alone is set (``k`` of the other layers None, ``v`` empty).
+
+    Returns:
+        ``(ChunkCache, model forwards, candidates)``: the cache has all N chunks (``lens``, ``starts``, ``ids``
+        of every chunk); only the candidates' K/V rows are encoded, the others are zeros and must not be read.
+
+    Raises:
+        ValueError: as :func:`encode_chunks_rows`; ``layer`` outside the model's layers; ``pick`` returning
+            indices outside ``[0, N)`` or none.
+    """
+    limit = getattr(getattr(model, "config", None), "trained_positions", None)
+    if limit and cfg.chunk_size + 1 > limit:
+        raise ValueError(
+            f"chunk_size={cfg.chunk_size}: a chunk and its BOS anchor take {cfg.chunk_size + 1} positions, more "
+            f"than the model's {limit} trained positions (max_position_embeddings, with its rope_scaling factor)"
+        )
+    spans = chunk_spans(model, context, cfg.chunk_size, cfg.boundary_snap)
+    n, t, dev = len(spans), min(cfg.chunk_size, context.numel()) + 1, context.device
+    ids = torch.full((n, t), pad_token_id(model, anchor), dtype=torch.long, device=dev)
+    ids[:, 0] = anchor
+    for i, (s, c) in enumerate(spans):
+        ids[i, 1 : 1 + c] = context[s : s + c]
+    lens = torch.tensor([c + 1 for _s, c in spans], dtype=torch.int32, device=dev)
+    valid = torch.arange(t, device=dev)[None, :] < lens[:, None]
+    pos = torch.arange(t, device=dev)
+    step = cfg.prefill_batch or default_prefill_batch(model, t, n)
+    n_layers = model.config.num_layers
+    keys, nfe = None, 0
+    for lo in range(0, n, step):  # pass 1: the first-stage layer's keys of every chunk
+        hi = min(n, lo + step)
+        mask = None if bool(valid[lo:hi].all()) else valid[lo:hi]
+        kb = model.layer_keys(ids[lo:hi], pos, layer, attention_mask=mask)
+        nfe += 1
+        if keys is None:
+            keys = kb.new_empty((n, *kb.shape[1:]))
+        keys[lo:hi] = kb
+    probe = [None] * n_layers
+    probe[layer % n_layers] = keys
+    starts = [s for s, _c in spans]
+    cands = sorted(set(pick(ChunkCache(probe, [], lens, starts, ids))))
+    if not cands or cands[0] < 0 or cands[-1] >= n:
+        raise ValueError(f"pick returned no candidates or indices outside [0, {n}): {cands[:8]}")
+    del keys, probe
+    sub, sub_nfe, _rows = encode_chunks_rows(
+        model, [context], cfg.chunk_size, bos_id=anchor, pad_id=pad_token_id(model, anchor),
+        batch=cfg.prefill_batch, boundary_snap=0, spans=[[spans[j] for j in cands]],
+    )  # fmt: skip
+    sub = sub[0]
+    idx = torch.tensor(cands, dtype=torch.long, device=dev)
+    k = [x.new_zeros((n, *x.shape[1:])).index_copy_(0, idx, x) for x in sub.k]
+    v = [x.new_zeros((n, *x.shape[1:])).index_copy_(0, idx, x) for x in sub.v]
+    return ChunkCache(k, v, lens, starts, ids), nfe + sub_nfe, cands

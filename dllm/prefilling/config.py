@@ -22,6 +22,44 @@ SCORE_MODES = ("dllm", "causal")
 SCORE_TERMS = ("self_info", "pseudo_label", "answer_confidence", "draft_contrast")
 DEFAULT_TERMS = ("self_info", "pseudo_label")
 CONFIG_NAME = "prefilling_config.json"
+AUTO = "auto"  # candidates="auto": the first stage engages by itself (auto_candidates)
+# The auto rule's constants (our extension; bench/results/scale_by_default.md measures them): at least
+# AUTO_PER_K * K candidates and AUTO_SQRT * sqrt(N), and only where that leaves out at least half the chunks.
+AUTO_PER_K = 8
+AUTO_SQRT = 2.0
+# With "auto", the best K of the first stage also bring their two neighbours (a fact cut by a chunk boundary
+# lies in two chunks; measured: bench/results/scale_default.md, essays at 64K)
+AUTO_NEIGHBOURS_PER_K = 1
+
+
+def auto_candidates(num_chunks: int, top_k: int) -> int | None:
+    """The candidate count of ``candidates="auto"``: how many chunks the first stage passes to the predictive
+    score of a context of ``num_chunks`` chunks when K = ``top_k`` are kept, or None (score every chunk).
+
+    Rule (our extension of Prefilling-dLLM, arXiv 2606.10537, which scores every chunk):
+    ``n = max(AUTO_PER_K * K, ceil(AUTO_SQRT * sqrt(N)))``, used only when ``2 * n < N``. The predictive
+    score costs one forward of the scoring tokens per chunk, the first stage one small forward and one
+    product over the cached keys in all: once the first stage leaves out at least half the chunks, scoring
+    stops paying for the chunks it ranks low. ``n`` grows as ``sqrt(N)`` (sublinear: 47 of 530 chunks at 128K
+    tokens of C=256, 131 of 4237 at 1M) and never below ``AUTO_PER_K`` times K, so a chunk the first stage
+    ranks anywhere in its first ``n`` still competes for K on the predictive score. With K=4 it engages from
+    65 chunks on (16K tokens at C=256). Deterministic: a function of N and K alone.
+
+    Args:
+        num_chunks: N >= 1.
+        top_k: K, 1 <= K.
+
+    Returns:
+        n with ``K <= n < N / 2``, or None.
+
+    Raises:
+        ValueError: N or K not an int >= 1.
+    """
+    for name, v in (("num_chunks", num_chunks), ("top_k", top_k)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    n = max(AUTO_PER_K * int(top_k), math.ceil(AUTO_SQRT * math.sqrt(int(num_chunks))))
+    return n if 2 * n < num_chunks else None
 
 
 def snap_for_chunk_size(snap: int, chunk_size: int, new_chunk_size: int) -> int:
@@ -121,13 +159,19 @@ class PrefillingConfig:
             whose set of token 8-grams overlaps an already kept chunk's by at least this much is passed
             over while other chunks remain, so near-copies (repeated boilerplate) do not fill K
             (our extension; :func:`dllm.prefilling.selection.select_chunks`).
-        candidates: None (the paper: every chunk is scored) or n >= 1: a cheap first stage (the largest
-            attention logit of the context-free scoring tokens' queries on each chunk's cached keys,
+        candidates: None (the paper: every chunk is scored), n >= 1, or ``"auto"``: a cheap first stage (the
+            largest attention logit of the context-free scoring tokens' queries on each chunk's cached keys,
             averaged over the layers or in layer ``candidate_layer``,
             :func:`dllm.prefilling.selection.first_stage_scores`) keeps the n best chunks and only
             they get the predictive score (our extension). Fewer than K candidates are raised to K.
+            ``"auto"`` picks n from the chunk count (:func:`auto_candidates`: sublinear in N, engaged only
+            once it leaves out half the chunks) and adds the neighbours of the K best (:meth:`neighbours_of`);
+            :meth:`candidate_count` is the rule every path applies.
         candidate_layer: the one layer of the first stage (negative counts from the last), None = all layers;
             only with ``candidates`` (a ValueError without: the layer of a stage that does not run).
+            A fresh context (no document cache) with the first stage engaged and a layer set is encoded in two
+            passes: every chunk only up to that layer's keys, then the candidates in full
+            (:func:`dllm.prefilling.chunks.encode_candidates`).
         adaptive_k: None (the paper: a fixed K) or a margin m > 0: K is chosen per question between 1 and
             ``top_k`` (the ceiling; all chunks when None) by how far the best scores stand out: the chunks above
             the first drop between consecutive ranked scores of at least m robust spreads (1.4826 x the
@@ -150,7 +194,7 @@ class PrefillingConfig:
     anchor_token_id: int | None = None
     boundary_snap: int = 0
     redundancy_threshold: float | None = None
-    candidates: int | None = None
+    candidates: int | str | None = None
     candidate_layer: int | None = None
     adaptive_k: float | None = None
 
@@ -162,10 +206,11 @@ class PrefillingConfig:
             ("boundary_snap", False), ("candidates", True), ("candidate_layer", True),
         ):  # fmt: skip
             value = getattr(self, name)
-            if value is None and optional:
+            if value is None and optional or (name == "candidates" and value == AUTO):
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise ValueError(f"{name} must be an int{' or None' if optional else ''}, got {value!r}")
+                also = " or 'auto'" if name == "candidates" else ""
+                raise ValueError(f"{name} must be an int{also}{' or None' if optional else ''}, got {value!r}")
             object.__setattr__(self, name, int(value))  # numpy ints become plain ints (JSON, hashing)
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size (C) must be an int >= 1, got {self.chunk_size!r}")
@@ -212,8 +257,8 @@ class PrefillingConfig:
             if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 < r <= 1:
                 raise ValueError(f"redundancy_threshold must be a real number in (0, 1] (None = off), got {r!r}")
             object.__setattr__(self, "redundancy_threshold", float(r))
-        if self.candidates is not None and self.candidates < 1:
-            raise ValueError(f"candidates must be >= 1 or None, got {self.candidates}")
+        if self.candidates not in (None, AUTO) and self.candidates < 1:
+            raise ValueError(f"candidates must be >= 1, 'auto' or None, got {self.candidates}")
         if self.candidate_layer is not None and self.candidates is None:  # the layer of a stage that does not run
             raise ValueError(
                 f"candidate_layer={self.candidate_layer} needs candidates (the first stage it belongs to is off "
@@ -300,6 +345,30 @@ class PrefillingConfig:
         if explicit:
             raise TopKError(self.top_k, int(num_chunks), self)
         return dataclasses.replace(self, top_k=None)
+
+    def candidate_count(self, num_chunks: int, top_k: int) -> int | None:
+        """How many chunks the first stage passes to the predictive score for a context of ``num_chunks``
+        chunks of which ``top_k`` are kept, or None when every chunk is scored: the one rule of the library,
+        the CLI, ``dllm eval``, the harness and torchrun.
+
+        ``candidates`` None: None. An int n: ``max(n, K)`` when that is below N, else None. ``"auto"``:
+        :func:`auto_candidates`.
+
+        Raises:
+            ValueError: N or K not an int >= 1.
+        """
+        if self.candidates is None:
+            return None
+        if self.candidates == AUTO:
+            return auto_candidates(num_chunks, top_k)
+        n = max(self.candidates, top_k)
+        return n if n < num_chunks else None
+
+    def neighbours_of(self, top_k: int) -> int:
+        """How many of the first stage's best chunks bring their two neighbours into the candidates
+        (:func:`dllm.prefilling.selection.first_stage_candidates`): ``AUTO_NEIGHBOURS_PER_K * K`` with
+        ``candidates="auto"``, else 0 (an explicit n is n chunks)."""
+        return AUTO_NEIGHBOURS_PER_K * top_k if self.candidates == AUTO else 0
 
     def changed_fields(self) -> dict:
         """The fields that differ from the paper's defaults (what :meth:`save_pretrained` writes)."""

@@ -36,13 +36,20 @@ import triton_kernels
 from dllm.decode.policies import PrefillingPolicy
 from dllm.model.devices import check_ids_for_model
 from dllm.model.kv_cache import Segment, StaticKVCache
-from dllm.prefilling.chunks import ChunkCache, count_chunks, encode_chunks_as_configured, encode_segment
+from dllm.prefilling.chunks import (
+    ChunkCache,
+    chunk_spans,
+    count_chunks,
+    encode_candidates,
+    encode_chunks_as_configured,
+    encode_segment,
+)
 from dllm.prefilling.config import PrefillingConfig, TopKError, checkpoint_config, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
-from dllm.prefilling.selection import first_stage_scores, kept_count, select_chunks, top_chunks
+from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_count, select_chunks
 
 
 @dataclass
@@ -56,6 +63,8 @@ class Prefill:
             from (:func:`~dllm.prefilling.config.resolve_anchor_token_id`).
         from_document: the chunks came from a :class:`DocumentCache` (none encoded here).
         nfe: model forwards spent (in a batch: the shared forwards this row's chunks and prefix took part in).
+        candidates: the chunks a first stage chose while a fresh context was encoded in two passes
+            (:func:`~dllm.prefilling.chunks.encode_candidates`: only they have K/V; ascending), else None.
     """
 
     chunks: ChunkCache
@@ -64,6 +73,7 @@ class Prefill:
     anchor_source: str
     from_document: bool
     nfe: int
+    candidates: list | None = None
 
 
 @dataclass
@@ -297,11 +307,23 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
     """
     bos, source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)
     fresh = [b for b, doc in enumerate(documents) if doc is None]
-    chunks, nfe_row = [None] * len(parts), [0] * len(parts)
+    chunks, nfe_row, cands = [None] * len(parts), [0] * len(parts), [None] * len(parts)
     nfe = 0
+    for b in [b for b in fresh if two_pass_candidates(model, parts[b], cfg) is not None]:
+        chunks[b], nfe_row[b], cands[b] = encode_candidates(
+            model,
+            parts[b].context,
+            cfg,
+            bos,
+            cfg.candidate_layer,
+            lambda keys, b=b: _first_stage(model, parts[b], keys, cfg),
+        )
+        nfe += nfe_row[b]
+        fresh.remove(b)
     if fresh:
         contexts = [parts[b].context for b in fresh]
-        caches, nfe, counts = encode_chunks_as_configured(model, contexts, cfg, bos, progress=progress)
+        caches, nfe_all, counts = encode_chunks_as_configured(model, contexts, cfg, bos, progress=progress)
+        nfe += nfe_all
         for b, cache, count in zip(fresh, caches, counts):
             chunks[b], nfe_row[b] = cache, count
     for b, doc in enumerate(documents):
@@ -322,8 +344,29 @@ def prefill_rows(model, parts: list, cfg: PrefillingConfig, *, documents: list, 
                 nfe += 1
             prefix = prefixes[key]
             nfe_row[b] += 1
-        out.append(Prefill(chunks[b], prefix, bos, source, documents[b] is not None, nfe_row[b]))
+        out.append(Prefill(chunks[b], prefix, bos, source, documents[b] is not None, nfe_row[b], cands[b]))
     return out, nfe
+
+
+def two_pass_candidates(model, parts: PromptParts, cfg: PrefillingConfig) -> int | None:
+    """The candidate count when a fresh context is encoded in two passes (only the first stage's candidates
+    in full, :func:`~dllm.prefilling.chunks.encode_candidates`), else None: a first stage engaged
+    (:meth:`PrefillingConfig.candidate_count` at the context's chunk count and K) in one layer
+    (``candidate_layer`` set; with all layers, every layer's keys of every chunk are needed anyway)."""
+    if cfg.candidates is None or cfg.candidate_layer is None or cfg.top_k is None:
+        return None
+    n = len(chunk_spans(model, parts.context, cfg.chunk_size, cfg.boundary_snap))
+    k = min(cfg.top_k, n)
+    return cfg.candidate_count(n, k) if k < n else None
+
+
+def _first_stage(model, parts: PromptParts, chunks: ChunkCache, cfg: PrefillingConfig) -> list:
+    """The candidates of :func:`score_and_select_rows`'s first stage (same window, count and ties)."""
+    n = chunks.num_chunks
+    window = parts.query if cfg.query_window is None else parts.query[-cfg.query_window :]
+    first = first_stage_scores(model, chunks, window, cfg.draft_tokens, cfg.candidate_layer)
+    k = min(cfg.top_k, n)
+    return first_stage_candidates(first, cfg.candidate_count(n, k), cfg.neighbours_of(k))
 
 
 # --- step 2: score and select ---------------------------------------------------------------------
@@ -336,9 +379,12 @@ def score_and_select(model, parts: PromptParts, chunks: ChunkCache, cfg: Prefill
     return rows[0]
 
 
-def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfig):
+def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfig, *, candidates=None):
     """:func:`score_and_select` for B requests: one draft per distinct ``prefix + query``, the
     chunks of all rows scored in shared forwards (:func:`~dllm.prefilling.scoring.score_chunks_rows`).
+
+    ``candidates``: per row, the first stage's candidates already chosen (a two-pass fresh prefill,
+    :attr:`Prefill.candidates`; only they are scored, no first stage is run here) or None.
 
     Returns:
         (B :class:`Selection`, the number of model forwards run).
@@ -360,12 +406,16 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
     for b, (labels, confirmed) in zip(scored, drafts):
         window = parts[b].query if cfg.query_window is None else parts[b].query[-cfg.query_window :]
         rows_chunks = chunks[b]
-        n_cand = None if cfg.candidates is None else max(cfg.candidates, ks[b])
-        if n_cand is not None and n_cand < chunks[b].num_chunks:
+        n_cand = cfg.candidate_count(chunks[b].num_chunks, ks[b]) if ks[b] < chunks[b].num_chunks else None
+        if candidates is not None and candidates[b] is not None:  # chosen in a two-pass prefill
+            cands[b] = candidates[b]
+            nfe += 1  # its forward ran during the prefill; counted here with the selection, as below
+            rows_chunks = chunks[b].select(cands[b])
+        elif n_cand is not None:
             # first stage: only the n_cand chunks it ranks best get the predictive score
             first = first_stage_scores(model, chunks[b], window, cfg.draft_tokens, cfg.candidate_layer)
             nfe += 1
-            cands[b] = top_chunks(first, n_cand)
+            cands[b] = first_stage_candidates(first, n_cand, cfg.neighbours_of(ks[b]))
             rows_chunks = chunks[b].select(cands[b])
         score_rows.append(ScoringRow(rows_chunks, window, labels, confirmed))
     scores, n_scoring = score_chunks_rows(
@@ -596,7 +646,9 @@ def build_prefilling_policy(
     with timer.phase("prefill"):
         pres, nfe_prefill = prefill_rows(model, parts, cfg, documents=docs, progress=progress)
     with timer.phase("scoring"):
-        sels, nfe_scoring = score_and_select_rows(model, parts, [p.chunks for p in pres], cfg)
+        sels, nfe_scoring = score_and_select_rows(
+            model, parts, [p.chunks for p in pres], cfg, candidates=[p.candidates for p in pres]
+        )
         rows = [build_cache(model, pp, pre, sel, cfg, gen_length) for pp, pre, sel in zip(parts, pres, sels)]
         cache = StaticKVCache.from_rows([r.segments for r in rows])
     nfe = nfe_prefill + nfe_scoring + sum(r.nfe for r in rows)

@@ -148,7 +148,8 @@ def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, la
 
     Args:
         model: the dLLM.
-        chunks: :class:`~dllm.prefilling.chunks.ChunkCache` (per layer K ``[N, T, Hkv, D]``).
+        chunks: :class:`~dllm.prefilling.chunks.ChunkCache` (per layer K ``[N, T, Hkv, D]``; only the layers
+            read need be set).
         query: ``[Mq]`` int64 the query-window tokens.
         draft_tokens: m, mask slots after the query.
         layer: the layer whose queries and keys are compared (negative counts from the last), None = all.
@@ -163,7 +164,7 @@ def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, la
     if layer is not None and not -n_layers <= layer < n_layers:
         raise ValueError(f"candidate_layer={layer} is outside the model's {n_layers} layers")
     layers = range(n_layers) if layer is None else [layer % n_layers]
-    n, t, hkv, d = chunks.k[0].shape
+    n, t, hkv, d = chunks.k[layers[0]].shape  # only the first stage's layers need keys (encode_candidates)
     dev = query.device
     live = torch.cat([query, torch.full((draft_tokens,), model.mask_token_id, dtype=torch.long, device=dev)])
     got = {}
@@ -246,3 +247,29 @@ def kept_count(scores: torch.Tensor, k: int, adaptive_margin: float | None) -> i
     (the paper's fixed K), or with ``adaptive_margin`` (``PrefillingConfig.adaptive_k``)
     :func:`adaptive_top_k` between 1 and ``k``. The one rule of the library and the sharded run."""
     return k if adaptive_margin is None else adaptive_top_k(scores, 1, k, adaptive_margin)
+
+
+def first_stage_candidates(scores: torch.Tensor, n: int, neighbours_of: int = 0) -> list:
+    """The chunks a first stage passes on: the ``n`` best by :func:`rank_chunks`, plus the two neighbours
+    (``j - 1``, ``j + 1``) of each of the best ``neighbours_of`` (our extension, ``candidates="auto"``: a fact cut
+    by a chunk boundary lies in two adjacent chunks, and the first stage may rank only one of them high).
+
+    Args:
+        scores: ``[N]`` float first-stage scores.
+        n: 1 <= n <= N.
+        neighbours_of: how many of the best bring their neighbours, >= 0.
+
+    Returns:
+        between ``min(n, N)`` and ``n + 2 * neighbours_of`` chunk indices, ascending.
+
+    Raises:
+        ValueError: ``n`` outside ``[1, N]`` or ``neighbours_of < 0``.
+    """
+    total = int(scores.numel())
+    if not 1 <= n <= total or neighbours_of < 0:
+        raise ValueError(f"n={n} must be in [1, N={total}] and neighbours_of={neighbours_of} >= 0")
+    order = rank_chunks(scores)
+    picked = set(order[:n])
+    for j in order[:neighbours_of]:
+        picked.update(x for x in (j - 1, j + 1) if 0 <= x < total)
+    return sorted(picked)
