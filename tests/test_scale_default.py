@@ -149,3 +149,29 @@ def test_cli_and_harness_read_auto_and_all():
     assert parse_model_args({"candidates": "all"}).prefilling.candidates is None  # overrides the file
     assert parse_model_args({"candidates": "auto", "candidate_layer": "all"}).prefilling.candidate_layer is None
     assert parse_model_args({"candidates": "5"}).prefilling.candidates == 5
+
+
+def test_candidates_all_over_the_bundled_defaults_drops_their_layer(tmp_path):
+    """The bundled file sets candidates="auto" with candidate_layer=0; turning the first stage off over it
+    (`--candidates all`, `from_pretrained(candidates=None)`) must not trip the rule that a layer needs a
+    first stage: the file's layer goes with the stage. An explicit layer with no stage is still refused."""
+    import subprocess
+    import sys
+
+    from dllm.model.loader import default_model_dir
+
+    d = default_model_dir()
+    base = PrefillingConfig.from_pretrained(d)
+    assert (base.candidates, base.candidate_layer) == ("auto", 0)
+    off = PrefillingConfig.from_pretrained(d, candidates=None)
+    assert (off.candidates, off.candidate_layer, off.top_k) == (None, None, base.top_k)
+    with pytest.raises(ValueError, match="candidate_layer=0 needs candidates"):
+        PrefillingConfig.from_pretrained(d, candidates=None, candidate_layer=0)
+    ctx = tmp_path / "ctx.txt"
+    ctx.write_text("The pass key is 71432. Remember it.\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dllm", "generate", "--context-file", str(ctx), "--question", "Key?",
+         "--candidates", "all", "--gen-length", "4", "--steps", "4", "--block-length", "4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

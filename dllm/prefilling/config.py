@@ -72,10 +72,14 @@ def snap_for_chunk_size(snap: int, chunk_size: int, new_chunk_size: int) -> int:
 def with_overrides(base: PrefillingConfig, given: dict) -> PrefillingConfig:
     """``dataclasses.replace(base, **given)`` for settings given over a checkpoint's defaults (the CLI's flags,
     the harness's model_args): a ``chunk_size`` given without a ``boundary_snap`` carries ``base``'s snap
-    as the same share of the chunk (:func:`snap_for_chunk_size`). Raises what the replace raises."""
+    as the same share of the chunk (:func:`snap_for_chunk_size`), and ``candidates=None`` (the first stage
+    off: every chunk scored) given without a ``candidate_layer`` drops ``base``'s layer, which belongs to
+    the stage turned off. Raises what the replace raises."""
     given = dict(given)
     if "chunk_size" in given and "boundary_snap" not in given and base.boundary_snap:
         given["boundary_snap"] = snap_for_chunk_size(base.boundary_snap, base.chunk_size, given["chunk_size"])
+    if "candidates" in given and given["candidates"] is None and "candidate_layer" not in given:
+        given["candidate_layer"] = None
     return dataclasses.replace(base, **given)
 
 
@@ -280,7 +284,8 @@ class PrefillingConfig:
         token (None is a value, not "not given": leave a keyword out to keep the file's value; a field
         that cannot be None, such as ``chunk_size=None``, is an error). A ``chunk_size`` override
         without a ``boundary_snap`` one keeps the file's tolerance as the same share of the chunk
-        (:func:`snap_for_chunk_size`: 64 of 256 becomes 16 of 64).
+        (:func:`snap_for_chunk_size`: 64 of 256 becomes 16 of 64); ``candidates=None`` without a
+        ``candidate_layer`` one also drops the file's layer (the first stage it belongs to is off).
 
         Args:
             model_dir: checkpoint directory, or None.
