@@ -127,7 +127,7 @@ def test_model_args_generate_kwargs():
         ({"candidate_layer": 99, "candidates": 8}, "candidate_layer=99: the model has 4 layers (0..3, or -4..-1 from"),
         ({"candidate_layer": -5, "candidates": 8}, "candidate_layer=-5: the model has 4 layers"),
         # b38 item 7: main ignored the layer of a first stage that does not run
-        ({"candidate_layer": 1}, "candidate_layer=1 needs candidates"),
+        ({"candidates": "all", "candidate_layer": 1}, "candidate_layer=1 needs candidates"),
         # b38 item 3: the official draws need one prompt length per batch
         ({"draw_order": "sideways"}, "draw_order='sideways': expected one of batched, official"),
         ({"draw_order": "official", "batch_size": 2}, "draw_order=official needs batch_size=1 with method=prefilling"),

@@ -127,7 +127,7 @@ def test_fresh_two_pass_equals_a_full_encoding(dream):
 def test_short_documents_and_all_layers_score_every_chunk_or_encode_all(dream):
     parts = _parts(128)  # 16 chunks: n = 8 would leave out exactly half: not engaged
     cfg = PrefillingConfig(chunk_size=8, top_k=1, draft_tokens=3, candidates="auto", candidate_layer=0)
-    paper = dataclasses.replace(cfg, candidates=None)
+    paper = dataclasses.replace(cfg, candidates=None, candidate_layer=None)
     res, ref = (dllm.generate(dream, prompt=parts, prefilling=c, **KW) for c in (cfg, paper))
     assert "candidate_chunks" not in res.stats.extra and torch.equal(res.tokens, ref.tokens)
     assert res.stats.extra["all_chunk_scores"] == ref.stats.extra["all_chunk_scores"]
