@@ -198,7 +198,7 @@ def test_loglikelihood_is_greedy_and_rolling(lm):
         # b38: lm-eval's parser reads '٣' as 3; the text is checked before it types it
         ("method=dense,steps=٣", "error: model_args steps='٣': expected ASCII digits (0-9)"),
         ("draw_order=sideways", "error: model_args draw_order='sideways': expected one of batched, official"),
-        ("candidate_layer=1", "error: model_args: candidate_layer=1 needs candidates"),
+        ("candidates=all,candidate_layer=1", "error: model_args: candidate_layer=1 needs candidates"),
     ],
 )
 def test_model_args_errors_are_one_line_exit_2(capsys, model_args, expected):
