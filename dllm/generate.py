@@ -282,6 +282,18 @@ def generate(
         prompt is not None or prefilling is not None or document is not None or cuda_graph is not None
     ):
         raise ValueError("prompt=, prefilling=, document= and cuda_graph= are options of method='prefilling'")
+    if method != "prefix_cache":  # set away from their defaults they would be ignored: say so instead
+        changed = [
+            f"{name}={value!r}"
+            for name, value, default in (
+                ("live_window", live_window, 1),
+                ("cache_refresh", cache_refresh, "block"),
+                ("cache_scope", cache_scope, "sequence"),
+            )
+            if value != default
+        ]
+        if changed:
+            raise ValueError(f"{', '.join(changed)}: options of method='prefix_cache', not of method={method!r}")
     use_graph = False
     if method == "prefilling":
         supported, why = cuda_graph_support(model.device)

@@ -210,11 +210,11 @@ def pool_scores(scores: torch.Tensor, lens=None, *, pool_kernel: int = 7, keep_f
         s = s.masked_fill(invalid[:, None, :], NEG_INF)
     else:
         invalid = None
-    if pool_kernel > 1:
-        s = F.max_pool1d(s.view(n * h, 1, t), pool_kernel, stride=1, padding=pool_kernel // 2).view(n, h, t)
+    if pool_kernel > 1 and t > 0:
+        s = F.max_pool1d(s.reshape(n * h, 1, t), pool_kernel, stride=1, padding=pool_kernel // 2).view(n, h, t)
     if invalid is not None:
         s = s.masked_fill(invalid[:, None, :], NEG_INF)
-    if keep_first:
+    if keep_first and t > 0:  # (no token 0 to pin in an empty chunk)
         if invalid is None:
             s[:, :, 0] = float("inf")
         else:

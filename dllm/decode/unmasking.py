@@ -184,7 +184,7 @@ class UnmaskingConfig:
             raise ValueError(f"confidence_from must be one of {CONFIDENCE_SOURCES}, got {self.confidence_from!r}")
         for name in ("temperature", "top_p", "alg_temp", "eps", "threshold"):
             value = getattr(self, name)
-            if value is not None:
+            if value is not None or name in ("temperature", "eps", "threshold"):  # these three have no "off"
                 object.__setattr__(self, name, real_number(name, value))
         if self.top_k is not None:
             object.__setattr__(self, "top_k", integer("top_k", self.top_k))

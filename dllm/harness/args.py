@@ -82,7 +82,10 @@ def check_model_args_text(text: str) -> None:
 def _int(low: int) -> Callable[[Any], int]:
     def parse(v):
         if isinstance(v, str) and _ASCII_INT.fullmatch(v.strip()):
-            v = int(v)
+            try:
+                v = int(v)
+            except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+                raise TypeError(f"expected an integer >= {low} (got {len(v.strip())} digits)") from None
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise TypeError(f"expected an integer >= {low}")
         return v
@@ -107,7 +110,13 @@ def _float(low: float, high: float, low_open: bool = False, high_open: bool = Fa
                 v = float(v)
             except ValueError:
                 pass
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if ok and isinstance(v, int):  # an int past float's range (lm-eval types long digit strings as int)
+            try:
+                v = float(v)
+            except OverflowError:
+                ok = False
+        ok = ok and math.isfinite(v)
         if ok:
             ok = (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
         if not ok:

@@ -180,7 +180,8 @@ class PrefillingConfig:
             ``top_k`` (the ceiling; all chunks when None) by how far the best scores stand out: the chunks above
             the first drop between consecutive ranked scores of at least m robust spreads (1.4826 x the
             median absolute deviation of the chunks' scores), ``top_k`` when no drop is that large (our
-            extension; :func:`dllm.prefilling.selection.adaptive_top_k`).
+            extension; :func:`dllm.prefilling.selection.adaptive_top_k`). Opt-in: a fact cut by a chunk
+            boundary can lose its second chunk when the cut falls at the drop (a fixed K keeps both more often).
     """
 
     chunk_size: int = 1024
@@ -270,9 +271,13 @@ class PrefillingConfig:
             )
         m = self.adaptive_k
         if m is not None:
-            if isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m) or m <= 0:
+            try:
+                fm = float(m) if isinstance(m, numbers.Real) and not isinstance(m, bool) else math.nan
+            except OverflowError:  # an int past float's range
+                fm = math.inf
+            if not math.isfinite(fm) or fm <= 0:
                 raise ValueError(f"adaptive_k must be a finite real number > 0 (a margin), got {m!r}")
-            object.__setattr__(self, "adaptive_k", float(m))
+            object.__setattr__(self, "adaptive_k", fm)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | None, **overrides) -> PrefillingConfig:

@@ -26,11 +26,24 @@ class PromptParts:
             the document comes as a :class:`~dllm.prefilling.document.DocumentCache`
             (``dllm.generate(..., document=doc)``).
         query: ``[L_q]`` int64, the question after the context; live in every step. Non-empty.
+
+    Raises:
+        TypeError: ``prefix`` or ``query`` not a tensor (None included: an empty prefix is ``torch.empty(0,
+            dtype=torch.long)``). Shapes, dtypes and token values are checked by ``dllm.generate``.
     """
 
     prefix: torch.Tensor
     context: torch.Tensor | None
     query: torch.Tensor
+
+    def __post_init__(self):
+        # a None prefix or query would fail deep in the prefill with an AttributeError naming nothing
+        for name in ("prefix", "query"):
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise TypeError(
+                    f"PromptParts.{name} must be a 1-D int64 tensor of token ids (an empty one for no {name}), "
+                    f"got {type(getattr(self, name)).__name__}"
+                )
 
     def full(self) -> torch.Tensor:
         """``[P + L_ctx + L_q]``: the prompt as one sequence (what dense decoding reads).

@@ -94,7 +94,7 @@ def select_chunks(scores: torch.Tensor, k: int, chunk_ids=None, threshold: float
 
     Raises:
         TypeError: K not an integer (an int, a numpy integer or a 0-d integer tensor; a bool or a float is refused).
-        ValueError: K outside ``[1, N]``, a threshold that is not a real number in (0, 1] (NaN and inf
+        ValueError: scores not 1-D, K outside ``[1, N]``, a threshold that is not a real number in (0, 1] (NaN and inf
             included: NaN would pass every chunk over without a word), or a threshold without ``chunk_ids``.
     """
     if isinstance(k, torch.Tensor) and k.dim() == 0 and not (k.dtype.is_floating_point or k.dtype.is_complex):
@@ -102,6 +102,8 @@ def select_chunks(scores: torch.Tensor, k: int, chunk_ids=None, threshold: float
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"K must be an integer, got {type(k).__name__} {k!r}")
     k = int(k)
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 1:
+        raise ValueError(f"scores must be a [N] tensor of chunk scores, got {getattr(scores, 'shape', type(scores))}")
     n = int(scores.numel())
     if not 1 <= k <= n:
         raise ValueError(f"K={k} must be in [1, N={n}]")
@@ -201,7 +203,7 @@ def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float
     scaled to a standard deviation for normal scores; it does not grow with the document's length, and a
     few outstanding chunks do not move it). K is the first ``k`` in ``[floor, ceiling)`` whose drop to the
     next chunk is at least ``margin`` spreads, ``s_k - s_{k+1} >= margin * sigma``; when no drop is that
-    large (nothing stands out, or ``sigma`` is 0: all scores equal), K is ``ceiling``. Both bounds are
+    large (nothing stands out, or ``sigma`` is 0: at least half the scores equal), K is ``ceiling``. Both bounds are
     capped at the finite scores' count. One setting serves every document length: a 4K and a 1M document
     are both cut where their own scores drop, never deeper than ``ceiling``.
 
@@ -224,7 +226,11 @@ def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float
         raise ValueError("adaptive_top_k needs at least one chunk score")
     if not 1 <= floor <= ceiling:
         raise ValueError(f"adaptive K needs 1 <= floor <= ceiling, got floor={floor}, ceiling={ceiling}")
-    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+    try:
+        ok = isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(float(margin))
+    except OverflowError:  # an int past float's range
+        ok = False
+    if not (ok and margin > 0):
         raise ValueError(f"adaptive K needs a finite margin > 0, got {margin!r}")
     s = scores.detach().cpu().double()
     s = s[torch.isfinite(s)]
