@@ -55,7 +55,7 @@ SEED = 10**9 + 23  # bench.long_context's: the same documents
 def configs() -> dict:
     """``defaults``: the bundled checkpoint's prefilling_config.json; ``every``: the same scoring every chunk."""
     defaults = PrefillingConfig.from_pretrained(default_model_dir())
-    return {"defaults": defaults, "every": dataclasses.replace(defaults, candidates=None)}
+    return {"defaults": defaults, "every": dataclasses.replace(defaults, candidates=None, candidate_layer=None)}
 
 
 def _ask(model, cfg, prompt, document=None) -> tuple:
