@@ -49,7 +49,7 @@ from dllm.prefilling import PromptParts, encode_document
 GEN, STEPS = 8, 8
 SEED = 10**9 + 23
 TODAY = dataclasses.replace(TINY_PREFILLING, prefill_batch=32)
-SCALE = dataclasses.replace(TODAY, boundary_snap=48, redundancy_threshold=0.8, candidates=32)
+SCALE = dataclasses.replace(TODAY, boundary_snap=48, redundancy_threshold=0.8, candidates=32, candidate_layer=None)
 CONFIGS = {"today": TODAY, "scale": SCALE}
 
 
