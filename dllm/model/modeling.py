@@ -150,6 +150,19 @@ class DecoderOutput:
     v: list | None = None
 
 
+
+def _check_ids_and_positions(input_ids: torch.Tensor, position_ids: torch.Tensor):
+    """``(B, L, position_ids [B, L])`` for ``input_ids [B, L]`` and positions ``[B, L]`` or ``[L]`` (broadcast
+    over the rows). Raises ValueError: ids not 2-D, positions of another shape."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
+    b, n = input_ids.shape
+    if position_ids.dim() == 1:
+        position_ids = position_ids.unsqueeze(0).expand(b, n)
+    if tuple(position_ids.shape) != (b, n):
+        raise ValueError(f"position_ids {tuple(position_ids.shape)} does not match input_ids {(b, n)}")
+    return b, n, position_ids
+
 class DiffusionLM(nn.Module):
     """Bidirectional decoder of a diffusion LM (Dream or LLaDA family).
 
@@ -246,13 +259,7 @@ class DiffusionLM(nn.Module):
         if not -n_layers <= layer < n_layers:
             raise ValueError(f"layer={layer} is outside the model's {n_layers} layers")
         layer %= n_layers
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
-        b, n = input_ids.shape
-        if position_ids.dim() == 1:
-            position_ids = position_ids.unsqueeze(0).expand(b, n)
-        if tuple(position_ids.shape) != (b, n):
-            raise ValueError(f"position_ids {tuple(position_ids.shape)} does not match input_ids {(b, n)}")
+        b, n, position_ids = _check_ids_and_positions(input_ids, position_ids)
         mask = None
         if attention_mask is not None:
             if attention_mask.dtype != torch.bool or tuple(attention_mask.shape) != (b, n):
@@ -319,13 +326,7 @@ class DiffusionLM(nn.Module):
                 cache with the wrong number of layers / batch rows, ``live_lens`` out of range,
                 ``logits_at`` together with ``logits_start``, rope tables of the wrong shape.
         """
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
-        b, n = input_ids.shape
-        if position_ids.dim() == 1:
-            position_ids = position_ids.unsqueeze(0).expand(b, n)
-        if tuple(position_ids.shape) != (b, n):
-            raise ValueError(f"position_ids {tuple(position_ids.shape)} does not match input_ids {(b, n)}")
+        b, n, position_ids = _check_ids_and_positions(input_ids, position_ids)
         if not 0 <= logits_start <= n:
             raise ValueError(f"logits_start {logits_start} outside [0, {n}]")
         if logits_at is not None:
