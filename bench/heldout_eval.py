@@ -46,9 +46,10 @@ from dllm.model.kv_cache import StaticKVCache
 from dllm.model.loader import default_model_dir
 from dllm.model.tokenization import decode_text, encode_text
 from dllm.prefilling import PrefillingConfig, PromptParts
+from dllm.prefilling.lexical import fuse_scores
 from dllm.prefilling.pipeline import Selection, build_cache, check_parts, prefill, score_and_select
 from dllm.prefilling.scoring import ChunkScores
-from dllm.prefilling.selection import adaptive_top_k, first_stage_scores, ngram_set, select_chunks
+from dllm.prefilling.selection import adaptive_top_k, first_stage_scores, ngram_set, rank_chunks, select_chunks
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEED_BASE = 1 << 31  # seeds no training run draws
@@ -69,6 +70,7 @@ class Policy:
     adaptive: tuple | None = None  # (floor, ceiling, margin): :func:`adaptive_top_k`
     budget: int | None = None
     redundancy: float | None = None
+    library: dict | None = None  # PrefillingConfig overrides: kept chunks chosen by the library's score_and_select
 
 
 def lexical_overlap(query: torch.Tensor, chunks, n: int = LEXICAL_N) -> torch.Tensor:
@@ -94,7 +96,35 @@ def policies(default_terms: tuple, margins: list) -> list:
     out += [Policy(f"first stage adaptive m={m:g}", fs, 8, (1, 8, m)) for m in margins]
     out += [Policy(f"lexical K={k}", lex, k) for k in (1, 4)]
     out += [Policy(f"lexical adaptive m={m:g}", lex, 8, (1, 8, m)) for m in margins]
-    out += [Policy("lexical K=1 B=64", lex, 1, budget=64), Policy("oracle: needle chunk", ("oracle",), 1)]
+    out += [Policy("lexical K=1 B=64", lex, 1, budget=64)]
+    # the library's lexical term (dllm.prefilling.lexical: idf-weighted) and its fusion with the predictive
+    # score, every chunk scored (the fusions compared: z-scored sums, reciprocal-rank fusion)
+    out += [Policy(f"library lexical K={k}", ("lexical_idf",), k) for k in (1, 4)]
+    out += [Policy("every chunk K=4", ("predictive_full",), 4)]
+    out += [Policy(f"fused z w={w:g} K=4", (f"fused_z_{w:g}",), 4) for w in FUSION_WEIGHTS]
+    out += [Policy("fused rrf K=4", ("fused_rrf",), 4)]
+    # the library's own path (score_and_select, first stage as configured): the defaults, then lexical_weight
+    out += [Policy("library defaults", ("library",), 4, library={})]
+    out += [Policy(f"library lexical_weight={w:g}", ("library",), 4, library={"lexical_weight": w}) for w in (1.0,)]
+    out += [
+        Policy(
+            "library lexical_weight=1 adaptive m=1", ("library",), 8, library={"lexical_weight": 1.0, "adaptive_k": 1.0}
+        )
+    ]
+    out += [Policy("oracle: needle chunk", ("oracle",), 1)]
+    return out
+
+
+FUSION_WEIGHTS = (0.5, 1.0, 2.0)
+RRF_K = 60  # reciprocal-rank fusion's constant (Cormack, Clarke and Buettcher, SIGIR 2009)
+
+
+def rrf(*scores: torch.Tensor) -> torch.Tensor:
+    """Reciprocal-rank fusion of ``[N]`` scores: ``sum_s 1 / (RRF_K + rank_s)`` (rank 1 = best)."""
+    out = torch.zeros(scores[0].numel(), dtype=torch.float64)
+    for s in scores:
+        for r, j in enumerate(rank_chunks(s)):
+            out[j] += 1.0 / (RRF_K + r + 1)
     return out
 
 
@@ -163,17 +193,42 @@ def run(model, cfg: PrefillingConfig, docs, pols, dense: bool, log=print) -> lis
                 "lexical": lexical_overlap(parts.query, doc.chunks),
                 "oracle": torch.tensor([float(j in needle_chunks) for j in range(len(spans))]),
             }
+            library = {}  # policy name -> the library's Selection
+            if any(p.terms[0] not in extra and not hasattr(sc, p.terms[0]) for p in pols):
+                # every chunk scored with the lexical term: the predictive score alone and the lexical term
+                full_cfg = replace(cfg, candidates=None, candidate_layer=None, lexical_weight=1.0)
+                full = score_and_select(model, parts, prefill(model, parts, full_cfg, document=doc).chunks, full_cfg)
+                pred = sum(getattr(full.scores, t) for t in cfg.score_terms)
+                extra["predictive_full"], extra["lexical_idf"] = pred, full.scores.lexical
+                for w in FUSION_WEIGHTS:
+                    extra[f"fused_z_{w:g}"] = fuse_scores(pred, full.scores.lexical, w)
+                extra["fused_rrf"] = rrf(pred, full.scores.lexical)
+            for pol in pols:
+                if pol.library is not None:
+                    lcfg = replace(cfg, **pol.library)
+                    library[pol.name] = score_and_select(
+                        model, parts, prefill(model, parts, lcfg, document=doc).chunks, lcfg
+                    )
             decoded: dict = {}  # (kept chunks, B) -> answer: equal kept sets decode to the same tokens
             for pol in pols:
-                total = extra[pol.terms[0]] if pol.terms[0] in extra else sum(getattr(sc, t) for t in pol.terms)
+                if pol.library is not None:
+                    total = library[pol.name].scores.total
+                elif pol.terms[0] in extra:
+                    total = extra[pol.terms[0]]
+                else:
+                    total = sum(getattr(sc, t) for t in pol.terms)
                 n = total.numel()
-                if pol.adaptive is not None:
+                if pol.library is not None:
+                    k = len(library[pol.name].kept)
+                elif pol.adaptive is not None:
                     k = adaptive_top_k(total, *pol.adaptive)
                 elif pol.terms == ("oracle",):
                     k = len(needle_chunks)
                 else:
                     k = min(pol.k, n)
                 kept = select_chunks(total, k, doc.chunks.context_ids, pol.redundancy)
+                if pol.library is not None:
+                    kept = library[pol.name].kept
                 pcfg = replace(cfg, top_k=k, token_budget=pol.budget)
                 scores = ChunkScores(sc.self_info, sc.pseudo_label, sc.answer_confidence, total, sc.token_scores)
                 t2 = time.perf_counter()

@@ -182,6 +182,11 @@ class PrefillingConfig:
             median absolute deviation of the chunks' scores), ``top_k`` when no drop is that large (our
             extension; :func:`dllm.prefilling.selection.adaptive_top_k`). Opt-in: a fact cut by a chunk
             boundary can lose its second chunk when the cut falls at the drop (a fixed K keeps both more often).
+        lexical_weight: 0 (the paper: the predictive score alone) or a weight w > 0: the chunk score becomes
+            ``z(predictive) + w * z(lexical)``, z-scored over the scored chunks, the lexical term being the
+            idf-weighted share of the query's token n-grams a chunk holds (no model forward; our extension,
+            :mod:`dllm.prefilling.lexical`). With a first stage, the K chunks of best lexical score join its
+            candidates, so a chunk the query names is scored even where the first stage ranks it low.
     """
 
     chunk_size: int = 1024
@@ -202,6 +207,7 @@ class PrefillingConfig:
     candidates: int | str | None = None
     candidate_layer: int | None = None
     adaptive_k: float | None = None
+    lexical_weight: float = 0.0
 
     def __post_init__(self):
         # Integer knobs must be real ints: 2.5 or True would pass a range check and fail (or run as 1) later.
@@ -278,6 +284,14 @@ class PrefillingConfig:
             if not math.isfinite(fm) or fm <= 0:
                 raise ValueError(f"adaptive_k must be a finite real number > 0 (a margin), got {m!r}")
             object.__setattr__(self, "adaptive_k", fm)
+        w = self.lexical_weight
+        try:
+            fw = float(w) if isinstance(w, numbers.Real) and not isinstance(w, bool) else math.nan
+        except OverflowError:  # an int past float's range
+            fw = math.inf
+        if not math.isfinite(fw) or fw < 0:
+            raise ValueError(f"lexical_weight must be a finite real number >= 0 (0 = off), got {w!r}")
+        object.__setattr__(self, "lexical_weight", fw)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | None, **overrides) -> PrefillingConfig:

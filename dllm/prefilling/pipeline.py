@@ -46,10 +46,11 @@ from dllm.prefilling.chunks import (
 )
 from dllm.prefilling.config import PrefillingConfig, TopKError, checkpoint_config, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache
+from dllm.prefilling.lexical import chunk_lexical_scores, fuse_scores, lexical_ngram
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
-from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_count, select_chunks
+from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_count, select_chunks, top_chunks
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Selection:
         """Put this selection's entries of ``stats.extra`` into ``extra`` (a request's, or the sharded run's).
 
         ``pseudo_labels`` (when drafted), ``selected_chunks``; when chunks were scored, the kept chunks'
-        ``chunk_scores``, the score terms that were computed (``s_I``, ``s_P``, ``s_C``; one that was not is
+        ``chunk_scores``, the score terms that were computed (``s_I``, ``s_P``, ``s_C``, ``s_L`` lexical; one that was not is
         removed from ``extra``), ``all_chunk_scores`` (None for the chunks a first stage left out, which were
         not scored) and then ``candidate_chunks``.
         """
@@ -107,7 +108,12 @@ class Selection:
             return
         s = self.scores
         extra["chunk_scores"] = [round(float(s.total[j]), 4) for j in self.kept]
-        for name, term in (("s_I", s.self_info), ("s_P", s.pseudo_label), ("s_C", s.answer_confidence)):
+        for name, term in (
+            ("s_I", s.self_info),
+            ("s_P", s.pseudo_label),
+            ("s_C", s.answer_confidence),
+            ("s_L", s.lexical),
+        ):
             if term is not None:
                 extra[name] = [round(float(term[j]), 4) for j in self.kept]
             else:
@@ -366,7 +372,22 @@ def _first_stage(model, parts: PromptParts, chunks: ChunkCache, cfg: PrefillingC
     window = parts.query if cfg.query_window is None else parts.query[-cfg.query_window :]
     first = first_stage_scores(model, chunks, window, cfg.draft_tokens, cfg.candidate_layer)
     k = min(cfg.top_k, n)
-    return first_stage_candidates(first, cfg.candidate_count(n, k), cfg.neighbours_of(k))
+    cands = first_stage_candidates(first, cfg.candidate_count(n, k), cfg.neighbours_of(k))
+    return with_lexical_candidates(cands, lexical_of(model, parts, chunks, cfg), k)
+
+
+def lexical_of(model, parts: PromptParts, chunks: ChunkCache, cfg: PrefillingConfig) -> torch.Tensor | None:
+    """``[N]`` fp32 lexical scores of the chunks for the row's query (:func:`~dllm.prefilling.lexical.
+    chunk_lexical_scores`, n from the tokenizer), or None when ``cfg.lexical_weight`` is 0 (off)."""
+    if not cfg.lexical_weight:
+        return None
+    return chunk_lexical_scores(parts.query, chunks, lexical_ngram(model))
+
+
+def with_lexical_candidates(cands: list, lexical: torch.Tensor | None, k: int) -> list:
+    """A first stage's candidates plus the ``k`` chunks of best lexical score (ascending; unchanged without a
+    lexical term): a chunk that holds the query's words is scored even where the first stage ranks it low."""
+    return cands if lexical is None else sorted(set(cands) | set(top_chunks(lexical, k)))
 
 
 # --- step 2: score and select ---------------------------------------------------------------------
@@ -403,6 +424,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
         cfg.draft_threshold,
     )
     score_rows, cands = [], {}
+    lex = {b: lexical_of(model, parts[b], chunks[b], cfg) for b in scored}  # None: no lexical term
     for b, (labels, confirmed) in zip(scored, drafts):
         window = parts[b].query if cfg.query_window is None else parts[b].query[-cfg.query_window :]
         rows_chunks = chunks[b]
@@ -416,6 +438,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
             first = first_stage_scores(model, chunks[b], window, cfg.draft_tokens, cfg.candidate_layer)
             nfe += 1
             cands[b] = first_stage_candidates(first, n_cand, cfg.neighbours_of(ks[b]))
+            cands[b] = with_lexical_candidates(cands[b], lex[b], ks[b])
             rows_chunks = chunks[b].select(cands[b])
         score_rows.append(ScoringRow(rows_chunks, window, labels, confirmed))
     scores, n_scoring = score_chunks_rows(
@@ -431,6 +454,9 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
         n = chunks[b].num_chunks
         if b in cands:
             sc = sc.scatter(cands[b], n)
+        if lex[b] is not None:
+            sc.lexical = lex[b]
+            sc.total = fuse_scores(sc.total, lex[b], cfg.lexical_weight)
         if ks[b] < n:
             k = kept_count(sc.total, ks[b], cfg.adaptive_k)
             kept = select_chunks(sc.total, k, chunks[b].context_ids, cfg.redundancy_threshold)

@@ -51,6 +51,8 @@ class ChunkScores:
         token_scores: per layer ``[N, Hkv, T]`` fp32 attention mass per chunk token, or None.
         candidates: the chunks that were scored when a first stage chose them (ascending; the other
             chunks' terms and total are ``-inf``, their token scores 0), else None (every chunk scored).
+        lexical: ``[N]`` fp32 lexical scores of every chunk when ``PrefillingConfig.lexical_weight`` fused them
+            into ``total`` (:mod:`dllm.prefilling.lexical`), else None.
     """
 
     self_info: torch.Tensor | None
@@ -59,6 +61,7 @@ class ChunkScores:
     total: torch.Tensor
     token_scores: list | None = None
     candidates: list | None = None
+    lexical: torch.Tensor | None = None
 
     def scatter(self, candidates: list, n: int) -> ChunkScores:
         """These scores of ``len(candidates)`` chunks placed at ``candidates`` among ``n`` chunks (the
