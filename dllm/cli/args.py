@@ -36,6 +36,7 @@ PREFILLING_OPTIONS = {
     "redundancy_threshold": "--redundancy-threshold",
     "candidates": "--candidates",
     "adaptive_k": "--adaptive-k",
+    "lexical_weight": "--lexical-weight",
 }
 _BOUNDARY_SNAP_HELP = (
     "tokens a chunk boundary may move back to follow a sentence or paragraph end (0 = fixed chunks of C tokens; "
@@ -390,6 +391,14 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
         metavar="MARGIN",
         help="choose K per question, 1 to --top-k: keep the chunks above the first drop between ranked scores of "
         "at least MARGIN robust spreads (> 0; default: off, a fixed K)",
+    )
+    r.add_argument(
+        "--lexical-weight",
+        type=non_negative_float,
+        default=None,
+        metavar="W",
+        help="add the query's words to the chunk score: z(predictive) + W * z(share of the query's token n-grams "
+        f"in the chunk, idf-weighted); 0 = off ({default_help(model_dir, 'lexical_weight', lambda w: w or 'off')})",
     )
 
 

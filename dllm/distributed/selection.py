@@ -4,6 +4,7 @@ each stage run where the chunks live and only per-chunk numbers exchanged.
     root:    draft pseudo-labels (prefix + query, no context) -> broadcast query window + draft
     rank r:  first stage (``candidates``): its chunks' cheap scores  -> all_gather; top-n on the whole [N]
     rank r:  predictive scores of its (candidate) chunks            -> all_gather in chunk order
+    all:     with ``lexical_weight``, the lexical scores of every chunk from the all-gathered token ids
     all:     top-K of the gathered scores, redundancy-aware with ``redundancy_threshold`` (the chunks' token
              ids all-gathered once per document: ids only, no K/V), the same tensor everywhere: the same choice
 
@@ -20,7 +21,8 @@ from dllm.distributed.group import all_gather, broadcast, run_on_all, world
 from dllm.distributed.sharded_document import ShardedDocument
 from dllm.distributed.shares import at_width
 from dllm.prefilling.config import PrefillingConfig
-from dllm.prefilling.pipeline import Selection
+from dllm.prefilling.lexical import fuse_scores, lexical_ngram, lexical_scores, padded_chunks
+from dllm.prefilling.pipeline import Selection, with_lexical_candidates
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
 from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_count, select_chunks
@@ -69,10 +71,13 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
             model, prompt.prefix, prompt.query, cfg.draft_tokens, cfg.draft_threshold
         )
         window = prompt.query if cfg.query_window is None else prompt.query[-cfg.query_window :]
-        return window.tolist(), labels.tolist(), confirmed.tolist()
+        return window.tolist(), labels.tolist(), confirmed.tolist(), prompt.query.tolist()
 
     payload = broadcast(run_on_all(draft, doc.group), root, doc.group)
-    window, labels, confirmed = (torch.tensor(x, device=model.device) for x in payload)
+    window, labels, confirmed, query = (torch.tensor(x, device=model.device) for x in payload)
+    lexical = None
+    if cfg.lexical_weight:  # over every chunk's token ids (all-gathered once per document), the same everywhere
+        lexical = lexical_scores(query.cpu(), *padded_chunks(doc.context_ids()), lexical_ngram(model))
     # at the document's padded width: a rank holding a short chunk alone encoded it narrower, and the scoring
     # pass (and the first stage's positions, right after a full chunk) depend on the padded length
     chunks = at_width(doc.local.chunks, doc.width, doc.pad_token_id)
@@ -85,6 +90,7 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
         )
         gathered = torch.cat(all_gather(first, doc.group))
         cands = first_stage_candidates(gathered, n_cand, cfg.neighbours_of(k))  # the one-process rule
+        cands = with_lexical_candidates(cands, lexical, k)
         mine = [j - lo for j in cands if lo <= j < hi]
         chunks = chunks.select(mine) if mine else None
 
@@ -104,6 +110,9 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     scores.total = sum(getattr(scores, t) for t in cfg.score_terms)  # term names are the attribute names
     if cands is not None:
         scores = scores.scatter(cands, n)
+    if lexical is not None:
+        scores.lexical = lexical
+        scores.total = fuse_scores(scores.total, lexical, cfg.lexical_weight)
     chunk_ids = None
     if cfg.redundancy_threshold is not None:
         all_ids = doc.context_ids()

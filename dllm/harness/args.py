@@ -274,6 +274,7 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
     ),
     "candidate_layer": (_layer_or_all, None, "the first stage's layer, or all", _PREFILLING),
     "adaptive_k": (_or_none(_float(0, math.inf, low_open=True)), None, "adaptive K's margin (None: off)", _PREFILLING),
+    "lexical_weight": (_float(0, math.inf), None, "weight of the lexical chunk score (0: off)", _PREFILLING),
     # the harness's own
     "context_field": (_text, "context", "the doc field holding the long context", _PREFILLING),
     "add_bos": (_bool, True, "put BOS before the prompt (off under a chat template)", _ANY_METHOD),

@@ -97,7 +97,7 @@ class Selection:
         """Put this selection's entries of ``stats.extra`` into ``extra`` (a request's, or the sharded run's).
 
         ``pseudo_labels`` (when drafted), ``selected_chunks``; when chunks were scored, the kept chunks'
-        ``chunk_scores``, the score terms that were computed (``s_I``, ``s_P``, ``s_C``, ``s_L`` lexical; one that was not is
+        ``chunk_scores``, the score terms that were computed (``s_I``, ``s_P``, ``s_C``, lexical ``s_L``; one not is
         removed from ``extra``), ``all_chunk_scores`` (None for the chunks a first stage left out, which were
         not scored) and then ``candidate_chunks``.
         """

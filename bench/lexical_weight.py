@@ -1,0 +1,93 @@
+"""The lexical chunk-score term against the bundled defaults on the recorded bundled studies (issue 36 item 1).
+
+    python -m bench.lexical_weight [--weights 0 1] [--sets demo lost_in_middle] [--out DIR]
+
+Prefilling only, every case decoded once per ``lexical_weight`` (0: the bundled defaults,
+:data:`bench.tiny_defaults.TINY_PREFILLING`), side by side in one process: the pass keys of :mod:`bench.demo`
+(4K-32K tokens, 5 depths, seeds 0-4) and the passkey and needle cases of :mod:`bench.lost_in_middle` (4K-16K,
+11 depths, seeds 1000-1010). Reports exact answers and the share of cases whose needle chunk was kept
+(:func:`bench.selection_recall.needle_chunk_ids`) per set, task, length and weight, and the mean seconds per
+case. Writes ``lexical_weight.csv`` and ``lexical_weight.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, replace
+
+import torch
+
+from bench.provenance import machine_line, write_csv
+from bench.selection_recall import needle_chunk_ids
+from bench.tiny_defaults import TINY_PREFILLING
+from dllm.eval.evaluation import run_case
+from dllm.eval.tasks import make_case
+from dllm.model.loader import load_model
+
+SETS = {  # name -> (tasks, lengths, depths, first seed): the recorded studies' grids
+    "demo": (("passkey",), (4096, 8192, 16384, 32768), (0.0, 0.25, 0.5, 0.75, 1.0), 0),
+    "lost_in_middle": (("passkey", "needle"), (4096, 8192, 16384), tuple(i / 10 for i in range(11)), 1000),
+}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--sets", nargs="+", choices=sorted(SETS), default=sorted(SETS))
+    p.add_argument("--out", default="runs/lexical_weight")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    cmd = "python -m bench.lexical_weight " + " ".join(argv if argv is not None else sys.argv[1:])
+    torch.set_num_threads(args.threads)
+    model = load_model()
+    cfgs = {w: replace(TINY_PREFILLING, lexical_weight=w) for w in args.weights}
+    run_case(model, make_case("passkey", 4096, 0.5, 99, tokenizer=None), "prefilling", prefilling=cfgs[args.weights[0]])
+    rows = []
+    for name in args.sets:
+        tasks, lengths, depths, seed = SETS[name]
+        for length in lengths:
+            for task in tasks:
+                for i, d in enumerate(depths):
+                    case = make_case(task, length, d, seed + i, tokenizer=None)
+                    needle = needle_chunk_ids(case, TINY_PREFILLING.chunk_size, TINY_PREFILLING.boundary_snap, model)
+                    for w, cfg in cfgs.items():
+                        r = asdict(run_case(model, case, "prefilling", prefilling=cfg))
+                        kept = {int(x) for x in r["selected_chunks"].split()}
+                        rows.append({"set": name, "lexical_weight": w, **r, "needle_kept": bool(needle & kept)})
+                print(f"{name} {task} {length}: " + " ".join(
+                    f"w={w:g} {sum(r['correct'] for r in rows if r['set'] == name and r['task'] == task and r['length'] == length and r['lexical_weight'] == w)}"
+                    for w in cfgs
+                ), flush=True)  # fmt: skip
+    os.makedirs(args.out, exist_ok=True)
+    write_csv(os.path.join(args.out, "lexical_weight.csv"), rows, str(model.device))
+    cells = defaultdict(list)
+    for r in rows:
+        cells[(r["set"], r["task"], r["length"], r["lexical_weight"])].append(r)
+    lines = ["| set | task | context tokens | lexical_weight | exact | needle chunk kept | s / case |",
+             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for (name, task, length, w), rs in cells.items():
+        n = len(rs)
+        ok, kept = sum(r["correct"] for r in rs), sum(r["needle_kept"] for r in rs)
+        sec = sum(r["seconds"] for r in rs) / n
+        lines.append(f"| {name} | {task} | {length} | {w:g} | {ok}/{n} | {kept}/{n} | {sec:.2f} |")
+    for w in cfgs:
+        rs = [r for r in rows if r["lexical_weight"] == w]
+        ok, kept = sum(r["correct"] for r in rs), sum(r["needle_kept"] for r in rs)
+        lines.append(f"| all | - | - | {w:g} | {ok}/{len(rs)} | {kept}/{len(rs)} | "
+                     f"{sum(r['seconds'] for r in rs) / len(rs):.2f} |")  # fmt: skip
+    text = (
+        f"# lexical_weight on the bundled studies\n\nCommand: `{cmd.strip()}`  \n{machine_line(str(model.device))}\n\n"
+    )
+    text += "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "lexical_weight.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
