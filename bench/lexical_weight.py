@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections import defaultdict
 from dataclasses import asdict, replace
 
@@ -58,10 +57,9 @@ def main(argv=None) -> int:
                         r = asdict(run_case(model, case, "prefilling", prefilling=cfg))
                         kept = {int(x) for x in r["selected_chunks"].split()}
                         rows.append({"set": name, "lexical_weight": w, **r, "needle_kept": bool(needle & kept)})
-                print(f"{name} {task} {length}: " + " ".join(
-                    f"w={w:g} {sum(r['correct'] for r in rows if r['set'] == name and r['task'] == task and r['length'] == length and r['lexical_weight'] == w)}"
-                    for w in cfgs
-                ), flush=True)  # fmt: skip
+                mine = [r for r in rows if (r["set"], r["task"], r["length"]) == (name, task, length)]
+                got = " ".join(f"w={w:g} {sum(r['correct'] for r in mine if r['lexical_weight'] == w)}" for w in cfgs)
+                print(f"{name} {task} {length}: {got}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     write_csv(os.path.join(args.out, "lexical_weight.csv"), rows, str(model.device))
     cells = defaultdict(list)
