@@ -129,7 +129,10 @@ def test_fusion_ranks_the_needle_chunk_first_where_the_predictive_score_does_not
     from dllm.eval.tasks import make_case
     from dllm.prefilling import pipeline
 
+    from dllm.prefilling.lexical import lexical_ngram
+
     model = load_model()
+    assert lexical_ngram(model) == 4  # the bundled tokenizer is character-level: 4-grams
     case = make_case("passkey", 800, 0.5, 3)
     parts = case_inputs(model, case, "prefilling")["prompt"]
     stub = {}
@@ -151,3 +154,55 @@ def test_fusion_ranks_the_needle_chunk_first_where_the_predictive_score_does_not
     kept = {w: pipeline.score_and_select(model, parts, pre.chunks, replace(cfg, lexical_weight=w)).kept for w in (0, 1)}
     assert kept[0] == [len(spans) - 1]
     assert kept[1] == needle
+
+
+def test_cli_and_harness_pass_the_weight_and_refuse_a_negative_one(capsys, tmp_path):
+    from dllm.cli import build_parser, main
+    from dllm.cli.options import prefilling_config
+    from dllm.harness.args import ModelArgsError, parse_model_args
+    from dllm.model.loader import default_model_dir
+
+    (tmp_path / "p.txt").write_text("Question: q")
+    argv = ["generate", "--prompt-file", str(tmp_path / "p.txt"), "--method", "prefilling", "--lexical-weight"]
+    args = build_parser().parse_args([*argv, "2"])
+    assert prefilling_config(args, default_model_dir()).lexical_weight == 2.0
+    assert main([*argv, "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "--lexical-weight" in err and "Traceback" not in err
+    assert parse_model_args({"method": "prefilling", "lexical_weight": 0.5}).prefilling.lexical_weight == 0.5
+    with pytest.raises(ModelArgsError, match="lexical_weight"):
+        parse_model_args({"method": "prefilling", "lexical_weight": -1})
+
+
+class _Tok:
+    """A tokenizer stub: token i decodes to ``texts[i]``; id 0 is special."""
+
+    all_special_ids = [0]
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def __len__(self):
+        return len(self.texts)
+
+    def batch_decode(self, ids, clean_up_tokenization_spaces=False):
+        return [self.texts[i[0]] for i in ids]
+
+
+@pytest.mark.parametrize(
+    "texts, n",
+    [
+        (["<|begin|>", "a", "b", "c", " ", "."], 4),  # character-level (the special token is not counted)
+        (["<s>", " the", " pass", " key", "word", " Devil", "ing"], 1),  # BPE words and pieces, median 4-5
+        (["<s>", "ab", " c", "de", "fg"], 2),  # two characters a token
+        (None, 1),  # no tokenizer: token unigrams
+    ],
+)
+def test_ngram_size_follows_the_characters_per_token(texts, n):
+    from types import SimpleNamespace
+
+    from dllm.prefilling.lexical import lexical_ngram
+
+    tok = None if texts is None else _Tok(texts)
+    model = SimpleNamespace(tokenizer=tok, config=SimpleNamespace(vocab_size=len(texts or [])))
+    assert lexical_ngram(model) == n and model._dllm_lexical_ngram == n
