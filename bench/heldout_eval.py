@@ -16,6 +16,10 @@ and decodes greedily, one token per step, the answer's characters + 4, over the 
 baseline is dense decoding of ``prefix + a 1024-character crop centred on the needle + query`` (the bundled
 tokenizer is character-level: 1024 characters are 1024 tokens, inside the model's 1536-token window).
 
+Beside the probes, the library's own paths: its lexical term (:mod:`dllm.prefilling.lexical`) alone, fused
+with the predictive score over every chunk (z-scored sums at three weights, reciprocal-rank fusion), and
+``score_and_select`` with ``lexical_weight`` 0 and 1 (the first stage as configured).
+
 Reported per policy: exact answers (InfiniteBench rules), needle chunk kept (a kept chunk overlaps the
 needle sentence), mean kept context tokens (after top-B), and per-length/task tables. Writes
 ``heldout_eval.csv`` (provenance rows) and ``heldout_eval.md``.
@@ -104,7 +108,7 @@ def policies(default_terms: tuple, margins: list) -> list:
     out += [Policy(f"fused z w={w:g} K=4", (f"fused_z_{w:g}",), 4) for w in FUSION_WEIGHTS]
     out += [Policy("fused rrf K=4", ("fused_rrf",), 4)]
     # the library's own path (score_and_select, first stage as configured): the defaults, then lexical_weight
-    out += [Policy("library defaults", ("library",), 4, library={})]
+    out += [Policy("library lexical_weight=0", ("library",), 4, library={"lexical_weight": 0.0})]
     out += [Policy(f"library lexical_weight={w:g}", ("library",), 4, library={"lexical_weight": w}) for w in (1.0,)]
     out += [
         Policy(
@@ -162,7 +166,8 @@ def run(model, cfg: PrefillingConfig, docs, pols, dense: bool, log=print) -> lis
     """Every question of ``docs`` under every policy (and the crop baseline): one row each."""
     rows = []
     t0 = time.perf_counter()
-    score_cfg = replace(cfg, top_k=1, score_terms=ALL_TERMS, token_budget=64)
+    # the predictive terms alone (lexical_weight 0: the lexical policies below add it themselves)
+    score_cfg = replace(cfg, top_k=1, score_terms=ALL_TERMS, token_budget=64, lexical_weight=0.0)
     for doc_i, rep in enumerate(docs):
         ids = encode_text(model, rep.context)
         t_enc = time.perf_counter()
