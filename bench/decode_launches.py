@@ -7,8 +7,8 @@ step's kernel count decides much of its time. This counts, without a GPU, the la
 would issue: the model (Dream-v0-7B's 28 layers and 28 / 4 heads at tiny widths,
 :func:`bench.e2e_dream_shape.host_config`) runs one prefilling step's forward
 (``PrefillingPolicy.logits``) with every ``triton_kernels`` op on its CUDA branch
-(``PREFILLING_DLLM_BACKEND=triton``) inside :func:`triton_kernels._launch.stub_launches`, which records
-each Triton launch and runs none. A ``TorchDispatchMode`` counts the aten ops that would be kernels
+(``PREFILLING_DLLM_BACKEND=triton``, planned for the H200: :func:`triton_kernels.plan.assume_gpu`) inside
+:func:`triton_kernels._launch.stub_launches`, which records each Triton launch and runs none. A ``TorchDispatchMode`` counts the aten ops that would be kernels
 (views and bare allocations left out; the package's registered ops are counted by their Triton
 launches instead). Both model paths: ``torch`` (``fused_ops = False``) and ``fused`` (Triton add +
 RMSNorm, RoPE, SwiGLU and the merged q/k/v and gate/up GEMMs).
@@ -87,11 +87,12 @@ def count_forward(policy, resp: torch.Tensor, fused: bool) -> tuple[dict, collec
     """``(classes, aten ops, Triton launches)`` of one ``policy.logits(resp)`` on the ``fused`` or torch path
     (the CUDA branch's Python path, launches stubbed)."""
     from triton_kernels._launch import stub_launches
+    from triton_kernels.plan import H200, assume_gpu
 
     model = policy.model
     model.fused_ops = fused
-    try:
-        with torch.no_grad(), _triton_backend(), stub_launches() as record:
+    try:  # planned for the H200 (split-S's partials and merge as there), launched nowhere
+        with torch.no_grad(), _triton_backend(), assume_gpu(H200), stub_launches() as record:
             policy.logits(resp)  # first call: merges the projections, prepares plans
             del record[:]
             with LaunchCount() as count:
@@ -183,8 +184,8 @@ def report(r: dict, *, command: str, machine: str) -> str:
         f"Model: Dream-v0-7B's {n} layers and 28 / 4 heads at tiny widths (counts do not depend on widths); one "
         f"row, bf16, a {QUERY}-token query and {r['gen']} response tokens over a {PREFIX}-token prefix + 4 kept chunks "
         f"of {r['chunk']} tokens (`bench/decode_step.py`'s step). The forward is "
-        "`PrefillingPolicy.logits` with every `triton_kernels` op on its CUDA branch (launches stubbed and "
-        "recorded); aten ops that would be kernels are counted by dispatch (views, allocations left out).",
+        "`PrefillingPolicy.logits` with every `triton_kernels` op on its CUDA branch, planned for the H200 "
+        "(launches stubbed and recorded); aten ops that would be kernels are counted by dispatch (views, allocations left out).",
         "",
         "| per step | torch path | fused path | per layer (torch -> fused) |",
         "|---|---:|---:|---|",
