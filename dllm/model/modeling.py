@@ -239,13 +239,17 @@ class DiffusionLM(nn.Module):
 
         ``self.fused_ops``: ``True`` / ``False`` force the choice; ``None`` (the default) = auto: on for a
         CUDA device whose ops dispatch to Triton (:func:`triton_kernels._dispatch.resolve_backend`),
-        unless the environment variable ``PREFILLING_DLLM_FUSED`` is ``0`` / ``false`` / ``no``. Forcing
-        ``True`` on CPU needs the Triton interpreter (``TRITON_INTERPRET=1`` before the first import).
+        unless the environment variable ``PREFILLING_DLLM_FUSED`` is ``0`` / ``false`` / ``no``, and off
+        for a training forward (gradients enabled and a parameter that requires them): the Triton kernels
+        have no backward, so their outputs would cut the autograd graph. Forcing ``True`` on CPU needs the
+        Triton interpreter (``TRITON_INTERPRET=1`` before the first import).
         """
         if self.fused_ops is not None:
             return bool(self.fused_ops)
         device = self.device if device is None else device
         if device.type != "cuda" or resolve_backend(None, device) != "triton":
+            return False
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return False
         return os.environ.get(FUSED_ENV, "1").strip().lower() not in ("0", "false", "no")
 
