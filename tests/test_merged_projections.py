@@ -180,3 +180,22 @@ def test_checkpoint_names_and_values_survive_the_merge(checkpoint, tmp_path):
     assert attn.qkv.is_current() and mlp.gate_up.is_current() and attn.q_proj.weight.dtype == torch.float64
     assert storage_bytes(model) == param_bytes(model)
     assert torch.equal(attn.k_proj.weight, before["layers.0.self_attn.k_proj.weight"].double())
+
+
+def test_load_model_merges_when_the_fused_path_is_on(checkpoint, monkeypatch):
+    """On CUDA (fused path on) the loader lays the merged weights out at load, outside any graph capture;
+    on CPU (torch path) it leaves the parameters as the checkpoint's separate tensors."""
+    from dllm.model.modeling import DiffusionLM
+
+    plain = dllm.load_model(checkpoint[0], device="cpu", dtype=torch.float32)
+    assert not plain.layers[0].self_attn.qkv.merged
+    # CUDA's auto rule, on CPU: on, unless a training forward (asked after the loader froze the weights)
+    monkeypatch.setattr(
+        DiffusionLM, "uses_fused_ops",
+        lambda self, device=None: not any(p.requires_grad for p in self.parameters()),
+    )  # fmt: skip
+    model = dllm.load_model(checkpoint[0], device="cpu", dtype=torch.float32)
+    assert all(layer.self_attn.qkv.is_current() and layer.mlp.gate_up.is_current() for layer in model.layers)
+    assert storage_bytes(model) == param_bytes(model)
+    for name, t in plain.state_dict().items():  # the same weights, loaded through the merged views
+        assert torch.equal(model.state_dict()[name], t), name
