@@ -1,6 +1,6 @@
 """Kernel launches and host reads of one prefilling denoising step at Dream-7B's layout, counted on a CPU.
 
-    python -m bench.decode_launches [--out DIR] [--layers 28]
+    python -m bench.decode_launches [--out DIR] [--layers 28] [--gen 32] [--chunk 1024]
 
 Issue 35.6: in a CUDA graph a short kernel still costs its launch latency and drain (3-4 us), so the
 step's kernel count decides much of its time. This counts, without a GPU, the launches a CUDA step
@@ -8,10 +8,11 @@ would issue: the model (Dream-v0-7B's 28 layers and 28 / 4 heads at tiny widths,
 :func:`bench.e2e_dream_shape.host_config`) runs one prefilling step's forward
 (``PrefillingPolicy.logits``) with every ``triton_kernels`` op on its CUDA branch
 (``PREFILLING_DLLM_BACKEND=triton``, planned for the H200: :func:`triton_kernels.plan.assume_gpu`) inside
-:func:`triton_kernels._launch.stub_launches`, which records each Triton launch and runs none. A ``TorchDispatchMode`` counts the aten ops that would be kernels
-(views and bare allocations left out; the package's registered ops are counted by their Triton
-launches instead). Both model paths: ``torch`` (``fused_ops = False``) and ``fused`` (Triton add +
-RMSNorm, RoPE, SwiGLU and the merged q/k/v and gate/up GEMMs).
+:func:`triton_kernels._launch.stub_launches`, which records each Triton launch and runs none. A
+``TorchDispatchMode`` counts the aten ops that would be kernels (views and bare allocations left out;
+the package's registered ops are counted by their Triton launches instead). Both model paths:
+``torch`` (``fused_ops = False``) and ``fused`` (Triton add + RMSNorm, RoPE, SwiGLU and the merged
+q/k/v and gate/up GEMMs).
 
 Then the rest of the step, what runs outside a captured forward (unmasking, write-back): the same
 denoising loop with the forward replaced by a replay stand-in returning fixed logits (as
@@ -39,7 +40,8 @@ from bench.provenance import machine_line
 
 GEMMS = ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation")
 # aten ops that launch nothing on CUDA: allocations, metadata and view-like reshapes
-NO_KERNEL = ("empty", "empty_strided", "empty_like", "lift_fresh", "_to_copy_meta", "detach", "_unsafe_view", "promote_types")
+NO_KERNEL = ("empty", "empty_strided", "empty_like", "lift_fresh", "_to_copy_meta", "detach", "_unsafe_view")
+NO_KERNEL += ("promote_types",)
 HOST_READS = ("_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2", "item")
 
 
@@ -119,8 +121,6 @@ def count_outside(model, parts, pcfg, gen: int) -> dict:
 
     class Clock:  # a PhaseTimer stand-in: one LaunchCount per "decode" phase (one step)
         def phase(self, name):
-            outer = self
-
             class _P(LaunchCount):
                 def __exit__(self, *exc):
                     out = super().__exit__(*exc)
@@ -185,7 +185,8 @@ def report(r: dict, *, command: str, machine: str) -> str:
         f"row, bf16, a {QUERY}-token query and {r['gen']} response tokens over a {PREFIX}-token prefix + 4 kept chunks "
         f"of {r['chunk']} tokens (`bench/decode_step.py`'s step). The forward is "
         "`PrefillingPolicy.logits` with every `triton_kernels` op on its CUDA branch, planned for the H200 "
-        "(launches stubbed and recorded); aten ops that would be kernels are counted by dispatch (views, allocations left out).",
+        "(launches stubbed and recorded); aten ops that would be kernels are counted by dispatch (views, "
+        "allocations left out).",
         "",
         "| per step | torch path | fused path | per layer (torch -> fused) |",
         "|---|---:|---:|---|",
