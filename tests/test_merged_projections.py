@@ -175,7 +175,10 @@ def test_checkpoint_names_and_values_survive_the_merge(checkpoint, tmp_path):
     assert set(saved) <= set(original)
     for name, t in before.items():
         assert torch.equal(saved[module_to_checkpoint_name(name, family)], t)
-    # a move / cast keeps the layout (and its values)
+    # a no-op move keeps the very tensor; a cast keeps the layout (and its values)
+    w0 = attn.qkv.weights()[0]
+    model.to("cpu", torch.float32)
+    assert attn.qkv.weights()[0] is w0
     model.to(torch.float64)
     assert attn.qkv.is_current() and mlp.gate_up.is_current() and attn.q_proj.weight.dtype == torch.float64
     assert storage_bytes(model) == param_bytes(model)

@@ -119,13 +119,14 @@ class MergedProjections:
 
 
 def apply_keeping_merged(module: nn.Module, groups: list[MergedProjections], fn, recurse: bool):
-    """``nn.Module._apply`` for a module owning merged ``groups``: run it, then merge every group that was
-    merged before (the conversion gave each parameter its own storage). Returns the module."""
+    """``nn.Module._apply`` for a module owning merged ``groups``: run it, then merge again every group that
+    was merged before and whose parameters the conversion gave their own storage (a no-op conversion, such
+    as ``.to()`` to the same device and dtype, leaves them views: nothing is copied). Holds one group's old
+    storage until its new one is made. Returns the module."""
     was = [g.merged for g in groups]
-    for g in groups:
-        g.release()  # drop the old storage first: a device move then does not hold both copies
     out = nn.Module._apply(module, fn, recurse)
     for g, merged in zip(groups, was):
-        if merged:
+        if merged and not g.is_current():
+            g.release()
             g.merge()
     return out
