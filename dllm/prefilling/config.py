@@ -163,9 +163,9 @@ class PrefillingConfig:
             whose set of token 8-grams overlaps an already kept chunk's by at least this much is passed
             over while other chunks remain, so near-copies (repeated boilerplate) do not fill K
             (our extension; :func:`dllm.prefilling.selection.select_chunks`).
-        candidates: None (the paper: every chunk is scored), n >= 1, or ``"auto"``: a cheap first stage (the
-            largest attention logit of the context-free scoring tokens' queries on each chunk's cached keys,
-            averaged over the layers or in layer ``candidate_layer``,
+        candidates: None (the paper: every chunk is scored), n >= 1, or ``"auto"``: a cheap first stage (how far
+            the largest attention logits of the context-free scoring tokens' queries on each chunk's cached keys
+            stand out from the document's median chunk, over the layers or in layer ``candidate_layer``,
             :func:`dllm.prefilling.selection.first_stage_scores`) keeps the n best chunks and only
             they get the predictive score (our extension). Fewer than K candidates are raised to K.
             ``"auto"`` picks n from the chunk count (:func:`auto_candidates`: sublinear in N, engaged only
