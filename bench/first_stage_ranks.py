@@ -62,6 +62,20 @@ def cases_of(spec: str) -> list:
     ]
 
 
+def first_pass_keys(model, context, anchor: int, layer: int):
+    """The :class:`~dllm.prefilling.chunks.ChunkCache` whose ``k[layer]`` alone is set, every chunk's keys of
+    ``layer`` as :func:`encode_candidates`'s first pass computes them (one chunk is then encoded in full: the
+    least it takes)."""
+    got = []
+
+    def pick(keys):
+        got.append(keys)
+        return [0]
+
+    encode_candidates(model, context, CFG, anchor, layer, pick)
+    return got[0]
+
+
 def ranks_of_case(model, anchor: int, case) -> dict:
     """One case's needle chunks, chunk count, candidate count and, per ``L{layer}.{rule}``, the needle chunks'
     ranks and whether the candidates hold them all."""
@@ -73,14 +87,8 @@ def ranks_of_case(model, anchor: int, case) -> dict:
     n_cand = auto_candidates(n, k)
     out = {"chunks": n, "candidates": n_cand or "all", "needle": " ".join(map(str, needle))}
     for layer in LAYERS:
-        got = []
-
-        def pick(keys):  # keep the first pass's keys; one chunk encoded in full (the least it takes)
-            got.append(keys)
-            return [0]
-
-        encode_candidates(model, parts.context, CFG, anchor, layer, pick)
-        maxima = first_stage_maxima(model, got[0], parts.query, CFG.draft_tokens, layer)
+        maxima = first_stage_maxima(model, first_pass_keys(model, parts.context, anchor, layer), parts.query,
+                                    CFG.draft_tokens, layer)  # fmt: skip
         for name, rule in RULES.items():
             scores = rule(maxima)
             order = rank_chunks(scores)

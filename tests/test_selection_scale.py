@@ -290,9 +290,7 @@ def test_first_stage_excess_ignores_what_a_short_chunk_lacks():
     # 5 chunks x 3 features (per-query maxima). Chunk 4 is short: it lacks the common token that sets
     # feature 0 and 1 (4.0 in every other chunk) but is the only one with a high feature 2. The plain mean
     # (the rule before) ranks it last; the excess over each feature's median ranks it first.
-    maxima = torch.tensor(
-        [[4.0, 4.0, 1.0], [4.0, 4.0, 1.0], [4.0, 4.0, 1.2], [4.0, 4.5, 1.0], [2.0, 2.0, 3.0]]
-    )
+    maxima = torch.tensor([[4.0, 4.0, 1.0], [4.0, 4.0, 1.0], [4.0, 4.0, 1.2], [4.0, 4.5, 1.0], [2.0, 2.0, 3.0]])
     assert rank_chunks(maxima.mean(1))[-1] == 4
     got = first_stage_excess(maxima)
     # medians (4, 4, 1): excesses (0,0,0), (0,0,0), (0,0,0.2), (0,0.5,0), (0,0,2) / 3 features

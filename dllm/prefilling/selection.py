@@ -22,8 +22,8 @@ Both are our extensions of Prefilling-dLLM (arXiv 2606.10537), off by default
 
 from __future__ import annotations
 
-import numbers
 import math
+import numbers
 
 import torch
 
