@@ -80,7 +80,7 @@ def test_candidate_count_is_the_one_rule():
     assert PrefillingConfig(candidates=3).candidate_count(10, 4) == 4  # raised to K
     assert PrefillingConfig(candidates=12).candidate_count(10, 4) is None  # n >= N: no first stage
     auto = PrefillingConfig(candidates="auto")
-    assert [auto.candidate_count(n, 4) for n in (64, 65, 530)] == [None, 32, 47]
+    assert [auto.candidate_count(n, 4) for n in (64, 65, 530, 4237)] == [None, 32, 32, 66]
     with pytest.raises(ValueError, match="candidates"):
         PrefillingConfig(candidates="some")
     with pytest.raises(ValueError, match="candidates"):
