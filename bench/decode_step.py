@@ -17,8 +17,9 @@ masked response tokens. One denoising step's forward (``PrefillingPolicy.logits`
 ``--fused both`` (the default) measures the two paths of the model side by side in one run, on the
 same weights, cache and tokens: ``torch`` (``model.fused_ops = False``: the torch elementwise ops) and
 ``fused`` (``model.fused_ops = True``: the Triton add + RMSNorm, RoPE and SwiGLU kernels of
-:mod:`dllm.model.modeling`), each with its three times, their ratio, and the accuracy of the fused
-step's logits against the torch step's (max abs difference, share of positions with the same argmax).
+:mod:`dllm.model.modeling` and its merged q/k/v and gate/up GEMMs, merged once at the start), each
+with its three times, their ratio, and the accuracy of the fused step's logits against the torch
+step's (max abs difference, share of positions with the same argmax).
 ``--fused on`` / ``off`` measures one path.
 
 Then ``torch.profiler`` records ``--profile-steps`` graph replays and as many eager steps; the
@@ -174,7 +175,8 @@ def report(summary: dict, tables: dict, *, command: str, machine: str) -> str:
         "",
         f"Bound: the weights once at {H200_HBM_BYTES_S / 1e12:.1f} TB/s (the KV cache adds "
         f"{s['kv_gb']:.2f} GB). Host: {s['repeats']} eager steps back to back without a sync, per step. "
-        "Paths: `torch` = the model's torch elementwise ops, `fused` = its Triton add + RMSNorm, RoPE and SwiGLU.",
+        "Paths: `torch` = the model's torch elementwise ops, `fused` = its Triton add + RMSNorm, RoPE and SwiGLU "
+        "and one GEMM for q/k/v and one for gate/up.",
     ]
     if {"torch", "fused"} <= set(s["paths"]):
         t, f = s["paths"]["torch"], s["paths"]["fused"]
@@ -221,6 +223,7 @@ def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tup
     from dllm.decode.policies import PrefillingPolicy
 
     model = dream_model(layers)
+    model.merge_projections()  # the fused path's layout, made once before anything is captured (same bytes)
     dev = model.device
     cache = _random_cache(model, 1, seed=1, chunk=1024)
     vocab = min(model.config.vocab_size, model.mask_token_id)

@@ -50,6 +50,7 @@ def run_demo(
     prefilling: PrefillingConfig | None = None,
     seed: int = 0,
     command: str = "python -m bench.demo",
+    methods=METHODS,
 ) -> int:
     """Run the demo grid and print the table; returns a process exit code (0).
 
@@ -62,21 +63,29 @@ def run_demo(
         prefilling: prefilling configuration (default: :data:`TINY_PREFILLING`).
         seed: first task seed (the case at depth index i uses ``seed + i``; one case per depth).
         command: the command line named in ``demo.md``.
+        methods: a subset of :data:`METHODS` (run in :data:`METHODS`' order; the table's speedup needs dense).
+
+    Raises:
+        ValueError: an unknown method or none, an empty grid.
     """
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods or not lengths or not depths:
+        raise ValueError(f"methods must be a non-empty subset of {METHODS} and the grid non-empty, got {methods}")
+    methods = tuple(m for m in METHODS if m in methods)
     if quick:
         lengths, depths = lengths[:2], (depths[0], depths[-1])
     t0 = time.perf_counter()
     model = load_model(model_dir)
     load_s = time.perf_counter() - t0
     cfg = prefilling or TINY_PREFILLING
-    warm = warm_up(model, METHODS, lengths[0], prefilling=cfg, **GEN)
+    warm = warm_up(model, methods, lengths[0], prefilling=cfg, **GEN)
     startup = startup_line(load_s, warm, lengths[0])
     print(startup, flush=True)
     budget = TimeBudget(budget_s)  # starts after the warm-up: the budget is for the timed grid
     rows: list[EvalRow] = []
     for length in lengths:
         cases = [make_case("passkey", length, d, seed + i, tokenizer=None) for i, d in enumerate(depths)]
-        for method in METHODS:
+        for method in methods:
             if budget.skip_reason(method, length, len(cases), EXPONENT[method]):
                 continue
             kw = {"prefilling": cfg} if method == "prefilling" else {}
@@ -92,7 +101,7 @@ def run_demo(
     skipped = budget.skipped
     os.makedirs(out_dir, exist_ok=True)
     write_csv(os.path.join(out_dir, "demo.csv"), [asdict(r) for r in rows], str(model.device))
-    table = demo_table(rows, skipped, lengths)
+    table = demo_table(rows, skipped, lengths, methods)
     first = first_case_line(first_case_ratios(rows))
     print(table)
     print(first)
@@ -122,15 +131,16 @@ def _cell(rows, method, length):
     return 100.0 * sum(_get(r, "correct") for r in sel) / n, sum(_get(r, "seconds") for r in sel) / n, n
 
 
-def demo_table(rows, skipped, lengths) -> str:
-    """Markdown: per length and method, accuracy, seconds per case and speedup over dense (same run)."""
+def demo_table(rows, skipped, lengths, methods=METHODS) -> str:
+    """Markdown: per length and method (of ``methods``), accuracy, seconds per case and speedup over dense (same
+    run)."""
     lines = [
         "| context tokens | method | passkey accuracy % | s / case | speedup vs dense |",
         "|---:|---|---:|---:|---:|",
     ]
     for length in lengths:
         dense = _cell(rows, "dense", length)
-        for method in METHODS:
+        for method in methods:
             c = _cell(rows, method, length)
             if c is None:
                 reason = skipped.get((method, length), "not run")
@@ -198,7 +208,11 @@ def main(argv=None) -> int:
     p.add_argument(
         "--budget", type=float, default=540.0, help="seconds of the timed grid; slower methods are skipped past it"
     )
+    p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="context lengths in tokens")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="the methods to run")
     args = p.parse_args(argv)
+    if any(n < 1 for n in args.lengths):
+        p.error(f"--lengths must be >= 1 token, got {args.lengths}")
     command = " ".join(["python -m bench.demo", *(sys.argv[1:] if argv is None else argv)])
     return run_demo(
         str(output_dir(args, "demo", "demo")),
@@ -206,6 +220,8 @@ def main(argv=None) -> int:
         model_dir=args.model,
         budget_s=args.budget,
         command=command,
+        lengths=tuple(args.lengths),
+        methods=tuple(args.methods),
     )
 
 

@@ -55,6 +55,26 @@ def test_demo_writes_to_runs_unless_recording(demo_out_dir, tmp_path):
         bench.demo.main(["--record", "--out", str(tmp_path)])  # one or the other
 
 
+def test_demo_lengths_and_methods_choose_the_grid(demo_out_dir, capsys):
+    assert bench.demo.main(["--lengths", "32768", "--methods", "prefilling"]) == 0
+    assert bench.demo.main([]) == 0
+    (_out, kw), (_out2, kw_all) = demo_out_dir
+    assert kw["lengths"] == (32768,) and kw["methods"] == ("prefilling",)
+    assert kw["command"] == "python -m bench.demo --lengths 32768 --methods prefilling"
+    assert kw_all["lengths"] == bench.demo.LENGTHS and kw_all["methods"] == bench.demo.METHODS
+    for bad in (["--lengths", "0"], ["--methods", "fast"]):
+        with pytest.raises(SystemExit) as e:
+            bench.demo.main(bad)
+        assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_run_demo_refuses_an_unknown_method_before_loading_the_model(tmp_path):
+    with pytest.raises(ValueError, match="methods"):
+        bench.demo.run_demo(str(tmp_path), methods=("fast",))
+    with pytest.raises(ValueError, match="methods"):
+        bench.demo.run_demo(str(tmp_path), methods=())
+
+
 class _Stop(Exception):
     pass
 

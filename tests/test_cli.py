@@ -202,6 +202,10 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "unsupported device": ("eval passkey --device meta", "only cpu and cuda"),
     "out is a folder": ("eval passkey --out .", "is a directory"),
     "length too short for the needle": ("eval needle --lengths 8", "needle"),
+    "context beyond the longest eval builds": (  # it ran out of memory building the haystack
+        "eval passkey --lengths 4096 100000000",
+        "argument --lengths: 100000000 tokens is more than 1048576 (1M), the longest context eval builds",
+    ),
     "longbench without data": ("eval longbench", "--data FILE.jsonl"),
     "missing longbench file": ("eval longbench --data nope.jsonl", "no such file"),
     "limit without longbench": ("eval passkey --limit 3", "--limit goes with the longbench task"),

@@ -9,7 +9,6 @@ results must be bit-equal (``torch.equal``), not merely close.
 import dataclasses
 import datetime
 import functools
-import math
 import os
 import time
 
@@ -23,6 +22,7 @@ from dllm.distributed.group import world as group_world
 from dllm.distributed.index_file import shard_path
 from dllm.eval.tasks import make_case
 from dllm.prefilling import PrefillingConfig, PromptParts, cut_chunks, score_and_select
+from dllm.prefilling.config import auto_candidates
 
 MODEL_DIR = os.path.join(os.path.dirname(dllm.__file__), "assets", "tiny-dream")
 GEN = dict(gen_length=8)
@@ -34,7 +34,7 @@ CONFIGS = {
 }
 # the checkpoint's defaults with a first stage of 9 candidates and redundancy-aware top-K
 STAGED = dataclasses.replace(PrefillingConfig.from_pretrained(MODEL_DIR), candidates=9, redundancy_threshold=0.3)
-# the defaults' first stage (candidates="auto") engaged: C=64 cuts the long case into ~45 chunks, K=1 -> 14 candidates
+# the defaults' first stage (candidates="auto") engaged: C=64 cuts the long case into ~45 chunks, K=1 -> 8 candidates
 AUTO = dataclasses.replace(PrefillingConfig.from_pretrained(MODEL_DIR), chunk_size=64, boundary_snap=16, top_k=1)
 SHORT = PrefillingConfig(chunk_size=384, top_k=2, score_terms=("draft_contrast",))  # 3 chunks, the last of 131 tokens
 GLOO_TIMEOUT_S = 300  # a rank waits this long for a peer (rank 2 waits through the 2-rank steps)
@@ -391,7 +391,7 @@ def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
     # candidates="auto" (issue 36 item 2): the same rule across ranks as in one (fresh, two-pass) process
     e, w = got[0]["extra_auto"], ref["extra_auto"]
     n = w["num_chunks"]
-    least = max(8, math.ceil(2 * math.sqrt(n)))  # + the two neighbours of the best (K=1)
+    least = auto_candidates(n, 1)  # + the two neighbours of the best (K=1)
     assert least <= len(w["candidate_chunks"]) <= least + 2 < n
     assert e["candidate_chunks"] == w["candidate_chunks"] and e["selected_chunks"] == w["selected_chunks"]
     assert torch.equal(got[0]["tokens_auto"], ref["tokens_auto"])

@@ -112,6 +112,7 @@ def test_fused_path_without_cache_runs_the_fused_kernels(model, monkeypatch):
     assert calls.count("rope_qk") == calls.count("swiglu") == n_layers
 
 
+@torch.no_grad()  # an inference forward (a training one stays on the torch path: the next test)
 def test_auto_rule(model, monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv(FUSED_ENV, raising=False)
@@ -129,3 +130,20 @@ def test_auto_rule(model, monkeypatch):
         assert model.uses_fused_ops(cpu)
     finally:
         model.fused_ops = None
+
+
+def test_auto_rule_keeps_training_on_the_torch_path(model, monkeypatch):
+    """The Triton kernels have no backward: a training forward (gradients on, trainable weights) on CUDA must
+    take the torch path, or every norm's output would cut the graph and only the LM head would learn."""
+    cuda = torch.device("cuda")
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    monkeypatch.delenv("PREFILLING_DLLM_BACKEND", raising=False)
+    assert all(p.requires_grad for p in model.parameters())  # the fixture is a fresh nn.Module
+    assert torch.is_grad_enabled() and not model.uses_fused_ops(cuda)
+    with torch.no_grad():
+        assert model.uses_fused_ops(cuda)
+    model.requires_grad_(False)  # a loaded model (dllm.load_model freezes it): fused with gradients on too
+    try:
+        assert model.uses_fused_ops(cuda)
+    finally:
+        model.requires_grad_(True)

@@ -37,18 +37,20 @@ def _parts(n_ctx, seed=0):
 
 
 def test_auto_rule_by_hand():
-    # n = max(8 K, ceil(2 sqrt(N))), used only when 2 n < N
+    # n = max(8 K, ceil(sqrt(N))), used only when 2 n < N
     assert auto_candidates(64, 4) is None  # n = 32 would leave out exactly half: not engaged
     assert auto_candidates(65, 4) == 32  # the first document it engages on at K=4 (16K tokens at C=256)
-    assert auto_candidates(530, 4) == 47  # 128K tokens at C=256: ceil(46.04)
-    assert auto_candidates(4237, 4) == 131  # 1M tokens: ceil(130.18)
-    assert auto_candidates(10**6, 4) == 2000
-    assert auto_candidates(17, 1) is None and auto_candidates(17, 8) is None  # short documents: every chunk
+    assert auto_candidates(530, 4) == 32  # 128K tokens at C=256: 8 K above ceil(23.02)
+    assert auto_candidates(1025, 4) == 33  # ceil(32.02): from here sqrt(N) is above 8 K (256K tokens)
+    assert auto_candidates(4237, 4) == 66  # 1M tokens: ceil(65.09)
+    assert auto_candidates(10**6, 4) == 1000
+    assert auto_candidates(16, 1) is None and auto_candidates(17, 8) is None  # short documents: every chunk
+    assert auto_candidates(17, 1) == 8  # K=1: 8 K of 17 chunks leaves out more than half
     for k in (1, 2, 4, 8, 16):
         for n in range(1, 5000, 7):
             got = auto_candidates(n, k)
             if got is not None:
-                assert 8 * k <= got and 2 * got < n and got >= math.ceil(2 * math.sqrt(n))
+                assert 8 * k <= got and 2 * got < n and got >= math.ceil(math.sqrt(n))
                 assert got == auto_candidates(n, k)  # a function of N and K alone
     # sublinear: the share of chunks scored falls as N grows
     shares = [auto_candidates(n, 4) / n for n in (100, 1000, 10_000, 100_000)]
@@ -78,7 +80,7 @@ def test_candidate_count_is_the_one_rule():
     assert PrefillingConfig(candidates=3).candidate_count(10, 4) == 4  # raised to K
     assert PrefillingConfig(candidates=12).candidate_count(10, 4) is None  # n >= N: no first stage
     auto = PrefillingConfig(candidates="auto")
-    assert [auto.candidate_count(n, 4) for n in (64, 65, 530)] == [None, 32, 47]
+    assert [auto.candidate_count(n, 4) for n in (64, 65, 530, 4237)] == [None, 32, 32, 66]
     with pytest.raises(ValueError, match="candidates"):
         PrefillingConfig(candidates="some")
     with pytest.raises(ValueError, match="candidates"):
@@ -100,18 +102,18 @@ def test_layer_keys_equal_the_full_forward(dream):
 
 
 def test_fresh_two_pass_equals_a_full_encoding(dream):
-    parts = _parts(320)  # 40 chunks of 8: K=1 -> n = max(8, ceil(2 sqrt 40)) = 13, 26 < 40: engaged
+    parts = _parts(320)  # 40 chunks of 8: K=1 -> n = max(8, ceil(sqrt 40)) = 8, 16 < 40: engaged
     cfg = PrefillingConfig(chunk_size=8, top_k=1, draft_tokens=3, candidates="auto", candidate_layer=0)
-    assert two_pass_candidates(dream, parts, cfg) == 13
+    assert two_pass_candidates(dream, parts, cfg) == 8
     fresh = dllm.generate(dream, prompt=parts, prefilling=cfg, **KW)
     doc = dllm.encode_document(dream, parts.context, prefilling=cfg)  # every chunk in full
     cached = dllm.generate(
         dream, prompt=PromptParts(parts.prefix, None, parts.query), document=doc, prefilling=cfg, **KW
     )
     cands = fresh.stats.extra["candidate_chunks"]
-    # the 13 best of the full encoding's layer-0 first stage, and the two neighbours of the best (K=1)
-    want = first_stage_candidates(first_stage_scores(dream, doc.chunks, parts.query, 3, 0), 13, 1)
-    assert 13 <= len(cands) <= 15 and cands == want == cached.stats.extra["candidate_chunks"]
+    # the 8 best of the full encoding's layer-0 first stage, and the two neighbours of the best (K=1)
+    want = first_stage_candidates(first_stage_scores(dream, doc.chunks, parts.query, 3, 0), 8, 1)
+    assert 8 <= len(cands) <= 10 and cands == want == cached.stats.extra["candidate_chunks"]
     assert fresh.stats.extra["selected_chunks"] == cached.stats.extra["selected_chunks"]
     assert torch.equal(fresh.tokens, cached.tokens)
     # the candidates' K/V are those of the full encoding; the other chunks were not encoded at all
@@ -136,7 +138,7 @@ def test_short_documents_and_all_layers_score_every_chunk_or_encode_all(dream):
     every_layer = dataclasses.replace(cfg, candidate_layer=None)
     assert two_pass_candidates(dream, long, every_layer) is None
     assert (
-        13 <= len(dllm.generate(dream, prompt=long, prefilling=every_layer, **KW).stats.extra["candidate_chunks"]) <= 15
+        8 <= len(dllm.generate(dream, prompt=long, prefilling=every_layer, **KW).stats.extra["candidate_chunks"]) <= 10
     )
 
 

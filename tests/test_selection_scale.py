@@ -14,7 +14,14 @@ import dllm
 from dllm.prefilling import PrefillingConfig, PromptParts
 from dllm.prefilling.chunks import cut_chunks, snapped_chunks
 from dllm.prefilling.positions import chunk_offsets
-from dllm.prefilling.selection import first_stage_scores, jaccard, ngram_set, select_chunks
+from dllm.prefilling.selection import (
+    first_stage_excess,
+    first_stage_scores,
+    jaccard,
+    ngram_set,
+    rank_chunks,
+    select_chunks,
+)
 from tests.tiny_checkpoints import write_dream_checkpoint
 
 BOS = 128  # DREAM_TINY bos_token_id
@@ -237,7 +244,8 @@ def test_near_copies_no_longer_crowd_out_the_unique_chunk(dream):
 
 
 def _naive_first_stage(model, chunks, query, m, layers):
-    """Loops over chunks, query heads, queries and tokens (the definition in first_stage_scores)."""
+    """Loops over chunks, query heads, queries and tokens (the definition in first_stage_maxima), then each
+    feature's median over the chunks from a sorted list and the mean excess over it (first_stage_excess)."""
     t = chunks.k[0].shape[1]
     live = torch.cat([query, torch.full((m,), model.mask_token_id)])
     qs = {}
@@ -248,7 +256,7 @@ def _naive_first_stage(model, chunks, query, m, layers):
         attn_hook=lambda i, q, k, v: qs.__setitem__(i, q[0]),
     )
     hq, hkv, d = model.config.num_heads, model.config.num_kv_heads, model.config.head_dim
-    out = []
+    rows = []
     for j in range(chunks.num_chunks):
         vals = []
         for layer in layers:
@@ -260,8 +268,10 @@ def _naive_first_stage(model, chunks, query, m, layers):
                         for tok in range(1, int(chunks.lens[j]))
                     )
                     vals.append(best)
-        out.append(sum(vals) / len(vals))
-    return torch.tensor(out)
+        rows.append(vals)
+    n = len(rows)
+    medians = [sorted(r[f] for r in rows)[(n - 1) // 2] for f in range(len(rows[0]))]  # the lower middle value
+    return torch.tensor([sum(max(0.0, x - mf) for x, mf in zip(r, medians)) / len(r) for r in rows])
 
 
 def test_first_stage_matches_the_naive_definition(dream):
@@ -271,8 +281,26 @@ def test_first_stage_matches_the_naive_definition(dream):
         got = first_stage_scores(dream, doc.chunks, parts.query, 3, layer)
         want = _naive_first_stage(dream, doc.chunks, parts.query, 3, layers)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert (got >= 0).all() and got.max() > got.min()  # an excess: never below 0, and chunks differ
     with pytest.raises(ValueError, match="candidate_layer=2"):
         first_stage_scores(dream, doc.chunks, parts.query, 3, 2)
+
+
+def test_first_stage_excess_ignores_what_a_short_chunk_lacks():
+    # 5 chunks x 3 features (per-query maxima). Chunk 4 is short: it lacks the common token that sets
+    # feature 0 and 1 (4.0 in every other chunk) but is the only one with a high feature 2. The plain mean
+    # (the rule before) ranks it last; the excess over each feature's median ranks it first.
+    maxima = torch.tensor([[4.0, 4.0, 1.0], [4.0, 4.0, 1.0], [4.0, 4.0, 1.2], [4.0, 4.5, 1.0], [2.0, 2.0, 3.0]])
+    assert rank_chunks(maxima.mean(1))[-1] == 4
+    got = first_stage_excess(maxima)
+    # medians (4, 4, 1): excesses (0,0,0), (0,0,0), (0,0,0.2), (0,0.5,0), (0,0,2) / 3 features
+    torch.testing.assert_close(got, torch.tensor([0.0, 0.0, 0.2 / 3, 0.5 / 3, 2.0 / 3]))
+    assert rank_chunks(got)[:3] == [4, 3, 2]
+    two = first_stage_excess(torch.tensor([[1.0, 5.0], [3.0, 2.0]]))  # even N: the lower middle value
+    torch.testing.assert_close(two, torch.tensor([1.5, 1.0]))
+    for bad in (torch.zeros(3), torch.zeros(0, 2), torch.zeros(2, 0), [[1.0]]):
+        with pytest.raises(ValueError, match="maxima"):
+            first_stage_excess(bad)
 
 
 def test_candidates_score_only_the_first_stage_picks(dream):

@@ -17,6 +17,8 @@ rounded to x's dtype, then multiplied by the weight in the result dtype.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -99,8 +101,9 @@ def add_rms_norm_launch(x2, w, eps: float, res2=None):
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as ``[R, H]`` without a copy when its leading dims flatten to one stride (else a copy)."""
-    return t.reshape(-1, t.shape[-1])
+    """``t`` as ``[R, H]`` without a copy when its leading dims flatten to one stride (else a copy).
+    ``R`` is spelt out: ``reshape(-1, 0)`` is ambiguous for a hidden size of 0 (an empty result, as torch's)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 # ----------------------------------------------------------------------------- public op
@@ -129,7 +132,8 @@ def add_rms_norm(
         ``weight * (sf * rsqrt(mean(sf^2, -1) + eps)).to(x.dtype)`` with ``sf`` the fp32 value of ``s``
         (of ``x`` without a residual), the rounding of :class:`dllm.model.modeling.RMSNorm`.
         Both outputs are new contiguous tensors. A row of zeros gives zeros (``eps > 0``); NaN/inf in
-        a row make that row's ``y`` non-finite, as in torch.
+        a row make that row's ``y`` non-finite, as in torch. ``H = 0`` (or no row) gives empty outputs
+        of that shape on both backends.
 
     Raises:
         TypeError: non-tensor input or a dtype outside fp32/fp16/bf16; ``residual`` of another dtype.

@@ -22,6 +22,12 @@ Two kernels, two launches, only the four outputs allocated (no torch op on the C
   rows, from any row strides (64-bit offsets); it also applies the bad-chunk rule below, which
   needs every head of a chunk.
 
+Host path (issue 35.3): a call whose metadata signature was seen runs its prepared call
+(:class:`_TopbCall`: the output specs and both launch records, grids and non-pointer arguments
+fixed), so it costs the signature, four ``torch.empty_strided`` and two direct launches. Four
+allocations, not one flat buffer viewed into the outputs: on the CPU dispatcher four cost 5.8 us,
+one buffer and its four views 17.7 us (each view is a dispatcher call too).
+
 Rows longer than :data:`MAX_SELECT_T` (not a chunk size this package uses) fall back to the torch
 selection :func:`select_topb` (max-pool + two stable sorts) and the same gather.
 
@@ -38,18 +44,23 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels import _launch
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
 from triton_kernels._dispatch import (
     ERR_TOPB,
     alloc,
+    alloc_spec,
     call_op,
     check_values_enabled,
+    eager,
     error_word,
+    out_spec,
     require_runnable,
     resolve_backend,
+    values_checked,
 )
-from triton_kernels._launch import launch
+from triton_kernels._launch import PreparedLaunch, launch
 from triton_kernels.plan import cdiv
 
 # ----------------------------------------------------------------------------- kernels
@@ -241,6 +252,40 @@ def select_warps(block_t: int) -> int:
     return max(1, min(8, block_t // 1024))
 
 
+def _select_tail(t, b, scores_strides, h, pool_kernel, keep_first, has_lens) -> tuple:
+    """The selection kernel's arguments after its 5 pointers (``idx`` contiguous ``[N, Hkv, b]``)."""
+    block_t = 32 if t <= 32 else 1 << (t - 1).bit_length()  # next_pow2, at least a warp
+    # the kernel's signature order (triton_kernels._launch.launch)
+    return (t, b, *scores_strides, h * b, b, 1, pool_kernel, keep_first, has_lens, block_t)
+
+
+def _gather_plan(n, h, b, d, idx_strides, k_strides, v_strides, t, chunk_check, has_lens) -> tuple:
+    """``(grid, tail, num_warps)`` of the gather kernel: ``tail`` its arguments after its 7 pointers
+    (``k_out``/``v_out`` contiguous ``[N, b, Hkv, D]``)."""
+    block_d = 1 if d <= 1 else 1 << (d - 1).bit_length()  # next_pow2
+    block_b = max(1, min(64, 4096 // block_d, 1 << (b - 1).bit_length()))
+    tail = (
+        t,
+        b,
+        *idx_strides,
+        *k_strides[:3],
+        *v_strides[:3],
+        b * h * d,  # k_out, v_out: contiguous
+        h * d,
+        d,
+        b * h * d,
+        h * d,
+        d,
+        d,
+        block_b,
+        block_d,
+        1 if h <= 1 else 1 << (h - 1).bit_length(),
+        chunk_check,
+        has_lens,
+    )  # the kernel's signature order (triton_kernels._launch.launch)
+    return (cdiv(b, block_b), h, n), tail, 4
+
+
 def select_launch(scores, b, lens, pool_kernel, keep_first):
     """Launch ``_select_topb_kernel``: ``(idx [N, Hkv, b] int64, kept [N] int32)`` on ``scores``' device.
 
@@ -256,38 +301,74 @@ def select_launch(scores, b, lens, pool_kernel, keep_first):
     dev = scores.device
     idx = alloc((n, h, b), torch.long, dev)
     kept = alloc((n,), torch.int32, dev)
-    block_t = 32 if t <= 32 else 1 << (t - 1).bit_length()  # next_pow2, at least a warp
-    s_n, s_h, s_t = scores.stride()
-    args = (
-        scores,
-        kept if lens is None else lens,  # not read without lens
-        idx,
-        kept,
-        error_word(dev),
-        t,
-        b,
-        s_n,
-        s_h,
-        s_t,
-        h * b,
-        b,
-        1,
-        pool_kernel,
-        keep_first,
-        lens is not None,
-        block_t,
-    )  # the kernel's signature order (triton_kernels._launch.launch)
-    launch(_select_topb_kernel, (n, h), args, select_warps(block_t))
+    tail = _select_tail(t, b, scores.stride(), h, pool_kernel, keep_first, lens is not None)
+    # lens: kept stands in when there is none (not read without lens)
+    args = (scores, kept if lens is None else lens, idx, kept, error_word(dev), *tail)
+    launch(_select_topb_kernel, (n, h), args, select_warps(tail[-1]))
     return idx, kept
 
 
-def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
-    """The whole op in two launches: :func:`select_launch` writes ``idx`` and ``kept``;
-    :func:`gather_rows_launch` copies the rows and makes a chunk with a bad row keep nothing (idx -1,
-    kept 0, K/V NaN). Returns ``(k_out, v_out, idx, kept)`` as :func:`topb_gather`; allocates only them."""
-    idx, kept = select_launch(scores, b, lens, pool_kernel, keep_first)
-    k_out, v_out = gather_rows_launch(idx, k, v, kept, lens, scores.shape[-1])
+class _TopbCall:
+    """A prepared ``topb_gather`` call (:func:`_prepare`): the four output specs and the two launches
+    (selection, gather) with every non-pointer argument fixed; a call supplies the pointers."""
+
+    __slots__ = ("k_out", "v_out", "idx", "kept", "select", "gather", "native", "err", "device_type", "kernels")
+
+
+def _prepare(scores, k, v, b, lens, pool_kernel, keep_first):
+    """The :class:`_TopbCall` of these validated inputs' metadata, or None where the kernels do not
+    serve the whole op (rows longer than :data:`MAX_SELECT_T`, or no (chunk, head) row)."""
+    n, h, t = scores.shape
+    if t > MAX_SELECT_T or n * h == 0:
+        return None
+    d, dev = k.shape[-1], k.device
+    call = _TopbCall()
+    call.k_out = out_spec((n, b, h, d), k.dtype, dev)
+    call.v_out = out_spec((n, b, h, d), v.dtype, dev)
+    call.idx = out_spec((n, h, b), torch.long, dev)
+    call.kept = out_spec((n,), torch.int32, dev)
+    has_lens = lens is not None
+    tail = _select_tail(t, b, scores.stride(), h, pool_kernel, keep_first, has_lens)
+    call.select = PreparedLaunch(_select_topb_kernel, (n, h), tail, select_warps(tail[-1]))
+    grid, tail, warps = _gather_plan(n, h, b, d, call.idx[1], k.stride(), v.stride(), t, True, has_lens)
+    call.gather = PreparedLaunch(_gather_rows_kernel, grid, tail, warps)
+    call.device_type = dev.type
+    call.native = call.device_type == "cuda"  # else require_runnable per call
+    call.err = error_word(dev)
+    call.kernels = (_select_topb_kernel, _gather_rows_kernel)  # what the launches above hold
+    return call
+
+
+def _current(call: _TopbCall) -> bool:
+    """Whether the call launches the module's kernels of now (the AOT compile gate swaps in stand-ins)."""
+    return call.kernels[0] is _select_topb_kernel and call.kernels[1] is _gather_rows_kernel
+
+
+def _run(call: _TopbCall, scores, k, v, lens):
+    """Allocate the outputs and make the two launches: the selection writes ``idx`` and ``kept``; the
+    gather copies the rows and makes a chunk with a bad row keep nothing (idx -1, kept 0, K/V NaN)."""
+    if not call.native and _launch._STUB is None:
+        require_runnable(_select_topb_kernel, scores.device, "topb_gather")
+    k_out, v_out = alloc_spec(call.k_out), alloc_spec(call.v_out)
+    idx, kept = alloc_spec(call.idx), alloc_spec(call.kept)
+    if lens is None:  # dummy pointers in its place (not read without lens)
+        aligned = not (scores.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+        call.select((scores, kept, idx, kept, call.err), aligned)
+        call.gather((idx, k, v, k_out, v_out, idx, kept), aligned)
+    else:
+        aligned = not (scores.data_ptr() | k.data_ptr() | v.data_ptr() | lens.data_ptr()) & 15
+        call.select((scores, lens, idx, kept, call.err), aligned)
+        call.gather((idx, k, v, k_out, v_out, lens, kept), aligned)
     return k_out, v_out, idx, kept
+
+
+def topb_launch(scores, k, v, b, lens, pool_kernel, keep_first):
+    """The whole op in two launches on validated inputs with ``1 <= T <= MAX_SELECT_T`` and
+    ``N * Hkv > 0``: the selection writes ``idx`` and ``kept``; the gather copies the rows and makes
+    a chunk with a bad row keep nothing (idx -1, kept 0, K/V NaN). Returns ``(k_out, v_out, idx,
+    kept)`` as :func:`topb_gather`; allocates only them."""
+    require_runnable(_select_topb_kernel, scores.device, "topb_gather")
+    return _run(_prepare(scores, k, v, b, lens, pool_kernel, keep_first), scores, k, v, lens)
 
 
 def gather_rows_launch(idx, k, v, kept=None, lens=None, t=0):
@@ -304,44 +385,12 @@ def gather_rows_launch(idx, k, v, kept=None, lens=None, t=0):
     v_out = alloc((n, b, h, d), v.dtype, v.device)
     if n * h * b == 0:
         return k_out, v_out
-    block_d = 1 if d <= 1 else 1 << (d - 1).bit_length()  # next_pow2
-    block_b = max(1, min(64, 4096 // block_d, 1 << (b - 1).bit_length()))
-    s_in, s_ih, s_ib = idx.stride()
-    s_kn, s_kt, s_kh, _ = k.stride()
-    s_vn, s_vt, s_vh, _ = v.stride()
-    args = (
-        idx,
-        k,
-        v,
-        k_out,
-        v_out,
-        idx if lens is None else lens,  # not read without lens
-        idx if kept is None else kept,  # not read without kept
-        t,
-        b,
-        s_in,
-        s_ih,
-        s_ib,
-        s_kn,
-        s_kt,
-        s_kh,
-        s_vn,
-        s_vt,
-        s_vh,
-        b * h * d,  # k_out, v_out: contiguous
-        h * d,
-        d,
-        b * h * d,
-        h * d,
-        d,
-        d,
-        block_b,
-        block_d,
-        1 if h <= 1 else 1 << (h - 1).bit_length(),
-        kept is not None,
-        lens is not None,
-    )  # the kernel's signature order (triton_kernels._launch.launch)
-    launch(_gather_rows_kernel, (cdiv(b, block_b), h, n), args, 4)
+    grid, tail, warps = _gather_plan(
+        n, h, b, d, idx.stride(), k.stride(), v.stride(), t, kept is not None, lens is not None
+    )
+    # lens / kept: idx stands in when there is none (not read then)
+    args = (idx, k, v, k_out, v_out, idx if lens is None else lens, idx if kept is None else kept, *tail)
+    launch(_gather_rows_kernel, grid, args, warps)
     return k_out, v_out
 
 
@@ -417,9 +466,10 @@ def _topb_impl(
         out = _ref.topb_gather(scores, k, v, b, lens=safe, pool_kernel=pool_kernel, keep_first=keep_first)
         _flag_bad_chunks(scores, lens, *out)
         return out
-    n, h, t = scores.shape
-    if t <= MAX_SELECT_T and n * h > 0:
-        return topb_launch(scores, k, v, b, lens, pool_kernel, keep_first)
+    call = _prepare(scores, k, v, b, lens, pool_kernel, keep_first)
+    if call is not None:
+        require_runnable(_select_topb_kernel, scores.device, "topb_gather")
+        return _run(call, scores, k, v, lens)
     # Rows too long for the selection kernel's registers: torch selection, then the gather kernel.
     idx, kept = select_topb(scores, b, lens, pool_kernel, keep_first)
     k_out, v_out = gather_rows_launch(idx, k, v)
@@ -537,9 +587,25 @@ def topb_gather(
     with a prefix-sum compaction, gather by a second Triton kernel (see the module
     docstring); the torch backend is the naive stable-sort reference.
     """
-    sig = V.signature("topb_gather", (scores, k, v, lens), (b, pool_kernel, keep_first))
-    if not V.passed(sig) or type(b) is not int or type(pool_kernel) is not int:  # memoised metadata checks
+    backend = resolve_backend(backend, k.device) if isinstance(k, torch.Tensor) else backend
+    # MAX_SELECT_T: a record never outlives the limit it was prepared under (tests lower it)
+    sig = V.signature("topb_gather", (scores, k, v, lens), (b, pool_kernel, keep_first, backend, MAX_SELECT_T))
+    call = V.recall(sig)
+    # 1 == True as dict keys: a seen signature still checks any b / pool_kernel / keep_first of another type
+    if (
+        call is None
+        or type(b) is not int
+        or type(pool_kernel) is not int
+        or type(keep_first) is not bool
+        or (type(call) is _TopbCall and not _current(call))
+    ):  # metadata checks, memoised per metadata signature with the prepared call (made again when the
+        # kernels were swapped: the AOT compile gate's stand-ins)
         b, pool_kernel = _validate(scores, k, v, b, lens, pool_kernel, keep_first)
-        V.remember(sig)
-    args = (scores, k, v, b, lens, pool_kernel, keep_first, resolve_backend(backend, k.device))
-    return call_op(_topb_op, _topb_impl, *args)
+        if backend == "triton" and sig is not None:
+            call = _prepare(scores, k, v, b, lens, pool_kernel, keep_first)
+        V.remember(sig, call)
+    if type(call) is _TopbCall and eager():  # the prepared call: allocate, launch
+        if values_checked(call.device_type):
+            V.check_scores_values("topb_gather", scores, lens)
+        return _run(call, scores, k, v, lens)
+    return call_op(_topb_op, _topb_impl, scores, k, v, b, lens, pool_kernel, keep_first, backend)

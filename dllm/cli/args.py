@@ -333,8 +333,9 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
         type=candidates_arg,
         default=None,
         metavar="N|auto|all",
-        help="chunks a cheap first stage (max attention logit over the cached keys) passes to the predictive "
-        "score: N, auto (2 sqrt(chunks), at least 8 K, once that leaves out half of them) or all (every chunk "
+        help="chunks a cheap first stage (max attention logits over the cached keys, against the median chunk's) "
+        "passes to the predictive score: N, auto (sqrt(chunks), at least 8 K, once that leaves out half of them) "
+        "or all (every chunk "
         f"scored, the paper) ({default_help(model_dir, 'candidates', lambda c: 'all' if c is None else c)})",
     )
     g.add_argument(

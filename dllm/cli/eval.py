@@ -57,6 +57,22 @@ RUNS_DIR = "runs"  # default output folder, relative to the working directory (g
 LONGBENCH = "longbench"  # eval's task for a local LongBench file (--data), beside the seeded tasks
 
 
+# The longest task context eval builds, in tokens: 1M (2**20), the longest the package documents running
+# (README: 1M-token documents, bench/results/long_context.md). Larger lengths are refused before anything
+# loads: the haystack, its tokens and the model's cache would run out of memory long after the start.
+MAX_LENGTH = 1 << 20
+
+
+def _length(text: str) -> int:
+    """``--lengths``: a context length in tokens, in ``[1, MAX_LENGTH]``."""
+    value = positive_int(text)
+    if value > MAX_LENGTH:
+        raise argparse.ArgumentTypeError(
+            f"{value} tokens is more than {MAX_LENGTH} (1M), the longest context eval builds; lower it"
+        )
+    return value
+
+
 def _depth(text: str) -> float:
     try:
         value = float(text)
@@ -340,7 +356,13 @@ def add_parser(sub, model_dir: str | None) -> None:
         choices=(*TASKS, LONGBENCH),
         help="a seeded InfiniteBench-style task (needle: Needle-in-a-Haystack QA), or longbench with --data",
     )
-    e.add_argument("--lengths", type=positive_int, nargs="+", default=[1024], help="context lengths in tokens")
+    e.add_argument(
+        "--lengths",
+        type=_length,
+        nargs="+",
+        default=[1024],
+        help=f"context lengths in tokens, each at most {MAX_LENGTH} (1M, the longest the package documents)",
+    )
     e.add_argument(
         "--depths", type=_depth, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths in [0, 1]"
     )

@@ -25,7 +25,13 @@ from dllm.prefilling.lexical import fuse_scores, lexical_ngram, lexical_scores, 
 from dllm.prefilling.pipeline import Selection, with_lexical_candidates
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, draft_pseudo_labels, score_chunks
-from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_count, select_chunks
+from dllm.prefilling.selection import (
+    first_stage_candidates,
+    first_stage_excess,
+    first_stage_maxima,
+    kept_count,
+    select_chunks,
+)
 
 TERMS = ("self_info", "pseudo_label", "answer_confidence")
 
@@ -37,8 +43,9 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     Collective. The root drafts pseudo-labels from ``prefix + query`` (no context,
     :func:`~dllm.prefilling.scoring.draft_pseudo_labels`) and broadcasts the query window and the draft. With
     ``cfg.candidates`` (a first stage, fewer than N candidates: :meth:`PrefillingConfig.candidate_count`) every
-    rank ranks its chunks by :func:`~dllm.prefilling.selection.first_stage_scores` and the best candidates of the
-    gathered ``[N]`` are the only chunks scored predictively. Every rank scores its (candidate) chunks
+    rank computes its chunks' :func:`~dllm.prefilling.selection.first_stage_maxima`, and the best candidates of the
+    gathered ``[N, F]`` maxima's scores (:func:`~dllm.prefilling.selection.first_stage_excess`, against the whole
+    document's median) are the only chunks scored predictively. Every rank scores its (candidate) chunks
     (:func:`~dllm.prefilling.scoring.score_chunks` with ``cfg``'s mode, terms and batch, at the document's
     padded width); the scores are all-gathered in chunk order and the K kept chosen on the gathered tensor by
     :func:`~dllm.prefilling.selection.select_chunks` (``redundancy_threshold``: over the chunks' token ids,
@@ -86,9 +93,10 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     cands = None
     if n_cand is not None:
         first = run_on_all(
-            lambda: first_stage_scores(model, chunks, window, cfg.draft_tokens, cfg.candidate_layer).cpu(), doc.group
+            lambda: first_stage_maxima(model, chunks, window, cfg.draft_tokens, cfg.candidate_layer).cpu(), doc.group
         )
-        gathered = torch.cat(all_gather(first, doc.group))
+        # the maxima, not the scores, are gathered: a score is measured against the whole document's median
+        gathered = first_stage_excess(torch.cat(all_gather(first, doc.group)))
         cands = first_stage_candidates(gathered, n_cand, cfg.neighbours_of(k))  # the one-process rule
         cands = with_lexical_candidates(cands, lexical, k)
         mine = [j - lo for j in cands if lo <= j < hi]

@@ -184,6 +184,8 @@ def load_model(
     load_weights_into(model, path, cfg.family, index)
     model.eval()
     model.requires_grad_(False)
+    if model.uses_fused_ops():  # the fused path's merged q/k/v and gate/up weights, laid out once, here
+        model.merge_projections()
     model.tokenizer = load_tokenizer(tokenizer_path or path, family=cfg.family)
     model.model_dir = path
     return model

@@ -17,7 +17,10 @@ elementwise kernels (RMSNorm's casts/square/mean/rsqrt/products twice, RoPE's se
 for q and again for k, the residual adds, SiLU and its product). On CUDA the model runs three
 Triton kernels instead (:func:`triton_kernels.add_rms_norm`, which also does the residual add,
 :func:`triton_kernels.rope_qk` and :func:`triton_kernels.swiglu`): four launches per layer,
-the same rounding steps as the torch path. ``DiffusionLM.fused_ops`` chooses: ``None`` (default)
+the same rounding steps as the torch path. The fused path also runs one GEMM for q, k and v and one for
+gate and up (:mod:`dllm.model.merged_linear`: the parameters become views of one merged tensor, same names,
+same memory): the five projection GEMMs before the output and down projections become two.
+``DiffusionLM.fused_ops`` chooses: ``None`` (default)
 = on for CUDA weights when the ops dispatch to Triton and ``PREFILLING_DLLM_FUSED`` is not ``0``;
 ``True`` forces it (a CPU test does, through the Triton interpreter); ``False`` turns it off.
 CPU keeps the torch path.
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 import triton_kernels
 from dllm.model.config import ModelConfig
 from dllm.model.kv_cache import StaticKVCache
+from dllm.model.merged_linear import MergedProjections, apply_keeping_merged
 from dllm.model.rope import RotaryEmbedding, apply_rope
 from triton_kernels._dispatch import check_values_enabled, resolve_backend
 
@@ -63,21 +67,28 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.hq * self.d, cfg.hidden_size, bias=False)
+        self.qkv = MergedProjections(self.q_proj, self.k_proj, self.v_proj)  # the fused path's one GEMM
+
+    def _apply(self, fn, recurse=True):  # .to() / .half() / to_empty: keep the merged layout
+        return apply_keeping_merged(self, [self.qkv], fn, recurse)
 
     def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens=None, fused=False):
         b, n, _ = x.shape
-        if fused:  # q and k rotated by one kernel
+        if fused:  # one GEMM for q, k, v; q and k rotated by one kernel, read in place from its output
+            nq, nk = self.hq * self.d, self.hkv * self.d
+            qkv = F.linear(x, *self.qkv.weights())  # [B, L, (Hq + 2 Hkv) D]
             q, k = triton_kernels.rope_qk(
-                self.q_proj(x).view(b, n, self.hq, self.d),
-                self.k_proj(x).view(b, n, self.hkv, self.d),
+                qkv[..., :nq].view(b, n, self.hq, self.d),
+                qkv[..., nq : nq + nk].view(b, n, self.hkv, self.d),
                 cos,
                 sin,
                 backend="triton",
             )
+            v = qkv[..., nq + nk :].view(b, n, self.hkv, self.d)  # a strided view (row stride (Hq + 2 Hkv) D)
         else:
             q = apply_rope(self.q_proj(x).view(b, n, self.hq, self.d), cos, sin)  # [B, L, Hq, D]
             k = apply_rope(self.k_proj(x).view(b, n, self.hkv, self.d), cos, sin)  # [B, L, Hkv, D]
-        v = self.v_proj(x).view(b, n, self.hkv, self.d)
+            v = self.v_proj(x).view(b, n, self.hkv, self.d)
         if hook is not None:
             hook(layer_idx, q, k, v)
         if cache is None:
@@ -98,10 +109,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = MergedProjections(self.gate_proj, self.up_proj)  # the fused path's one GEMM
+
+    def _apply(self, fn, recurse=True):  # .to() / .half() / to_empty: keep the merged layout
+        return apply_keeping_merged(self, [self.gate_up], fn, recurse)
 
     def forward(self, x, fused=False):
-        if fused:
-            return self.down_proj(triton_kernels.swiglu(self.gate_proj(x), self.up_proj(x), backend="triton"))
+        if fused:  # one GEMM, [..., 2I] = gate then up, which swiglu reads in place
+            w, _ = self.gate_up.weights()
+            return self.down_proj(triton_kernels.swiglu(F.linear(x, w), backend="triton"))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -223,15 +239,39 @@ class DiffusionLM(nn.Module):
 
         ``self.fused_ops``: ``True`` / ``False`` force the choice; ``None`` (the default) = auto: on for a
         CUDA device whose ops dispatch to Triton (:func:`triton_kernels._dispatch.resolve_backend`),
-        unless the environment variable ``PREFILLING_DLLM_FUSED`` is ``0`` / ``false`` / ``no``. Forcing
-        ``True`` on CPU needs the Triton interpreter (``TRITON_INTERPRET=1`` before the first import).
+        unless the environment variable ``PREFILLING_DLLM_FUSED`` is ``0`` / ``false`` / ``no``, and off
+        for a training forward (gradients enabled and a parameter that requires them): the Triton kernels
+        have no backward, so their outputs would cut the autograd graph. Forcing ``True`` on CPU needs the
+        Triton interpreter (``TRITON_INTERPRET=1`` before the first import).
         """
         if self.fused_ops is not None:
             return bool(self.fused_ops)
         device = self.device if device is None else device
         if device.type != "cuda" or resolve_backend(None, device) != "triton":
             return False
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return False
         return os.environ.get(FUSED_ENV, "1").strip().lower() not in ("0", "false", "no")
+
+    def merge_projections(self) -> None:
+        """Lay out every layer's q/k/v weights (and biases) as one ``[(Hq + 2 Hkv) D, H]`` tensor and its
+        gate/up weights as one ``[2 I, H]`` tensor, the fused path's two GEMMs (:mod:`dllm.model.merged_linear`).
+
+        The parameters keep their names and shapes (they become views of the merged tensors), so the
+        ``state_dict``, checkpoint loading and the torch path are unchanged, and the weights take no extra
+        memory. The fused path merges on its first forward anyway; calling this first (as
+        :func:`dllm.load_model` does when the fused path is on) keeps that out of a CUDA graph capture and
+        lets the CUDA allocator return the separate blocks (``torch.cuda.empty_cache``) at once.
+        Idempotent; a move or cast of the model keeps the layout.
+
+        Raises:
+            RuntimeError: called inside a CUDA graph capture.
+        """
+        for layer in self.layers:
+            layer.self_attn.qkv.weights()
+            layer.mlp.gate_up.weights()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the separate matrices' blocks, freed by the merge
 
     @torch.no_grad()
     def layer_keys(
@@ -386,9 +426,9 @@ class DiffusionLM(nn.Module):
                     )
                 else:
                     x, k, v = layer(x, cos, sin, cache_kv, cache, mask, attn_hook, i, cache_lens)
-                if return_kv:
+                if return_kv:  # the fused path's v is a view of the whole q/k/v output: keep v's bytes only
                     ks.append(k)
-                    vs.append(v)
+                    vs.append(v.contiguous())
         logits = None
         rows = _logit_rows(x, n, logits_start, logits_at, cfg.shift_logits)  # the LM head's rows only
         if rows is not None:

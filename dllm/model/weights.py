@@ -267,5 +267,8 @@ def save_checkpoint(model: torch.nn.Module, model_dir: str, family: str, dtype: 
     tensors = {}
     for name, p in model.named_parameters():
         t = p.detach().to("cpu")
-        tensors[module_to_checkpoint_name(name, family)] = (t if dtype is None else t.to(dtype)).contiguous()
+        t = (t if dtype is None else t.to(dtype)).contiguous()
+        if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone()  # a view of merged projections (dllm.model.merged_linear): safetensors wants its own memory
+        tensors[module_to_checkpoint_name(name, family)] = t
     save_file(tensors, os.path.join(model_dir, "model.safetensors"), metadata={"format": "pt"})

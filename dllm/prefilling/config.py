@@ -23,10 +23,12 @@ SCORE_TERMS = ("self_info", "pseudo_label", "answer_confidence", "draft_contrast
 DEFAULT_TERMS = ("self_info", "pseudo_label")
 CONFIG_NAME = "prefilling_config.json"
 AUTO = "auto"  # candidates="auto": the first stage engages by itself (auto_candidates)
-# The auto rule's constants (our extension; bench/results/scale_by_default.md measures them): at least
-# AUTO_PER_K * K candidates and AUTO_SQRT * sqrt(N), and only where that leaves out at least half the chunks.
+# The auto rule's constants (our extension; bench/results/scale_default.md and first_stage_ranks.md measure
+# them): at least AUTO_PER_K * K candidates and AUTO_SQRT * sqrt(N), and only where that leaves out at least
+# half the chunks. With the excess first stage the needle's chunk ranked 0-19 in 92 pass-key cases at 4K-128K
+# (bench/results/first_stage_ranks*), so sqrt(N) (32 + 8 of 530 chunks at 128K) suffices; 2 sqrt(N) scored 47 + 8.
 AUTO_PER_K = 8
-AUTO_SQRT = 2.0
+AUTO_SQRT = 1.0
 # With "auto", the best K of the first stage also bring their two neighbours (a fact cut by a chunk boundary
 # lies in two chunks; measured: bench/results/scale_default.md, essays at 64K)
 AUTO_NEIGHBOURS_PER_K = 1
@@ -40,8 +42,8 @@ def auto_candidates(num_chunks: int, top_k: int) -> int | None:
     ``n = max(AUTO_PER_K * K, ceil(AUTO_SQRT * sqrt(N)))``, used only when ``2 * n < N``. The predictive
     score costs one forward of the scoring tokens per chunk, the first stage one small forward and one
     product over the cached keys in all: once the first stage leaves out at least half the chunks, scoring
-    stops paying for the chunks it ranks low. ``n`` grows as ``sqrt(N)`` (sublinear: 47 of 530 chunks at 128K
-    tokens of C=256, 131 of 4237 at 1M) and never below ``AUTO_PER_K`` times K, so a chunk the first stage
+    stops paying for the chunks it ranks low. ``n`` grows as ``sqrt(N)`` (sublinear: 32 of 530 chunks at 128K
+    tokens of C=256, 66 of 4237 at 1M) and never below ``AUTO_PER_K`` times K, so a chunk the first stage
     ranks anywhere in its first ``n`` still competes for K on the predictive score. With K=4 it engages from
     65 chunks on (16K tokens at C=256). Deterministic: a function of N and K alone.
 
@@ -163,9 +165,9 @@ class PrefillingConfig:
             whose set of token 8-grams overlaps an already kept chunk's by at least this much is passed
             over while other chunks remain, so near-copies (repeated boilerplate) do not fill K
             (our extension; :func:`dllm.prefilling.selection.select_chunks`).
-        candidates: None (the paper: every chunk is scored), n >= 1, or ``"auto"``: a cheap first stage (the
-            largest attention logit of the context-free scoring tokens' queries on each chunk's cached keys,
-            averaged over the layers or in layer ``candidate_layer``,
+        candidates: None (the paper: every chunk is scored), n >= 1, or ``"auto"``: a cheap first stage (how far
+            the largest attention logits of the context-free scoring tokens' queries on each chunk's cached keys
+            stand out from the document's median chunk, over the layers or in layer ``candidate_layer``,
             :func:`dllm.prefilling.selection.first_stage_scores`) keeps the n best chunks and only
             they get the predictive score (our extension). Fewer than K candidates are raised to K.
             ``"auto"`` picks n from the chunk count (:func:`auto_candidates`: sublinear in N, engaged only

@@ -59,3 +59,17 @@ def test_add_rms_norm_errors():
         tk.add_rms_norm(x, w, float("nan"))
     with pytest.raises(ValueError, match="contiguous"):
         tk.add_rms_norm(torch.zeros(8, 2, device=DEVICE).t(), w, 1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 0), (0, 0), (0, 4)], ids=["hidden-0", "no-row-hidden-0", "no-row"])
+@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "plain"])
+def test_add_rms_norm_empty_matches_the_torch_backend(shape, with_residual):
+    """A hidden size of 0 is an empty result on both backends (the Triton path once failed in
+    ``reshape(-1, 0)``, which is ambiguous for 0 elements, while torch returned empty tensors)."""
+    x = torch.zeros(shape, device=DEVICE)
+    res = torch.zeros(shape, device=DEVICE) if with_residual else None
+    w = torch.ones(shape[-1], device=DEVICE)
+    outs = {b: tk.add_rms_norm(x, w, 1e-6, res, backend=b) for b in ("torch", "triton")}
+    for y, s in outs.values():
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert (s is None) == (res is None) and (s is None or (s.shape == x.shape and s.dtype == x.dtype))

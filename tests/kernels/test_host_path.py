@@ -104,7 +104,7 @@ def test_checked_mode_reads_on_the_host_and_raises(cuda_branch):
         ("merge", 1, 2),
         ("scores", 3, 3),
         ("row_mass", 1, 1),
-        ("topb", 2, 4),  # selection + gather; k_out, v_out, idx, kept (+ its bad-row flags)
+        ("topb", 2, 4),  # selection + gather; k_out, v_out, idx, kept
     ],
 )
 def test_launches_and_allocations_per_call(cuda_branch, name, launches, allocs):

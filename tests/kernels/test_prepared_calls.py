@@ -6,12 +6,14 @@ kernel makes the very call ``JITFunction.run`` makes (checked with a stand-in co
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from triton.runtime.jit import JITFunction
 
 import triton_kernels as tk
-from triton_kernels import _dispatch, _launch, merge, split_s
+from triton_kernels import _dispatch, _launch, merge, split_s, topb
 from triton_kernels import reference as R
 from triton_kernels.plan import H200, assume_gpu
 
@@ -100,6 +102,43 @@ def test_chunk_scores_alternating_shapes_and_extra_keys():
         assert max_err(got, R.chunk_row_mass(qr, k, lens, x)) <= 1e-5, (n, t, e)
 
 
+def test_topb_alternating_metadata_never_reuses_a_stale_record():
+    """T, b, lens (none / int32 / int64), the pool, keep_first, the scores' strides and K/V dtype
+    alternate; every call equals the naive reference exactly, a repeated signature too."""
+    gen = torch.Generator().manual_seed(9)
+    variants = [
+        dict(t=24, b=5),
+        dict(t=24, b=7),
+        dict(t=20, b=5, lens=torch.int32),
+        dict(t=24, b=5, lens=torch.int64),
+        dict(t=24, b=5, pool=3, keep_first=False),
+        dict(t=24, b=5, strided=True),
+        dict(t=24, b=5, dtype=torch.float16),
+        dict(t=24, b=5),
+    ]
+    for kw in variants:
+        t, b, dtype = kw["t"], kw["b"], kw.get("dtype", torch.float32)
+        scores = torch.randn(2, 2, 2 * t if kw.get("strided") else t, generator=gen).to(DEVICE)
+        scores = scores[..., ::2] if kw.get("strided") else scores
+        k, v = (torch.randn(2, t, 2, 8, generator=gen).to(dtype=dtype, device=DEVICE) for _ in range(2))
+        lens = torch.tensor([t, t // 3], dtype=kw["lens"], device=DEVICE) if "lens" in kw else None
+        opts = dict(lens=lens, pool_kernel=kw.get("pool", 7), keep_first=kw.get("keep_first", True))
+        got = tk.topb_gather(scores, k, v, b, backend="triton", **opts)
+        want = R.topb_gather(scores, k, v, b, **opts)
+        for name, x, y in zip(("k_out", "v_out", "idx", "kept"), got, want, strict=True):
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), (kw, name)
+
+
+def test_topb_seen_signature_still_checks_the_scalars_types():
+    """1 == True as dict keys: the memo let ``keep_first=1`` through after ``keep_first=True``."""
+    scores, k = torch.randn(2, 2, 8), torch.randn(2, 8, 2, 4)
+    tk.topb_gather(scores, k, k, 3, keep_first=True, backend="torch")
+    with pytest.raises(TypeError, match="keep_first must be a bool"):
+        tk.topb_gather(scores, k, k, 3, keep_first=1, backend="torch")
+    with pytest.raises(TypeError, match="b must be"):
+        tk.topb_gather(scores, k, k, True, backend="torch")
+
+
 def test_seen_signature_still_raises_for_a_bool_scale():
     """1 == True as dict keys: the memo once let ``sm_scale=True`` through after ``sm_scale=1``."""
     args = _split_s_inputs(3, torch.float32, torch.Generator().manual_seed(4))
@@ -163,7 +202,7 @@ def test_prepared_path_allocates_only_the_outputs_and_follows_the_policy(stubbed
         tk.split_s_attention(*args, backend="triton")
 
 
-@pytest.mark.parametrize("op,outputs,launches", [("merge", 2, 1), ("scores", 3, 3), ("row_mass", 1, 1)])
+@pytest.mark.parametrize("op,outputs,launches", [("merge", 2, 1), ("scores", 3, 3), ("row_mass", 1, 1), ("topb", 4, 2)])
 def test_prepared_path_of_the_other_ops_allocates_only_the_outputs(stubbed, monkeypatch, op, outputs, launches):
     gen = torch.Generator().manual_seed(8)
     k, x = torch.randn(3, 64, 2, 32, generator=gen), torch.randn(3, 4, 2, 32, generator=gen)
@@ -174,10 +213,12 @@ def test_prepared_path_of_the_other_ops_allocates_only_the_outputs(stubbed, monk
         torch.randn(3, 6, 4, 32),
         torch.randn(3, 64, 4, 32),
     )
+    scores = torch.randn(3, 2, 64, generator=gen)
     call = {
         "merge": lambda: tk.merge_states(o, lse, backend="triton"),
         "scores": lambda: tk.chunk_attention_scores(q, k, lens, x, backend="triton"),
         "row_mass": lambda: tk.chunk_row_mass(qr, k, lens, x, backend="triton"),
+        "topb": lambda: tk.topb_gather(scores, k, k, 8, lens=lens, backend="triton"),
     }[op]
     call()  # prepares
     allocs = []
@@ -187,6 +228,39 @@ def test_prepared_path_of_the_other_ops_allocates_only_the_outputs(stubbed, monk
     stubbed.clear()
     call()
     assert len(allocs) == outputs and len(stubbed) == launches, (allocs, stubbed)
+
+
+def test_topb_prepared_call_skips_the_generic_launch_path(stubbed, monkeypatch):
+    """Issue 35.3: a seen ``topb_gather`` signature launches its two kept records directly: no
+    ``launch`` (per-launch key of every argument), no metadata check, no registered-op dispatch, and a
+    short Python path (the old code went through both launchers and ``launch`` on every call: 35.9 us
+    of host time in ``bench/results/host_time_cpu.md``, 13 us with the prepared call). Under
+    ``PREFILLING_DLLM_CHECK_VALUES=1`` the prepared signature still reads the values and raises."""
+    gen = torch.Generator().manual_seed(10)
+    scores, k = torch.randn(3, 2, 64, generator=gen), torch.randn(3, 64, 2, 32, generator=gen)
+    lens = torch.tensor([64, 10, 1], dtype=torch.int32)
+    call = lambda: tk.topb_gather(scores, k, k, 8, lens=lens, backend="triton")  # noqa: E731
+    call()  # prepares
+    generic = []
+    for mod in (_launch, topb):
+        real = mod.launch
+        monkeypatch.setattr(mod, "launch", lambda *a, _real=real, **kw: generic.append(a[0]) or _real(*a, **kw))
+    monkeypatch.setattr(topb, "_validate", lambda *a: pytest.fail("metadata checks on a seen signature"))
+    monkeypatch.setattr(topb, "call_op", lambda *a: pytest.fail("the registered-op path in eager mode"))
+    stubbed.clear()
+    frames = []
+    sys.setprofile(lambda frame, event, arg: frames.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    assert generic == [] and [name for name, _ in stubbed] == ["_select_topb_kernel", "_gather_rows_kernel"]
+    # the public op, backend, signature, memo, policy, _run, 4 output specs, 2 launch records, ...
+    assert len(frames) <= 20, frames
+    scores[1, 0, 3] = float("nan")
+    monkeypatch.setenv("PREFILLING_DLLM_CHECK_VALUES", "1")
+    with pytest.raises(ValueError, match="NaN"):
+        call()
 
 
 def test_env_reads_what_os_environ_holds(monkeypatch):
