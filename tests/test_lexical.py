@@ -128,7 +128,6 @@ def test_fusion_ranks_the_needle_chunk_first_where_the_predictive_score_does_not
     from dllm.eval.evaluation import case_inputs
     from dllm.eval.tasks import make_case
     from dllm.prefilling import pipeline
-
     from dllm.prefilling.lexical import lexical_ngram
 
     model = load_model()
