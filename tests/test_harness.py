@@ -52,9 +52,15 @@ def test_model_args_defaults_are_the_checkpoints_prefilling_config():
     s = parse_model_args({})
     assert s.method == "prefilling"
     # the bundled model's prefilling_config.json: C=256, K=4, s = s_C - s_P, boundaries snapped within 64, the
-    # first stage engaged by itself on long documents (layer 0)
+    # first stage engaged by itself on long documents (layer 0), the query's words in the chunk score (lexical_weight)
     assert s.prefilling == PrefillingConfig(
-        chunk_size=256, top_k=4, score_terms=("draft_contrast",), boundary_snap=64, candidates="auto", candidate_layer=0
+        chunk_size=256,
+        top_k=4,
+        score_terms=("draft_contrast",),
+        boundary_snap=64,
+        candidates="auto",
+        candidate_layer=0,
+        lexical_weight=1.0,
     )
     assert not s.explicit_top_k
     # top_k=all overrides the file's K (None keeps every chunk)
