@@ -166,7 +166,6 @@ class DecoderOutput:
     v: list | None = None
 
 
-
 def _check_ids_and_positions(input_ids: torch.Tensor, position_ids: torch.Tensor):
     """``(B, L, position_ids [B, L])`` for ``input_ids [B, L]`` and positions ``[B, L]`` or ``[L]`` (broadcast
     over the rows). Raises ValueError: ids not 2-D, positions of another shape."""
@@ -178,6 +177,7 @@ def _check_ids_and_positions(input_ids: torch.Tensor, position_ids: torch.Tensor
     if tuple(position_ids.shape) != (b, n):
         raise ValueError(f"position_ids {tuple(position_ids.shape)} does not match input_ids {(b, n)}")
     return b, n, position_ids
+
 
 class DiffusionLM(nn.Module):
     """Bidirectional decoder of a diffusion LM (Dream or LLaDA family).
