@@ -98,7 +98,9 @@ COLLECTIVE_S = 100e-6  # one object collective: pickling, a host-device copy, NC
 # Object collectives (all_gather_object / broadcast_object_list) dllm.distributed runs: counted in its
 # source and checked against the CPU run's counter (tests/test_bench_distributed.py).
 ENCODE_COLLECTIVES = 3  # the arguments' check, the ids' digests, the encoding's success
-QUESTION_COLLECTIVES = 8  # set-up, draft + its broadcast, scoring + the scores' all-gather, the chunk ids for the lexical term, K/V sends, decode
+# a question's: set-up, draft + its broadcast, scoring + the scores' all-gather, the chunk ids for the
+# lexical term, K/V sends, decode
+QUESTION_COLLECTIVES = 8
 
 
 # ----------------------------------------------------------------------------- the prediction

@@ -132,19 +132,20 @@ def rrf(*scores: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def reports(lengths, seeds: int, multi_from: int):
-    """(length, report) pairs: single-needle reports below ``multi_from``, three-needle ones from it."""
+def reports(lengths, seeds: int, multi_from: int, seed_offset: int = 0):
+    """(length, report) pairs: single-needle reports below ``multi_from``, three-needle ones from it;
+    ``seed_offset`` moves every document seed (0: the recorded evaluation's documents)."""
     out = []
     for ln in lengths:
         if ln < multi_from:
             for task in NEEDLE_TASKS:
                 for d in DEPTHS:
                     for s in range(seeds):
-                        out.append(make_report(ln, [(task, d)], SEED_BASE + s))
+                        out.append(make_report(ln, [(task, d)], SEED_BASE + seed_offset + s))
         else:
             for r in range(3):
                 needles = [(t, DEPTHS[(r + 2 * i) % len(DEPTHS)]) for i, t in enumerate(NEEDLE_TASKS)]
-                out.append(make_report(ln, needles, SEED_BASE + r))
+                out.append(make_report(ln, needles, SEED_BASE + seed_offset + r))
     return out
 
 

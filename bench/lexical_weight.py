@@ -1,9 +1,10 @@
 """The lexical chunk-score term against the bundled defaults on the recorded bundled studies (issue 36 item 1).
 
-    python -m bench.lexical_weight [--weights 0 1] [--sets demo lost_in_middle] [--out DIR]
+    python -m bench.lexical_weight [--weights 0 1] [--adaptive-k 0 1.5] [--sets demo lost_in_middle] [--out DIR]
 
-Prefilling only, every case decoded once per ``lexical_weight`` (0: the bundled defaults,
-:data:`bench.tiny_defaults.TINY_PREFILLING`), side by side in one process: the pass keys of :mod:`bench.demo`
+Prefilling only, every case decoded once per ``lexical_weight`` (0: the bundled defaults before issue 36,
+:data:`bench.tiny_defaults.TINY_PREFILLING`) and per ``adaptive_k`` margin (0: off, a fixed K), side by side in
+one process: the pass keys of :mod:`bench.demo`
 (4K-32K tokens, 5 depths, seeds 0-4) and the passkey and needle cases of :mod:`bench.lost_in_middle` (4K-16K,
 11 depths, seeds 1000-1010). Reports exact answers and the share of cases whose needle chunk was kept
 (:func:`bench.selection_recall.needle_chunk_ids`) per set, task, length and weight, and the mean seconds per
@@ -36,6 +37,7 @@ SETS = {  # name -> (tasks, lengths, depths, first seed): the recorded studies' 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--adaptive-k", type=float, nargs="+", default=[0.0], help="adaptive K margins (0: fixed K)")
     p.add_argument("--sets", nargs="+", choices=sorted(SETS), default=sorted(SETS))
     p.add_argument("--out", default="runs/lexical_weight")
     p.add_argument("--threads", type=int, default=1)
@@ -43,8 +45,13 @@ def main(argv=None) -> int:
     cmd = "python -m bench.lexical_weight " + " ".join(argv if argv is not None else sys.argv[1:])
     torch.set_num_threads(args.threads)
     model = load_model()
-    cfgs = {w: replace(TINY_PREFILLING, lexical_weight=w) for w in args.weights}
-    run_case(model, make_case("passkey", 4096, 0.5, 99, tokenizer=None), "prefilling", prefilling=cfgs[args.weights[0]])
+    cfgs = {  # (lexical_weight, adaptive margin) -> config
+        (w, m): replace(TINY_PREFILLING, lexical_weight=w, adaptive_k=m or None)
+        for w in args.weights
+        for m in args.adaptive_k
+    }
+    warm = make_case("passkey", 4096, 0.5, 99, tokenizer=None)
+    run_case(model, warm, "prefilling", prefilling=next(iter(cfgs.values())))
     rows = []
     for name in args.sets:
         tasks, lengths, depths, seed = SETS[name]
@@ -53,29 +60,36 @@ def main(argv=None) -> int:
                 for i, d in enumerate(depths):
                     case = make_case(task, length, d, seed + i, tokenizer=None)
                     needle = needle_chunk_ids(case, TINY_PREFILLING.chunk_size, TINY_PREFILLING.boundary_snap, model)
-                    for w, cfg in cfgs.items():
+                    for (w, m), cfg in cfgs.items():
                         r = asdict(run_case(model, case, "prefilling", prefilling=cfg))
                         kept = {int(x) for x in r["selected_chunks"].split()}
-                        rows.append({"set": name, "lexical_weight": w, **r, "needle_kept": bool(needle & kept)})
+                        rows.append({"set": name, "lexical_weight": w, "adaptive_k": m, **r,
+                                     "needle_kept": bool(needle & kept)})  # fmt: skip
                 mine = [r for r in rows if (r["set"], r["task"], r["length"]) == (name, task, length)]
-                got = " ".join(f"w={w:g} {sum(r['correct'] for r in mine if r['lexical_weight'] == w)}" for w in cfgs)
+                ok = {v: sum(r["correct"] for r in mine if (r["lexical_weight"], r["adaptive_k"]) == v) for v in cfgs}
+                got = " ".join(f"w={w:g} m={m:g} {n}" for (w, m), n in ok.items())
                 print(f"{name} {task} {length}: {got}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     write_csv(os.path.join(args.out, "lexical_weight.csv"), rows, str(model.device))
     cells = defaultdict(list)
     for r in rows:
-        cells[(r["set"], r["task"], r["length"], r["lexical_weight"])].append(r)
-    lines = ["| set | task | context tokens | lexical_weight | exact | needle chunk kept | s / case |",
-             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for (name, task, length, w), rs in cells.items():
+        cells[(r["set"], r["task"], r["length"], r["lexical_weight"], r["adaptive_k"])].append(r)
+    lines = ["| set | task | context tokens | lexical_weight | adaptive_k | exact | needle chunk kept | mean K "
+             "| s / case |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+
+    def mean_k(rs):
+        return sum(len(r["selected_chunks"].split()) for r in rs) / len(rs)
+
+    for (name, task, length, w, m), rs in cells.items():
         n = len(rs)
         ok, kept = sum(r["correct"] for r in rs), sum(r["needle_kept"] for r in rs)
         sec = sum(r["seconds"] for r in rs) / n
-        lines.append(f"| {name} | {task} | {length} | {w:g} | {ok}/{n} | {kept}/{n} | {sec:.2f} |")
-    for w in cfgs:
-        rs = [r for r in rows if r["lexical_weight"] == w]
+        cell = f"| {name} | {task} | {length} | {w:g} | {m or 'off'} "
+        lines.append(cell + f"| {ok}/{n} | {kept}/{n} | {mean_k(rs):.2f} | {sec:.2f} |")
+    for w, m in cfgs:
+        rs = [r for r in rows if (r["lexical_weight"], r["adaptive_k"]) == (w, m)]
         ok, kept = sum(r["correct"] for r in rs), sum(r["needle_kept"] for r in rs)
-        lines.append(f"| all | - | - | {w:g} | {ok}/{len(rs)} | {kept}/{len(rs)} | "
+        lines.append(f"| all | - | - | {w:g} | {m or 'off'} | {ok}/{len(rs)} | {kept}/{len(rs)} | {mean_k(rs):.2f} | "
                      f"{sum(r['seconds'] for r in rs) / len(rs):.2f} |")  # fmt: skip
     text = (
         f"# lexical_weight on the bundled studies\n\nCommand: `{cmd.strip()}`  \n{machine_line(str(model.device))}\n\n"

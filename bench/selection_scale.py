@@ -47,7 +47,8 @@ from dllm.prefilling.selection import first_stage_scores
 GEN, STEPS = 8, 8
 SNAP_TOL = 48  # tokens a boundary may move back: longer than the pass-key sentences of the filler
 REDUNDANCY = 0.8  # Jaccard of 8-grams: repeated filler chunks are ~1.0, a filler chunk holding a needle 0.6-0.72
-BASE = dataclasses.replace(CONFIG, boundary_snap=0, candidates=None, candidate_layer=None)  # fixed chunks, every chunk scored: what the knobs are measured against
+# fixed chunks, every chunk scored: what the knobs are measured against
+BASE = dataclasses.replace(CONFIG, boundary_snap=0, candidates=None, candidate_layer=None)
 SNAP = dataclasses.replace(BASE, boundary_snap=SNAP_TOL)
 # the straddling needles: the canonical one holds the number twice, the single one once
 NEEDLES = {"canonical": "The pass key is {x}. Remember it. {x} is the pass key.", "single": "The pass key is {x}."}
