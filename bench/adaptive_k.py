@@ -169,7 +169,9 @@ def load_rows(path: str) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.adaptive_k", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="score the questions once, write scores.jsonl")
     c.add_argument("--out", required=True)
@@ -208,7 +210,12 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out, "README.md"), "w") as f:
             f.write(f"Command: `{cmd}`  \n{machine_line(str(model.device))}\n\nScoring config: {cfg}\n")
         return 0
-    tune, test = load_rows(args.tune), load_rows(args.test)
+    try:
+        tune, test = load_rows(args.tune), load_rows(args.test)
+    except (OSError, ValueError) as e:  # a missing file or a line that is not JSON
+        p.error(f"cannot read the stored scores: {e}")
+    if not tune or not test:
+        p.error("--tune and --test need at least one scored question each")
     rules = all_rules(args.ceiling)
     res_tune, res_test = evaluate(tune, rules), evaluate(test, rules)
     best_fixed, chosen = choose(res_tune)

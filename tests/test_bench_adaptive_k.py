@@ -93,3 +93,15 @@ def test_rules_command_writes_the_tables(tmp_path):
     assert main(["rules", "--tune", str(path), "--test", str(path), "--ceiling", "2", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "adaptive_k.md").read_text()
     assert "| fixed K=2 **(best fixed K on tuning)** | 2/2 (100%) | 20 | 2.00 | not decoded |" in text
+
+
+def test_rules_command_user_errors_are_one_line_exit_2(tmp_path, capsys):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    cases = ((str(tmp_path / "missing.jsonl"), "error: cannot read the stored scores"), (str(empty), "error: --tune"))
+    for tune, message in cases:
+        with pytest.raises(SystemExit) as e:
+            main(["rules", "--tune", tune, "--test", tune, "--out", str(tmp_path)])
+        assert e.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("python -m bench.adaptive_k: " + message), last
