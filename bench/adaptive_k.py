@@ -57,6 +57,17 @@ def parse_rule(spec: str) -> tuple:
     raise argparse.ArgumentTypeError(f"a rule is fixed:K, drop:M:CEIL or band:M:CEIL, got {spec!r}")
 
 
+def parse_override(spec: str) -> tuple:
+    """``FIELD=JSON`` -> ``(field, value)`` for :class:`PrefillingConfig` (checked when the config is built)."""
+    field, sep, value = spec.partition("=")
+    try:
+        if not sep:
+            raise ValueError("no '='")
+        return field, json.loads(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"an override is FIELD=JSON (e.g. draft_tokens=8), got {spec!r}: {e}") from e
+
+
 def collect(model, cfg: PrefillingConfig, docs, decode_rules=(), log=print) -> list[dict]:
     """One row per question: the library's fused chunk scores (``None`` = left out by the first stage), and
     for each of ``decode_rules`` the greedy answer over the chunks it keeps (exact by InfiniteBench's rules;
@@ -181,6 +192,14 @@ def main(argv=None) -> int:
     c.add_argument("--ceiling", type=int, default=8, help="top_k of the scoring config (the rules' largest K)")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument(
+        "--set",
+        type=parse_override,
+        nargs="*",
+        default=[],
+        metavar="FIELD=JSON",
+        help="PrefillingConfig overrides of the bundled defaults, e.g. draft_tokens=8 (a lever's effect on selection)",
+    )
+    c.add_argument(
         "--decode",
         type=parse_rule,
         nargs="*",
@@ -200,7 +219,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         model_dir = default_model_dir()
         model = load_model(model_dir)
-        cfg = replace(PrefillingConfig.from_pretrained(model_dir), top_k=args.ceiling, adaptive_k=None)
+        cfg = replace(PrefillingConfig.from_pretrained(model_dir), **dict(args.set))
+        cfg = replace(cfg, top_k=args.ceiling, adaptive_k=None)
         docs = reports(args.lengths, args.seeds, 65536, seed_offset=args.seed_offset)
         rows = collect(model, cfg, docs, args.decode)
         os.makedirs(args.out, exist_ok=True)

@@ -104,3 +104,31 @@ def test_generate_keeps_the_adaptive_count_of_its_own_scores():
     k = adaptive_top_k(scores, 1, 4, 2.0)
     assert scores.numel() > 4 and k < 4  # a case where the rule cuts below the ceiling
     assert res.stats.extra["selected_chunks"] == select_chunks(scores, k)
+
+
+@pytest.mark.parametrize("top_k", [None, "N"])
+def test_adaptive_k_applies_when_k_covers_every_chunk(top_k):
+    """top_k None (all chunks) or N is the ceiling: the chunks are still scored and K chosen between 1 and N
+    (before, scoring was skipped and every chunk kept: --top-k all --adaptive-k 1.5 kept 114 of 114)."""
+    from dllm import generate, load_model
+    from dllm.eval.evaluation import case_inputs
+    from dllm.eval.tasks import make_case
+
+    model = load_model()
+    case = make_case("passkey", 1000, 0.5, 0)
+    inputs = case_inputs(model, case, "prefilling")
+    base = PrefillingConfig.from_pretrained(model.model_dir, chunk_size=128, top_k=None, adaptive_k=2.0)
+    n = len(
+        generate(model, **inputs, method="prefilling", gen_length=2, prefilling=base).stats.extra["all_chunk_scores"]
+    )
+    cfg = (
+        base
+        if top_k is None
+        else PrefillingConfig.from_pretrained(model.model_dir, chunk_size=128, top_k=n, adaptive_k=2.0)
+    )
+    res = generate(model, **inputs, method="prefilling", gen_length=2, prefilling=cfg)
+    scores = torch.tensor(res.stats.extra["all_chunk_scores"])
+    assert scores.numel() == n > 4 and bool(torch.isfinite(scores).all())
+    k = adaptive_top_k(scores, 1, n, 2.0)
+    assert k < n  # the rule cut: not every chunk kept
+    assert res.stats.extra["selected_chunks"] == select_chunks(scores, k)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from bench.adaptive_k import band_k, choose, evaluate, kept_by, main, parse_rule
+from bench.adaptive_k import band_k, choose, evaluate, kept_by, main, parse_override, parse_rule
 from bench.heldout_eval import reports
 
 INF = float("-inf")
@@ -77,6 +77,14 @@ def test_choose_matches_the_best_fixed_k_with_fewest_tokens():
         ("band", 3.0, 4): (8, 300.0, 3.0, None),  # ... and the larger margin wins the tie
     }
     assert choose(res) == (("fixed", 4), ("band", 3.0, 4))
+
+
+def test_parse_override():
+    assert parse_override("draft_tokens=8") == ("draft_tokens", 8)
+    assert parse_override('score_terms=["self_info"]') == ("score_terms", ["self_info"])
+    for bad in ("draft_tokens", "draft_tokens=eight"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_override(bad)
 
 
 def test_parse_rule():

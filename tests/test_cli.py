@@ -428,6 +428,18 @@ def test_prefilling_past_the_window_through_its_kept_chunks_gets_a_note(files, c
     assert lines[0]["note"].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
 
 
+def test_window_note_with_adaptive_k_speaks_of_the_ceiling(files, capsys):
+    """With --adaptive-k the count is chosen after scoring: the note may not claim that K chunks reach past the
+    window (a new user kept 1 chunk of 114 and was told to lower --top-k); it says 'if ... keeps as many'."""
+    cmd = f"generate --prompt-file prompt.txt {TUNED} --gen-length 600 --steps 1 --adaptive-k 1.5 --stats json"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    lines = [json.loads(line) for line in err.strip().splitlines()]
+    notes = [d["note"] for d in lines if set(d) == {"note"}]
+    assert rc == 0 and len(notes) == 1, err
+    assert notes[0].startswith("if adaptive K keeps as many chunks as --top-k allows, prefix, kept chunks, query")
+    assert "reach position" in notes[0] and "the stats line shows what was kept" in notes[0]
+
+
 def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatch):
     """b38 item 11: under torchrun ``--stats json`` the past-the-window note was plain text (the one-process
     CLI's note is a JSON line since issue 38 item 9). One gloo rank in this process, the environment torchrun

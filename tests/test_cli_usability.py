@@ -214,6 +214,14 @@ QUESTION_ERRORS = {
         "--prompt-file ask.txt holds a {question} slot but no question was given",
     ),
     "unknown stats mode": ("generate --prompt-file prompt.txt --stats yaml", "invalid choice: 'yaml'"),
+    # one message for every bad margin: 0 and -0 were told "expected a finite number >= 0" elsewhere
+    **{
+        f"adaptive margin {bad}": (
+            f"generate --prompt-file prompt.txt --adaptive-k {bad}",
+            f"argument --adaptive-k: expected a finite number > 0, got '{bad}'",
+        )
+        for bad in ("0", "-0", "-1", "abc", "nan", "inf")
+    },
 }
 
 
@@ -488,3 +496,35 @@ def test_character_spans_with_a_bpe_tokenizer_and_non_ascii_text():
     for j, (s, e) in enumerate(spans):
         assert j == 0 or s == spans[j - 1][1]
         assert tok.decode(ids[16 * j : 16 * (j + 1)]) in text[s:e]
+
+
+def test_unencodable_characters_of_the_bundled_and_a_bpe_tokenizer():
+    """The bundled tokenizer knows printable ASCII and newline: a tab, 'á', '€' and an emoji are dropped (a new
+    user's 'á' x20 vanished without a word); Dream's byte-level BPE encodes every character."""
+    from dllm.model.tokenization import encode_text, unencodable_characters
+
+    model = dllm.load_model()
+    text = "Caf\u00e9 \u00e1 \u00e1\tpays \u20ac100 \U0001f600.\nOK"
+    got = unencodable_characters(model, text)
+    assert got == {"\u00e9": 1, "\u00e1": 2, "\t": 1, "\u20ac": 1, "\U0001f600": 1}
+    # the independent reference: what encode_text really leaves out, character by character
+    assert len(encode_text(model, text)) == len(text) - sum(got.values())
+    assert unencodable_characters(model, "plain ASCII text.\n") == {}
+    if os.path.isdir(DREAM_TOKENIZER):
+        from dllm.model.loader import load_tokenizer
+
+        fake = types.SimpleNamespace(tokenizer=load_tokenizer(DREAM_TOKENIZER, family="dream"))
+        assert unencodable_characters(fake, text) == {}
+
+
+def test_dropped_characters_get_one_note(files, capsys):
+    (files / "accents.txt").write_text((files / "doc.txt").read_text() + " Caf\u00e9 \u00e1\u00e1.")
+    cmd = "generate --prompt-file prompt.txt --context-file accents.txt --gen-length 4 --steps 2"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert rc == 0 and notes == [
+        "note: --context-file accents.txt: 3 character(s) the model's tokenizer cannot encode are left out or "
+        "replaced: '\u00e9' x1, '\u00e1' x2"
+    ], err
+    rc, out, err = run_cli(capsys, *shlex.split(cmd.replace("accents.txt", "doc.txt")))
+    assert rc == 0 and "cannot encode" not in err

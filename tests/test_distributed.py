@@ -38,6 +38,8 @@ CONFIGS = {
 STAGED = dataclasses.replace(
     PrefillingConfig.from_pretrained(MODEL_DIR), candidates=9, redundancy_threshold=0.3, lexical_weight=0.0
 )
+# adaptive K with every chunk as the ceiling (top_k None): the chunks are scored and K chosen in 1..N across ranks too
+ALL_ADAPTIVE = dataclasses.replace(PrefillingConfig.from_pretrained(MODEL_DIR), top_k=None, adaptive_k=1.5)
 # the defaults' first stage (candidates="auto") engaged: C=64 cuts the long case into ~45 chunks, K=1 -> 8 candidates
 AUTO = dataclasses.replace(PrefillingConfig.from_pretrained(MODEL_DIR), chunk_size=64, boundary_snap=16, top_k=1)
 SHORT = PrefillingConfig(chunk_size=384, top_k=2, score_terms=("draft_contrast",))  # 3 chunks, the last of 131 tokens
@@ -172,7 +174,7 @@ def _defaults(model, rank, out_dir, group):
     if full is not None:
         c = full.chunks
         out["full"] = {"k": c.k, "v": c.v, "ids": c.ids, "lens": c.lens, "starts": c.starts}
-    for name, cfg in (("defaults", None), ("staged", STAGED)):
+    for name, cfg in (("defaults", None), ("staged", STAGED), ("all_adaptive", ALL_ADAPTIVE)):
         res = dd.generate(model, doc, root, prefilling=cfg, **GEN)
         if res is not None:
             out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
@@ -228,7 +230,7 @@ def ref():
         out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
     ctx, parts = _long_inputs(model)
     doc = out["doc_defaults"] = dllm.encode_document(model, ctx)  # the bundled defaults, in one process
-    for name, cfg in (("defaults", None), ("staged", STAGED)):
+    for name, cfg in (("defaults", None), ("staged", STAGED), ("all_adaptive", ALL_ADAPTIVE)):
         res = dllm.generate(model, method="prefilling", prompt=parts, document=doc, prefilling=cfg, **GEN)
         out[f"tokens_{name}"], out[f"extra_{name}"] = res.tokens, res.stats.extra
     # the first stage engaged by itself, fresh (two passes: layer-0 keys, then the candidates) in one process
@@ -386,12 +388,15 @@ def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
         for g, w in ((full["k"][layer], want.k[layer]), (full["v"][layer], want.v[layer])):
             for j, n in enumerate(want.lens.tolist()):
                 assert torch.equal(g[j, :n], w[j, :n]), (layer, j)
-    for name in ("defaults", "staged"):
+    for name in ("defaults", "staged", "all_adaptive"):
         e, w = got[0][f"extra_{name}"], ref[f"extra_{name}"]
         assert torch.equal(got[0][f"tokens_{name}"], ref[f"tokens_{name}"]), name
         for key in ("num_chunks", "selected_chunks", "all_chunk_scores", "chunk_scores", "pseudo_labels"):
             assert e[key] == w[key], (name, key)
     assert got[0]["extra_staged"]["candidate_chunks"] == ref["extra_staged"]["candidate_chunks"]
+    # adaptive K at top_k None: scored and cut below N, on every rank count as in one process
+    w = ref["extra_all_adaptive"]
+    assert len(w["all_chunk_scores"]) == w["num_chunks"] and 1 <= len(w["selected_chunks"]) < w["num_chunks"]
     # candidates="auto" (issue 36 item 2): the same rule across ranks as in one (fresh, two-pass) process
     e, w = got[0]["extra_auto"], ref["extra_auto"]
     n = w["num_chunks"]

@@ -189,7 +189,10 @@ def _generate(args) -> int:
             parts = split_document_prompt(model, template, apply_chat_template=args.chat)
             live = parts.prefix.numel() + parts.query.numel()
             kept = kept_positions(cfg, header["num_tokens"], header["num_chunks"])
-            window_check(model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json")
+            window_check(
+                model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json",
+                adaptive=cfg.adaptive_k is not None,
+            )  # fmt: skip
             return parts
 
         parts = dd.run_on_all(prompt_parts)

@@ -18,7 +18,7 @@ from dllm.cli.args import (
 )
 from dllm.cli.errors import UserError
 from dllm.cli.files import read_document_to_encode
-from dllm.cli.options import as_flags, chunk_fits, progress_bars, timed_load
+from dllm.cli.options import as_flags, chunk_fits, note_unencodable, progress_bars, timed_load
 from dllm.prefilling.config import PrefillingConfig, with_overrides
 
 # Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
@@ -51,6 +51,7 @@ def cmd_encode(args) -> int:
     chunk_fits(cfg.chunk_size, args)
 
     model, _ = timed_load(args)
+    note_unencodable(model, text, f"--context-file {args.context_file}")
     doc = dllm.encode_document(model, dllm.encode_text(model, text), prefilling=cfg, progress=progress_bars())
     doc.save(args.out)
     print(

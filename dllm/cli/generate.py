@@ -29,6 +29,7 @@ from dllm.cli.options import (
     fit_top_k,
     graph_kwargs,
     kept_positions,
+    note_unencodable,
     prefilling_config,
     progress_bars,
     timed_load,
@@ -305,6 +306,7 @@ def _answer_from_document(model, args, template, document, cfg, context_tokens, 
         True,
         kept_positions(cfg, context_tokens, document.num_chunks),
         json_notes=args.stats == "json",
+        adaptive=cfg.adaptive_k is not None,
     )
     return dllm.generate(
         model, prompt=parts, document=document, method="prefilling", prefilling=cfg, seed=args.seed,
@@ -329,7 +331,16 @@ def _answer_fresh(model, args, template, context, cfg, kw):
         fitted = fit_top_k(cfg, n_chunks, n_tokens, explicit=args.top_k not in (None, ALL))
         live = parts.prefix.numel() + parts.query.numel()
         kept = kept_positions(fitted, n_tokens, n_chunks)
-        window_check(model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json")
+        window_check(
+            model,
+            live,
+            gen,
+            "prefilling",
+            True,
+            kept,
+            json_notes=args.stats == "json",
+            adaptive=fitted.adaptive_k is not None,
+        )
         return dllm.generate(
             model, prompt=parts, method="prefilling", prefilling=fitted, seed=args.seed, progress=progress_bars(),
             **graph_kwargs(args), **kw["decode"],
@@ -377,6 +388,9 @@ def cmd_generate(args) -> int:
         cfg = prefilling_config(args, args.model or default_model_dir())
 
     model, _ = timed_load(args)
+    json_notes = args.stats == "json"
+    note_unencodable(model, context, f"--context-file {args.context_file}", json_notes)
+    note_unencodable(model, "".join(templates), "the prompt and questions", json_notes)
     gen = args.gen_length or inspect.signature(dllm.generate).parameters["gen_length"].default
     kw = {"gen": gen, "decode": decode_kwargs(args, args.gen_length)}
     document = context_tokens = None

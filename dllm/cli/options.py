@@ -174,6 +174,23 @@ def note(text: str, json_line: bool = False) -> None:
     print(json.dumps({"note": text}) if json_line else f"note: {text}", file=sys.stderr, flush=True)
 
 
+def note_unencodable(model, text: str | None, what: str, json_notes: bool = False) -> None:
+    """A note when the tokenizer drops or blurs characters of an input (:func:`~dllm.model.tokenization.
+    unencodable_characters`): the user's text is not what the model reads, and nothing else would say so."""
+    from dllm.model.tokenization import unencodable_characters
+
+    if not text:
+        return
+    bad = unencodable_characters(model, text)
+    if bad:
+        total = sum(bad.values())
+        shown = ", ".join(f"{ch!r} x{n}" for ch, n in list(bad.items())[:5]) + (", ..." if len(bad) > 5 else "")
+        note(
+            f"{what}: {total} character(s) the model's tokenizer cannot encode are left out or replaced: {shown}",
+            json_notes,
+        )
+
+
 def window_check(
     model,
     live_tokens: int,
@@ -183,6 +200,7 @@ def window_check(
     kept_positions: int = 0,
     *,
     json_notes: bool = False,
+    adaptive: bool = False,
 ) -> None:
     """The tokens that must share the model's trained positions with the response, checked before decoding.
 
@@ -191,7 +209,8 @@ def window_check(
     (:func:`kept_positions`). Past the window the response is out of distribution: an error when
     nothing but the response and the prompt's own text fills it, a note when a long context (or the
     kept chunks) do (the dense baselines beyond the window are measured on purpose); ``json_notes``:
-    the note as a JSON line (:func:`note`)."""
+    the note as a JSON line (:func:`note`); ``adaptive``: K is chosen per question (``--adaptive-k``), so
+    ``kept_positions`` is the most the kept chunks can take and the note says so."""
     limit = model.config.trained_positions
     if (
         limit
@@ -199,11 +218,19 @@ def window_check(
         and live_tokens + gen_length <= limit < live_tokens + kept_positions + gen_length
     ):
         total = live_tokens + kept_positions + gen_length
-        note(
-            f"prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
-            f"model's {limit} trained positions: lower --top-k, --chunk-size or --gen-length",
-            json_notes,
-        )
+        if adaptive:  # the count is chosen after scoring: the note can only speak of the ceiling
+            note(
+                f"if adaptive K keeps as many chunks as --top-k allows, prefix, kept chunks, query and --gen-length "
+                f"{gen_length} reach position {total}, past the model's {limit} trained positions: the stats line "
+                "shows what was kept; lower --top-k, --chunk-size or --gen-length to stay inside",
+                json_notes,
+            )
+        else:
+            note(
+                f"prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
+                f"model's {limit} trained positions: lower --top-k, --chunk-size or --gen-length",
+                json_notes,
+            )
     if not limit or live_tokens + gen_length <= limit:
         return
     what = "prefix + query" if method == "prefilling" else "prompt"

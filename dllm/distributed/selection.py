@@ -68,7 +68,7 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     rank, size = world(doc.group)
     n = doc.num_chunks
     k = n if cfg.top_k is None else cfg.top_k
-    if k >= n:
+    if k >= n and (cfg.adaptive_k is None or n == 1):  # adaptive K chooses between 1 and N even at K = N
         return Selection(list(range(n)), None, None, 0), [0] * size
 
     def draft():

@@ -109,6 +109,29 @@ def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
     return ids.to(model.device, copy=True)
 
 
+def unencodable_characters(model, text: str) -> dict:
+    """The characters of ``text`` that the model's tokenizer turns into no token or into its unknown token, so
+    that :func:`encode_text` drops or blurs them (the bundled tokenizer knows printable ASCII and newline:
+    "á", "€" and a tab vanish): ``{character: count}`` in order of first occurrence; ``{}`` with no tokenizer.
+    Each distinct character is tokenized alone (a few hundred calls for any text), the space and the newline
+    are taken as encodable (a tokenizer may fold a lone one into the next word)."""
+    tok = model.tokenizer
+    if tok is None:
+        return {}
+    unk = getattr(tok, "unk_token_id", None)
+    counts: dict = {}
+    for ch in text:
+        counts[ch] = counts.get(ch, 0) + 1
+    out = {}
+    for ch, n in counts.items():
+        if ch in " \n":
+            continue
+        ids = tok.encode(ch, add_special_tokens=False)
+        if not ids or (unk is not None and unk in ids):
+            out[ch] = n
+    return out
+
+
 def decode_text(model, tokens: torch.Tensor) -> list | None:
     """Decode responses ``[B, L]``, each cut at its first EOS/PAD; None when the model has no tokenizer."""
     tok = model.tokenizer

@@ -412,7 +412,9 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
     """
     need_tokens = cfg.token_budget is not None and cfg.cache_mode == "independent"
     ks = [c.num_chunks if cfg.top_k is None else min(cfg.top_k, c.num_chunks) for c in chunks]  # K > N: checked
-    scored = [b for b, c in enumerate(chunks) if ks[b] < c.num_chunks or need_tokens]
+    # adaptive K chooses between 1 and K even when K covers every chunk (top_k None or N): scored then too
+    adaptive = cfg.adaptive_k is not None
+    scored = [b for b, c in enumerate(chunks) if ks[b] < c.num_chunks or need_tokens or (adaptive and c.num_chunks > 1)]
     out = [Selection(list(range(c.num_chunks)), None, None, 0) for c in chunks]
     if not scored:
         return out, 0
@@ -457,7 +459,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
         if lex[b] is not None:
             sc.lexical = lex[b]
             sc.total = fuse_scores(sc.total, lex[b], cfg.lexical_weight)
-        if ks[b] < n:
+        if ks[b] < n or adaptive:
             k = kept_count(sc.total, ks[b], cfg.adaptive_k)
             kept = select_chunks(sc.total, k, chunks[b].context_ids, cfg.redundancy_threshold)
         else:
