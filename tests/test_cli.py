@@ -469,6 +469,47 @@ def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatc
     assert notes and notes[0].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
 
 
+def test_torchrun_decodes_exactly_the_adaptive_selection(tmp_path, capsys, monkeypatch):
+    """A breaker found that the root decoded its kept chunks with top_k=None and adaptive_k still set, which
+    (since adaptive K applies at K = N) scored and cut them again: another answer and 2 more forwards than one
+    process, under the same stats line. One gloo rank in this process (the environment torchrun sets) against
+    the one-process CLI on the same cache settings: the same answer, kept chunks and forwards."""
+    import socket
+
+    from dllm.eval.tasks import make_case
+
+    monkeypatch.chdir(tmp_path)
+    case = make_case("kv_retrieval", 4096, 0.3, 4)
+    (tmp_path / "ctx.txt").write_text(case.context)
+    (tmp_path / "prompt.txt").write_text(case.prefix + "{context}" + case.query)
+    flags = "--prompt-file prompt.txt --device cpu --top-k 8 --adaptive-k 1.5 --lexical-weight 0 --candidates all"
+    flags += " --gen-length 8 --stats json"
+    rc, _, err = run_cli(capsys, *shlex.split("encode --context-file ctx.txt --out one.cache --chunk-size 128"))
+    assert rc == 0, err
+    rc, out_one, err = run_cli(capsys, *shlex.split(f"generate --document one.cache {flags}"))
+    assert rc == 0, err
+    one = json.loads(err.strip().splitlines()[-1])
+
+    def port():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return str(sock.getsockname()[1])
+
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_PORT", port())
+    cmd = "encode --context-file ctx.txt --out doc.idx --device cpu --chunk-size 128"
+    rc, _, err = run_cli(capsys, *shlex.split(cmd))
+    assert rc == 0, err
+    monkeypatch.setenv("MASTER_PORT", port())
+    rc, out_dist, err = run_cli(capsys, *shlex.split(f"generate --document doc.idx {flags}"))
+    assert rc == 0, err
+    dist = json.loads(err.strip().splitlines()[-1])
+    assert len(one["selected_chunks"]) >= 2  # a set that a second adaptive cut would shrink
+    assert dist["selected_chunks"] == one["selected_chunks"] and out_dist == out_one
+    assert dist["nfe"] == one["nfe"]
+
+
 def test_kept_positions_bound_every_snapped_cut():
     """b38 item 10: the window check counted ceil(L / C) fixed chunks; with snapped boundaries there can be more
     (each at most C tokens), and K of them take up to the K largest sizes plus K anchors. L = 768 = 3 x 256 cut

@@ -89,10 +89,10 @@ def generate(
     def decode():
         if rank != root:
             return None
-        kept_doc = doc.whole_document(kept)  # exactly the kept chunks: nothing is scored again
+        kept_doc = doc.whole_document(kept)  # exactly the kept chunks: nothing is scored or cut again
         res = dllm.generate(
             model, method="prefilling", prompt=parts, document=kept_doc,
-            prefilling=dataclasses.replace(cfg, top_k=None), **kwargs,
+            prefilling=dataclasses.replace(cfg, top_k=None, adaptive_k=None), **kwargs,
         )  # fmt: skip
         _restate_selection(res, sel, doc, kept, scoring_nfe, root)
         return res
