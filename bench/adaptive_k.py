@@ -104,12 +104,14 @@ def collect(model, cfg: PrefillingConfig, docs, decode_rules=(), log=print) -> l
 
 
 def band_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float) -> int:
-    """K = the chunks within ``margin`` robust spreads (1.4826 MAD of the finite scores) of the best one,
-    between ``floor`` and ``ceiling``."""
+    """K = the chunks within ``margin`` robust spreads (1.4826 MAD of the finite scores, or 1.2533 times their
+    mean absolute deviation when the MAD is 0, as :func:`adaptive_top_k`) of the best one, between ``floor``
+    and ``ceiling``."""
     s = scores[torch.isfinite(scores)].double()
     if s.numel() == 0:
         return 1
-    sigma = 1.4826 * float((s - s.median()).abs().median())
+    dev = (s - s.median()).abs()
+    sigma = 1.4826 * float(dev.median()) or 1.2533 * float(dev.mean())  # as adaptive_top_k: MAD 0, mean deviation
     k = int((s >= s.max() - margin * sigma).sum())
     return max(min(floor, s.numel()), min(k, ceiling, s.numel()))
 

@@ -13,12 +13,14 @@ from dllm.prefilling.selection import adaptive_top_k, kept_count, select_chunks
 
 def reference_k(scores, floor, ceiling, margin):
     """The rule written out on plain floats: robust spread = 1.4826 x median absolute deviation (lower middle
-    values), K = the first rank in [floor, ceiling) followed by a drop >= margin x spread, else the ceiling."""
+    values; 1.2533 x the mean absolute deviation when that is 0), K = the first rank in [floor, ceiling)
+    followed by a drop >= margin x spread, else the ceiling."""
     s = sorted((x for x in scores if math.isfinite(x)), reverse=True)
     if not s:
         return 1
     med = statistics.median_low(s)
-    sigma = 1.4826 * statistics.median_low([abs(x - med) for x in s])
+    dev = [abs(x - med) for x in s]
+    sigma = 1.4826 * statistics.median_low(dev) or 1.2533 * statistics.fmean(dev)  # MAD 0: the mean deviation
     lo, hi = min(floor, len(s)), min(ceiling, len(s))
     for k in range(lo, hi):
         if sigma > 0 and s[k - 1] - s[k] >= margin * sigma:
@@ -40,6 +42,11 @@ CASES = [
     ([float("-inf"), 0.0, 0.1, float("nan"), -0.1, 7.0, 0.05, float("-inf")], 1, 6, 2.0, [5]),
     # all scores equal: no spread, the ceiling
     ([1.0] * 6, 1, 3, 2.0, [0, 1, 2]),
+    # most chunks tie (repeated filler) and one stands out: MAD 0, the mean deviation ((12.97 + 0.82 + 0.52) / 41
+    # x 1.2533 = 0.44) finds its drop of 12.15; before, MAD 0 meant the ceiling (a breaker kept 41 of 41 chunks)
+    ([-0.3181] * 38 + [12.65, 0.5, 0.2], 1, 41, 1.5, [38]),
+    # two chunks: MAD is always 0; the mean deviation is half their gap x 1.2533, so margin 1.5 keeps the best
+    ([7.07, -0.43], 1, 2, 1.5, [0]),
 ]
 
 

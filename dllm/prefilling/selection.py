@@ -255,7 +255,11 @@ def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float
     scaled to a standard deviation for normal scores; it does not grow with the document's length, and a
     few outstanding chunks do not move it). K is the first ``k`` in ``[floor, ceiling)`` whose drop to the
     next chunk is at least ``margin`` spreads, ``s_k - s_{k+1} >= margin * sigma``; when no drop is that
-    large (nothing stands out, or ``sigma`` is 0: at least half the scores equal), K is ``ceiling``. Both bounds are
+    large (nothing stands out), K is ``ceiling``. When at least half the scores are equal (repeated filler
+    chunks score alike; two chunks always) the median absolute deviation is 0, and the spread is the mean
+    absolute deviation from the median instead, ``1.2533 * mean(|s - median(s)|)`` (also scaled to a standard
+    deviation): one chunk above 38 equal ones stands out, it is not a reason to keep the ceiling. Only when
+    every score is equal is there no spread: K is ``ceiling``. Both bounds are
     capped at the finite scores' count. One setting serves every document length: a 4K and a 1M document
     are both cut where their own scores drop, never deeper than ``ceiling``.
 
@@ -292,7 +296,10 @@ def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float
     lo, hi = min(floor, n), min(ceiling, n)
     top = torch.sort(s, descending=True).values
     med = s.median()  # the lower middle value for an even count: no interpolation needed
-    sigma = 1.4826 * float((s - med).abs().median())
+    dev = (s - med).abs()
+    sigma = 1.4826 * float(dev.median())
+    if sigma == 0:  # half the scores or more tie: the mean absolute deviation still sees the others
+        sigma = 1.2533 * float(dev.mean())
     if sigma > 0:
         for k in range(lo, hi):  # k chunks kept when the drop after the k-th is large
             if float(top[k - 1] - top[k]) >= margin * sigma:
