@@ -95,7 +95,7 @@ def collect(model, cfg: PrefillingConfig, docs, decode_rules=(), log=print) -> l
             rows.append({
                 "length": rep.length, "task": needle.task, "depth": needle.depth, "seed": rep.seed, "doc": doc_i,
                 "sizes": [n for _s, n in spans], "needle_chunks": needle_chunks, "scores": total,
-                "decoded": decoded,
+                "decoded": decoded, "ceiling": cfg.top_k,
             })  # fmt: skip
             rank = rank_chunks(sel.scores.total)
             best = min(rank.index(j) for j in needle_chunks) + 1
@@ -177,8 +177,37 @@ def table(res: dict, n: int, marks: dict) -> str:
 
 
 def load_rows(path: str) -> list:
+    """The rows of a ``collect`` JSONL file, each checked: ``scores`` (numbers, ``None`` for a chunk left
+    out, at least one number), ``sizes`` of the same length, ``needle_chunks`` indices into them.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a line that is not JSON or not such a row (its line number said).
+    """
+    rows = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            ok = isinstance(r, dict) and all(isinstance(r.get(k), list) for k in ("scores", "sizes", "needle_chunks"))
+            ok = ok and len(r["scores"]) == len(r["sizes"]) and any(x is not None for x in r["scores"])
+            ok = ok and all(x is None or (isinstance(x, (int, float)) and math.isfinite(x)) for x in r["scores"])
+            ok = ok and all(isinstance(j, int) and 0 <= j < len(r["scores"]) for j in r["needle_chunks"])
+            if not ok:
+                raise ValueError(f"{path}:{i}: not a scored question of `collect` (scores, sizes, needle_chunks)")
+            rows.append(r)
+    return rows
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
 
 
 def main(argv=None) -> int:
@@ -191,7 +220,7 @@ def main(argv=None) -> int:
     c.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     c.add_argument("--seeds", type=int, default=1, help="single-needle documents per (task, depth) cell")
     c.add_argument("--seed-offset", type=int, default=0, help="added to every document seed (0: heldout_eval's)")
-    c.add_argument("--ceiling", type=int, default=8, help="top_k of the scoring config (the rules' largest K)")
+    c.add_argument("--ceiling", type=positive_int, default=8, help="top_k of the scoring config (the rules' largest K)")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument(
         "--set",
@@ -212,7 +241,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("rules", help="apply the K rules to stored scores, choose on --tune, report on --test")
     r.add_argument("--tune", required=True, metavar="JSONL")
     r.add_argument("--test", required=True, metavar="JSONL")
-    r.add_argument("--ceiling", type=int, default=8)
+    r.add_argument("--ceiling", type=positive_int, default=8, help="the largest K tried (at most the collect's)")
     r.add_argument("--out", required=True)
     args = p.parse_args(argv)
     cmd = "python -m bench.adaptive_k " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -220,9 +249,14 @@ def main(argv=None) -> int:
         torch.manual_seed(0)
         torch.set_num_threads(args.threads)
         model_dir = default_model_dir()
+        overrides = dict(args.set)
+        if {"top_k", "adaptive_k"} & set(overrides):
+            p.error("--set cannot change top_k or adaptive_k: --ceiling is the scoring top_k, the rules choose K")
+        try:
+            cfg = replace(PrefillingConfig.from_pretrained(model_dir), **overrides, top_k=args.ceiling, adaptive_k=None)
+        except (TypeError, ValueError) as e:  # an unknown field or a value the config refuses
+            p.error(f"--set: {e}")
         model = load_model(model_dir)
-        cfg = replace(PrefillingConfig.from_pretrained(model_dir), **dict(args.set))
-        cfg = replace(cfg, top_k=args.ceiling, adaptive_k=None)
         docs = reports(args.lengths, args.seeds, 65536, seed_offset=args.seed_offset)
         rows = collect(model, cfg, docs, args.decode)
         os.makedirs(args.out, exist_ok=True)
@@ -238,6 +272,9 @@ def main(argv=None) -> int:
         p.error(f"cannot read the stored scores: {e}")
     if not tune or not test:
         p.error("--tune and --test need at least one scored question each")
+    collected = min((r["ceiling"] for r in tune + test if "ceiling" in r), default=None)  # older files: unknown
+    if collected is not None and args.ceiling > collected:
+        p.error(f"--ceiling {args.ceiling} exceeds the top_k {collected} the scores were collected at")
     rules = all_rules(args.ceiling)
     res_tune, res_test = evaluate(tune, rules), evaluate(test, rules)
     best_fixed, chosen = choose(res_tune)

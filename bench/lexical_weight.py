@@ -14,6 +14,7 @@ case. Writes ``lexical_weight.csv`` and ``lexical_weight.md``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections import defaultdict
@@ -34,10 +35,21 @@ SETS = {  # name -> (tasks, lengths, depths, first seed): the recorded studies' 
 }
 
 
+def margin_or_off(text: str) -> float:
+    """``--adaptive-k``: 0 (off: a fixed K) or a finite margin > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected 0 (off) or a finite margin > 0, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", type=float, nargs="+", default=[0.0, 1.0])
-    p.add_argument("--adaptive-k", type=float, nargs="+", default=[0.0], help="adaptive K margins (0: fixed K)")
+    p.add_argument("--adaptive-k", type=margin_or_off, nargs="+", default=[0.0], help="adaptive K margins (0: fixed K)")
     p.add_argument("--sets", nargs="+", choices=sorted(SETS), default=sorted(SETS))
     p.add_argument("--out", default="runs/lexical_weight")
     p.add_argument("--threads", type=int, default=1)

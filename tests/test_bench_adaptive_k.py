@@ -106,10 +106,46 @@ def test_rules_command_writes_the_tables(tmp_path):
 def test_rules_command_user_errors_are_one_line_exit_2(tmp_path, capsys):
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    cases = ((str(tmp_path / "missing.jsonl"), "error: cannot read the stored scores"), (str(empty), "error: --tune"))
+    bad_rows = {
+        "list": "[]",
+        "no scores": '{"a": 1}',
+        "no finite score": '{"scores": [null], "sizes": [1], "needle_chunks": []}',
+        "needle out of range": '{"scores": [1.0], "sizes": [1], "needle_chunks": [3]}',
+    }
+    cases = [(str(tmp_path / "missing.jsonl"), "error: cannot read the stored scores"), (str(empty), "error: --tune")]
+    for name, line in bad_rows.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(line + "\n")
+        cases.append((str(path), "error: cannot read the stored scores: " + str(path) + ":1: not a scored question"))
     for tune, message in cases:
         with pytest.raises(SystemExit) as e:
             main(["rules", "--tune", tune, "--test", tune, "--out", str(tmp_path)])
         assert e.value.code == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("python -m bench.adaptive_k: " + message), last
+
+
+def test_bench_cli_user_errors(tmp_path, capsys):
+    """A breaker's tracebacks, now argparse errors (exit 2): a ceiling below 1, a ceiling past the collected
+    top_k, --set of an unknown field or of top_k."""
+    path = tmp_path / "c4.jsonl"
+    path.write_text(json.dumps({**_row([1.0, 0.0], [0]), "ceiling": 4}) + "\n")
+    argvs = {
+        "--ceiling": ["rules", "--tune", str(path), "--test", str(path), "--out", str(tmp_path), "--ceiling", "0"],
+        "exceeds the top_k 4": ["rules", "--tune", str(path), "--test", str(path), "--out", str(tmp_path)],
+        "--set: ": ["collect", "--out", str(tmp_path), "--set", "bogus=1"],
+        "--set cannot change top_k": ["collect", "--out", str(tmp_path), "--set", "top_k=3"],
+    }
+    for message, argv in argvs.items():
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1], message
+
+
+def test_lexical_weight_bench_margin_or_off():
+    from bench.lexical_weight import margin_or_off
+
+    assert margin_or_off("0") == 0.0 and margin_or_off("1.5") == 1.5
+    for bad in ("-1", "nan", "inf", "abc"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            margin_or_off(bad)

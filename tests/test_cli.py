@@ -510,6 +510,37 @@ def test_torchrun_decodes_exactly_the_adaptive_selection(tmp_path, capsys, monke
     assert dist["nfe"] == one["nfe"]
 
 
+def test_torchrun_notes_unencodable_characters_once(files, capsys, monkeypatch):
+    """torchrun's encode and generate gave no note on characters the tokenizer drops (one process did). One
+    gloo rank in this process, the environment torchrun sets."""
+    import socket
+
+    def port():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return str(sock.getsockname()[1])
+
+    (files / "accent.txt").write_text((files / "doc.txt").read_text() + " Caf\u00e9.")
+    (files / "tab.txt").write_text("Find the pass key.\t\n\n{context}\n\nWhat is the pass key? The pass key is ")
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_PORT", port())
+    rc, _, err = run_cli(capsys, *shlex.split("encode --context-file accent.txt --out a.idx --device cpu"))
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert rc == 0 and notes == [
+        "note: --context-file accent.txt: 1 character(s) the model's tokenizer cannot encode are left out or "
+        "replaced: '\u00e9' (U+00E9) x1"
+    ], err
+    monkeypatch.setenv("MASTER_PORT", port())
+    cmd = "generate --document a.idx --prompt-file tab.txt --device cpu --gen-length 2 --steps 1"
+    rc, _, err = run_cli(capsys, *shlex.split(cmd))
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert rc == 0 and notes == [
+        "note: the prompt: 1 character(s) the model's tokenizer cannot encode are left out or replaced: "
+        "'\\t' (U+0009) x1"
+    ], err
+
+
 def test_kept_positions_bound_every_snapped_cut():
     """b38 item 10: the window check counted ceil(L / C) fixed chunks; with snapped boundaries there can be more
     (each at most C tokens), and K of them take up to the K largest sizes plus K anchors. L = 768 = 3 x 256 cut

@@ -524,7 +524,43 @@ def test_dropped_characters_get_one_note(files, capsys):
     notes = [line for line in err.splitlines() if line.startswith("note: ")]
     assert rc == 0 and notes == [
         "note: --context-file accents.txt: 3 character(s) the model's tokenizer cannot encode are left out or "
-        "replaced: '\u00e9' x1, '\u00e1' x2"
+        "replaced: '\u00e9' (U+00E9) x1, '\u00e1' (U+00E1) x2"
     ], err
     rc, out, err = run_cli(capsys, *shlex.split(cmd.replace("accents.txt", "doc.txt")))
     assert rc == 0 and "cannot encode" not in err
+
+
+def test_the_prompt_is_counted_once_and_the_questions_apart(files, capsys):
+    """A breaker's tab in the prompt file was counted once per question (x3 for three questions)."""
+    (files / "tab.txt").write_text("There is a pass key.\t\n\n{context}\n\n{question} The pass key is ")
+    (files / "q3.txt").write_text("What is the pass key?\nWhich number?\nWhat is the key\u00e9?\n")
+    cmd = "generate --prompt-file tab.txt --context-file doc.txt --questions-file q3.txt --gen-length 2 --steps 1"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert rc == 0 and notes == [
+        "note: the prompt: 1 character(s) the model's tokenizer cannot encode are left out or replaced: "
+        "'\\t' (U+0009) x1",
+        "note: the questions: 1 character(s) the model's tokenizer cannot encode are left out or replaced: "
+        "'\u00e9' (U+00E9) x1",
+    ], err
+
+
+def test_a_question_that_is_not_utf8_is_one_error_line(files, capsys):
+    """Bytes that are not UTF-8 reach argv as lone surrogates; the tokenizer raised a TypeError traceback."""
+    rc, out, err = run_cli(capsys, "generate", "--context-file", "doc.txt", "--question", "What is it\udcff?")
+    assert rc == 2 and err.strip().splitlines() == ["error: --question #1 is not UTF-8 text"], err
+    from dllm.model.tokenization import unencodable_characters
+
+    assert unencodable_characters(dllm.load_model(), "a\ud800b") == {"\ud800": 1}
+
+
+def test_eval_note_with_adaptive_k_on_short_contexts(files, capsys):
+    """The note said short contexts 'keep every chunk' while adaptive K cut them (a breaker's find)."""
+    cmd = "eval passkey --lengths 600 --samples 1 --depths 0.5 --adaptive-k 1.5 --gen-length 6 --out e.csv"
+    rc, out, err = run_cli(capsys, *shlex.split(cmd))
+    assert rc == 0, err
+    assert (
+        "have fewer than the default top_k=4 chunks of 256 tokens: adaptive K chooses among all of their chunks" in err
+    )
+    rows = list(csv.DictReader(open("e.csv")))
+    assert len(rows) == 1 and 1 <= len(rows[0]["selected_chunks"].split()) < 3  # 3 chunks, cut below

@@ -42,6 +42,7 @@ from dllm.cli.options import (
     decoding_check,
     graph_kwargs,
     kept_positions,
+    note_unencodable,
     progress_bars,
     window_check,
 )
@@ -127,6 +128,8 @@ def _encode(args) -> int:
     shards = [shard_path(args.out, r, world()[1]) for r in range(world()[1])]
     text = _read_on_rank0(lambda: read_document_to_encode(args, shards))
     model = _load_model(args, device)
+    if world()[0] == 0:  # one note, as in one process
+        note_unencodable(model, text, f"--context-file {args.context_file}")
     doc = dd.encode_document(model, encode_text(model, text), prefilling=cfg, progress=progress_bars())
     doc.save(args.out)
     if doc.rank == 0:
@@ -161,9 +164,9 @@ def _generate(args) -> int:
 
     def inputs():
         questions = collect_questions(args)
-        return questions, prompt_templates(args, questions)
+        return questions, *prompt_templates(args, questions)
 
-    questions, templates = _read_on_rank0(inputs)
+    questions, prompt, templates = _read_on_rank0(inputs)
     for template in templates:
         if template.count("{context}") > 1:
             raise UserError("the prompt must hold at most one {context} slot for --document")
@@ -181,6 +184,9 @@ def _generate(args) -> int:
         )
     model = _load_model(args, device)
     doc = dd.ShardedDocument.load(args.document, model)
+    if doc.rank == 0:  # one note per input, as in one process
+        note_unencodable(model, prompt.replace("{question}", ""), "the prompt", args.stats == "json")
+        note_unencodable(model, "".join(questions or []), "the questions", args.stats == "json")
     kw = decode_kwargs(args, args.gen_length)
     gen = args.gen_length or 32
     for n, template in enumerate(templates, 1):
@@ -191,8 +197,8 @@ def _generate(args) -> int:
             kept = kept_positions(cfg, header["num_tokens"], header["num_chunks"])
             window_check(
                 model, live, gen, "prefilling", True, kept, json_notes=args.stats == "json",
-                adaptive=cfg.adaptive_k is not None,
-            )  # fmt: skip
+                adaptive=cfg.adaptive_k is not None, notes=doc.rank == 0,
+            )  # every rank checks (an error is every rank's), rank 0 alone notes  # fmt: skip
             return parts
 
         parts = dd.run_on_all(prompt_parts)

@@ -252,9 +252,14 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
     if cfg is not None and cfg.top_k is not None:
         fewer = sum(f.top_k is None for f in configs)
         if fewer:
+            what = (
+                "adaptive K chooses among all of their chunks"
+                if cfg.adaptive_k is not None
+                else "they keep every chunk"
+            )
             print(
                 f"note: {fewer} of {len(cases)} contexts have fewer than the default top_k={cfg.top_k} chunks of "
-                f"{cfg.chunk_size} tokens: they keep every chunk",
+                f"{cfg.chunk_size} tokens: {what}",
                 file=sys.stderr,
             )
     kw = decode_kwargs(args, args.gen_length)

@@ -103,6 +103,10 @@ def collect_questions(args) -> list[str] | None:
     for i, question in enumerate(questions, 1):
         if not question.strip():
             raise UserError(f"--question #{i} is empty")
+        try:  # bytes that are not UTF-8 reach argv as lone surrogates (Python's surrogateescape)
+            question.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"--question #{i} is not UTF-8 text") from None
     if args.questions_file is not None:
         questions += _read_questions_file(args.questions_file)
     for i, question in enumerate(questions, 1):
@@ -111,11 +115,11 @@ def collect_questions(args) -> list[str] | None:
     return questions or None
 
 
-def prompt_templates(args, questions: list[str] | None) -> list[str]:
-    """The prompts to answer: the prompt file (or :data:`DEFAULT_QUESTION_TEMPLATE` with questions and no
-    prompt file), once per question, which fills the prompt's one ``{question}`` slot. A prompt file
-    without the slot is an error when questions are given (nothing is appended silently), and so is a
-    slot without questions (its literal text would be decoded)."""
+def prompt_templates(args, questions: list[str] | None) -> tuple[str, list[str]]:
+    """The prompt as given and the prompts to answer: the prompt file (or :data:`DEFAULT_QUESTION_TEMPLATE`
+    with questions and no prompt file), once per question, which fills the prompt's one ``{question}`` slot.
+    A prompt file without the slot is an error when questions are given (nothing is appended silently), and
+    so is a slot without questions (its literal text would be decoded)."""
     if args.prompt_file is None and not questions:
         raise UserError("generate needs --prompt-file, --question or --questions-file")
     if args.prompt_file is None:
@@ -129,14 +133,14 @@ def prompt_templates(args, questions: list[str] | None) -> list[str]:
                 f"--prompt-file {args.prompt_file} holds a {QUESTION_SLOT} slot but no question was given: pass "
                 "--question or --questions-file, or remove the slot"
             )
-        return [template]
+        return template, [template]
     if slots != 1:
         raise UserError(
             f"--prompt-file {args.prompt_file} must hold exactly one {QUESTION_SLOT} slot for the questions, found "
             f'{slots} (e.g. a last line "Question: {QUESTION_SLOT} Answer:"; without --prompt-file the prompt is '
             f"{DEFAULT_QUESTION_TEMPLATE})"
         )
-    return [template.replace(QUESTION_SLOT, q) for q in questions]
+    return template, [template.replace(QUESTION_SLOT, q) for q in questions]
 
 
 def _one_line_answer(text: str) -> str:
@@ -374,7 +378,7 @@ def cmd_generate(args) -> int:
     # the product with a context; a prompt alone (nothing to chunk) decodes densely
     args.method = args.method or ("prefilling" if args.context_file is not None else "dense")
     questions = collect_questions(args)
-    templates = prompt_templates(args, questions)
+    prompt, templates = prompt_templates(args, questions)
     context = None
     if args.context_file is not None:
         context = read_text(args.context_file, "--context-file")
@@ -390,7 +394,8 @@ def cmd_generate(args) -> int:
     model, _ = timed_load(args)
     json_notes = args.stats == "json"
     note_unencodable(model, context, f"--context-file {args.context_file}", json_notes)
-    note_unencodable(model, "".join(templates), "the prompt and questions", json_notes)
+    note_unencodable(model, prompt.replace(QUESTION_SLOT, ""), "the prompt", json_notes)
+    note_unencodable(model, "".join(questions or []), "the questions", json_notes)
     gen = args.gen_length or inspect.signature(dllm.generate).parameters["gen_length"].default
     kw = {"gen": gen, "decode": decode_kwargs(args, args.gen_length)}
     document = context_tokens = None

@@ -184,7 +184,9 @@ def note_unencodable(model, text: str | None, what: str, json_notes: bool = Fals
     bad = unencodable_characters(model, text)
     if bad:
         total = sum(bad.values())
-        shown = ", ".join(f"{ch!r} x{n}" for ch, n in list(bad.items())[:5]) + (", ..." if len(bad) > 5 else "")
+        # the code point beside the character: a lone combining mark or a lookalike ('Å' U+212B) reads ambiguously
+        shown = ", ".join(f"{ch!r} (U+{ord(ch):04X}) x{n}" for ch, n in list(bad.items())[:5])
+        shown += ", ..." if len(bad) > 5 else ""
         note(
             f"{what}: {total} character(s) the model's tokenizer cannot encode are left out or replaced: {shown}",
             json_notes,
@@ -201,6 +203,7 @@ def window_check(
     *,
     json_notes: bool = False,
     adaptive: bool = False,
+    notes: bool = True,
 ) -> None:
     """The tokens that must share the model's trained positions with the response, checked before decoding.
 
@@ -210,10 +213,12 @@ def window_check(
     nothing but the response and the prompt's own text fills it, a note when a long context (or the
     kept chunks) do (the dense baselines beyond the window are measured on purpose); ``json_notes``:
     the note as a JSON line (:func:`note`); ``adaptive``: K is chosen per question (``--adaptive-k``), so
-    ``kept_positions`` is the most the kept chunks can take and the note says so."""
+    ``kept_positions`` is the most the kept chunks can take and the note says so; ``notes`` False: errors only
+    (torchrun's ranks other than 0 check the same prompt, rank 0 alone notes)."""
     limit = model.config.trained_positions
     if (
-        limit
+        notes
+        and limit
         and method == "prefilling"
         and live_tokens + gen_length <= limit < live_tokens + kept_positions + gen_length
     ):

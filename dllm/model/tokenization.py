@@ -126,7 +126,10 @@ def unencodable_characters(model, text: str) -> dict:
     for ch, n in counts.items():
         if ch in " \n":
             continue
-        ids = tok.encode(ch, add_special_tokens=False)
+        try:
+            ids = tok.encode(ch, add_special_tokens=False)
+        except (TypeError, ValueError):  # a lone surrogate (bytes that were not UTF-8): no tokenizer takes it
+            ids = []
         if not ids or (unk is not None and unk in ids):
             out[ch] = n
     return out
