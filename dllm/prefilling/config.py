@@ -185,7 +185,8 @@ class PrefillingConfig:
             extension; :func:`dllm.prefilling.selection.adaptive_top_k`). Opt-in: a fact cut by a chunk
             boundary can lose its second chunk when the cut falls at the drop (a fixed K keeps both more often).
             m = 1.5 was chosen on held-out registers (``bench/results/adaptive_k.md``): the needle chunk kept as
-            often as the best fixed K with less than half the tokens, but one bundled pass key in 53 lost.
+            often as the best fixed K with less than half the tokens, but one bundled pass key in 53 lost (a
+            needle straddling two chunks, one kept).
         lexical_weight: 0 (the paper: the predictive score alone) or a weight w > 0: the chunk score becomes
             ``z(predictive) + w * z(lexical)``, z-scored over the scored chunks, the lexical term being the
             idf-weighted share of the query's token n-grams a chunk holds (no model forward; our extension,
