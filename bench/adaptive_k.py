@@ -12,8 +12,8 @@ question's fused chunk scores, chunk sizes and the needle's chunks as one JSON l
 every document seed (0: the 48 questions of ``heldout_eval.md``).
 
 ``rules`` then applies each K rule to the stored scores, no model needed: fixed K = 1 ... ceiling, and the
-adaptive rules of :func:`dllm.prefilling.selection.adaptive_top_k` (``drop``: cut at the first drop of at least
-m robust spreads between consecutive scores) and :func:`band_k` (``band``:
+adaptive rule of :func:`dllm.prefilling.selection.kept_chunks` (``drop``: cut at the first drop of at least
+m robust spreads between consecutive scores, plus the best chunk's better neighbour) and :func:`band_k` (``band``:
 keep every chunk within m robust spreads of the best), at several margins, floor 1, ceilings 4 and 8. A rule is
 chosen on ``--tune`` (the best needle-kept count, then the fewest kept tokens, among the rules at least as
 accurate as the tuning set's best fixed K) and reported on ``--test``. Measured: needle chunk kept (a kept
@@ -41,7 +41,7 @@ from dllm.model.loader import default_model_dir
 from dllm.model.tokenization import encode_text
 from dllm.prefilling import PrefillingConfig, PromptParts
 from dllm.prefilling.pipeline import check_parts, prefill, score_and_select
-from dllm.prefilling.selection import adaptive_top_k, rank_chunks
+from dllm.prefilling.selection import kept_chunks, rank_chunks
 
 MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 CEILINGS = (4, 8)
@@ -122,8 +122,8 @@ def kept_by(rule: tuple, scores: torch.Tensor) -> list:
     n_finite = int(torch.isfinite(scores).sum())
     if rule[0] == "fixed":
         k = min(rule[1], n_finite)
-    elif rule[0] == "drop":
-        k = adaptive_top_k(scores, 1, rule[2], rule[1])
+    elif rule[0] == "drop":  # the library's rule, the best chunk's neighbour included
+        return kept_chunks(scores, min(rule[2], n_finite), rule[1])
     else:
         k = band_k(scores, 1, rule[2], rule[1])
     return rank_chunks(scores)[:k]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm.prefilling import PrefillingConfig
-from dllm.prefilling.selection import adaptive_top_k, kept_count, select_chunks
+from dllm.prefilling.selection import adaptive_top_k, kept_chunks, kept_count, select_chunks
 
 
 def reference_k(scores, floor, ceiling, margin):
@@ -26,6 +26,20 @@ def reference_k(scores, floor, ceiling, margin):
         if sigma > 0 and s[k - 1] - s[k] >= margin * sigma:
             return k
     return hi
+
+
+def reference_kept(scores, ceiling, margin):
+    """The kept chunks written out: the reference_k best (floor 1), and when fewer than the ceiling, the
+    better-scoring finite neighbour of the best chunk (ties: the earlier one), ascending."""
+    finite = [j for j, x in enumerate(scores) if math.isfinite(x)]
+    order = sorted(finite, key=lambda j: (-scores[j], j))
+    k = reference_k(scores, 1, ceiling, margin)
+    kept = set(order[:k])
+    if k < ceiling:
+        near = [j for j in (order[0] - 1, order[0] + 1) if j in finite]
+        if near:
+            kept.add(sorted(near, key=lambda j: (-scores[j], j))[0])
+    return sorted(kept)
 
 
 # hand-made score vectors and the chunks a reader keeps by eye
@@ -110,7 +124,7 @@ def test_generate_keeps_the_adaptive_count_of_its_own_scores():
     scores = torch.tensor(res.stats.extra["all_chunk_scores"])
     k = adaptive_top_k(scores, 1, 4, 2.0)
     assert scores.numel() > 4 and k < 4  # a case where the rule cuts below the ceiling
-    assert res.stats.extra["selected_chunks"] == select_chunks(scores, k)
+    assert res.stats.extra["selected_chunks"] == reference_kept(scores.tolist(), 4, 2.0)
 
 
 @pytest.mark.parametrize("top_k", [None, "N"])
@@ -138,4 +152,29 @@ def test_adaptive_k_applies_when_k_covers_every_chunk(top_k):
     assert scores.numel() == n > 4 and bool(torch.isfinite(scores).all())
     k = adaptive_top_k(scores, 1, n, 2.0)
     assert k < n  # the rule cut: not every chunk kept
-    assert res.stats.extra["selected_chunks"] == select_chunks(scores, k)
+    assert res.stats.extra["selected_chunks"] == reference_kept(scores.tolist(), n, 2.0)
+
+
+NEIGHBOUR_CASES = [
+    # one chunk stands out: it and its better neighbour (chunk 4: 0.05 > chunk 2: -0.1)
+    ([0.0, 0.1, -0.1, 9.0, 0.05, -0.05, 0.02, 0.03], 8, [3, 4]),
+    # the best chunk is first: its only neighbour
+    ([9.0, 0.1, 0.3, 0.2, 0.0], 4, [0, 1]),
+    # the neighbour is already kept (two standouts side by side): nothing added
+    ([0.0, 0.1, -0.1, 0.05, -0.05, 0.02, 5.0, 4.9, 0.03], 8, [6, 7]),
+    # the ceiling reached: no neighbour (K never exceeds the ceiling)
+    ([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], 4, [6, 7, 8, 9]),
+    # a neighbour the first stage left out (-inf) is no candidate: the other one
+    ([0.0, 0.2, 0.1, 9.0, float("-inf"), 0.05, -0.1, 0.02], 8, [2, 3]),
+    # equal neighbours: the earlier one
+    ([0.0, 0.1, 0.3, 9.0, 0.3, 0.02, -0.1, 0.05], 8, [2, 3]),
+]
+
+
+@pytest.mark.parametrize("scores, ceiling, kept", NEIGHBOUR_CASES)
+def test_adaptive_kept_chunks_bring_the_best_chunks_neighbour(scores, ceiling, kept):
+    """A fact straddling a boundary lies in two chunks: the lost-in-the-middle pass key whose second sentence
+    alone was kept read '13388' for 32388 (bench/results/adaptive_k.md)."""
+    t = torch.tensor(scores)
+    assert kept_chunks(t, ceiling, 2.0) == reference_kept(scores, ceiling, 2.0) == kept
+    assert kept_chunks(t, ceiling, None) == select_chunks(t, ceiling)  # fixed K: the paper's top-K

@@ -42,8 +42,9 @@ def test_kept_by_fixed_drop_band():
     assert kept_by(("fixed", 2), s) == [1, 3]
     assert kept_by(("fixed", 9), s) == [1, 3, 5, 2, 0]  # K past the finite chunks: all of them
     # finite 0, 9, 1, 8.5, 2: median 2, |s - 2| = 2, 7, 1, 6.5, 0 -> MAD 2, spread 2.97; drops 0.5, 6.5, 1, 1
-    assert kept_by(("drop", 1.0, 4), s) == [1, 3]  # the first drop >= 2.97 is after the 2nd
-    assert kept_by(("drop", 3.0, 4), s) == [1, 3, 5, 2]  # no drop >= 8.9: the ceiling
+    # the first drop >= 2.97 is after the 2nd; below the ceiling the best chunk's better neighbour joins (2: 1.0 > 0.0)
+    assert kept_by(("drop", 1.0, 4), s) == [1, 2, 3]
+    assert kept_by(("drop", 3.0, 4), s) == [1, 2, 3, 5]  # no drop >= 8.9: the ceiling, no neighbour added
     assert kept_by(("band", 1.0, 4), s) == [1, 3]  # 9 - 2.97 = 6.03: 9 and 8.5
 
 

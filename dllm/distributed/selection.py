@@ -29,8 +29,7 @@ from dllm.prefilling.selection import (
     first_stage_candidates,
     first_stage_excess,
     first_stage_maxima,
-    kept_count,
-    select_chunks,
+    kept_chunks,
 )
 
 TERMS = ("self_info", "pseudo_label", "answer_confidence")
@@ -125,7 +124,7 @@ def score_and_select(model, doc: ShardedDocument, prompt: PromptParts | None, cf
     if cfg.redundancy_threshold is not None:
         all_ids = doc.context_ids()
         chunk_ids = all_ids.__getitem__
-    kept = select_chunks(scores.total, kept_count(scores.total, k, cfg.adaptive_k), chunk_ids, cfg.redundancy_threshold)
+    kept = kept_chunks(scores.total, k, cfg.adaptive_k, chunk_ids, cfg.redundancy_threshold)
     pseudo = [lab for lab, c in zip(labels.tolist(), confirmed.tolist()) if c]
     nfe = 1 + (cands is not None) + max(e[1] for e in everyone)
     return Selection(kept, scores, pseudo, nfe), [e[1] for e in everyone]

@@ -50,7 +50,7 @@ from dllm.prefilling.lexical import chunk_lexical_scores, fuse_scores, lexical_n
 from dllm.prefilling.positions import chunk_offsets
 from dllm.prefilling.prompt import PromptParts
 from dllm.prefilling.scoring import ChunkScores, ScoringRow, draft_pseudo_labels_rows, score_chunks_rows
-from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_count, select_chunks, top_chunks
+from dllm.prefilling.selection import first_stage_candidates, first_stage_scores, kept_chunks, top_chunks
 
 
 @dataclass
@@ -460,8 +460,7 @@ def score_and_select_rows(model, parts: list, chunks: list, cfg: PrefillingConfi
             sc.lexical = lex[b]
             sc.total = fuse_scores(sc.total, lex[b], cfg.lexical_weight)
         if ks[b] < n or adaptive:
-            k = kept_count(sc.total, ks[b], cfg.adaptive_k)
-            kept = select_chunks(sc.total, k, chunks[b].context_ids, cfg.redundancy_threshold)
+            kept = kept_chunks(sc.total, ks[b], cfg.adaptive_k, chunks[b].context_ids, cfg.redundancy_threshold)
         else:
             kept = list(range(n))
         out[b] = Selection(kept, sc, labels[confirmed].tolist(), n_scoring + 1 + (b in cands))

@@ -308,10 +308,43 @@ def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float
 
 
 def kept_count(scores: torch.Tensor, k: int, adaptive_margin: float | None) -> int:
-    """The number of chunks to keep of ``scores [N]`` under a configured ``K = k`` (<= N): ``k`` itself
+    """The number of chunks chosen by score of ``scores [N]`` under a configured ``K = k`` (<= N): ``k`` itself
     (the paper's fixed K), or with ``adaptive_margin`` (``PrefillingConfig.adaptive_k``)
-    :func:`adaptive_top_k` between 1 and ``k``. The one rule of the library and the sharded run."""
+    :func:`adaptive_top_k` between 1 and ``k`` (:func:`kept_chunks` may add the best chunk's neighbour)."""
     return k if adaptive_margin is None else adaptive_top_k(scores, 1, k, adaptive_margin)
+
+
+def kept_chunks(scores: torch.Tensor, k: int, adaptive_margin: float | None, chunk_ids=None, threshold=None) -> list:
+    """The kept chunks of ``scores [N]``, ascending: the one rule of the library and the sharded run.
+
+    Fixed K (``adaptive_margin`` None): :func:`select_chunks` with K = ``k``, the paper's top-K. Adaptive K
+    (our extension): the :func:`adaptive_top_k` best (between 1 and ``k``), and when that is below ``k``, also
+    the better-scoring neighbour (``j - 1`` or ``j + 1``, finite scores only) of the best chunk ``j``: a fact
+    whose sentences straddle a chunk boundary lies in two chunks, and a reader given only the second half misread
+    it (a lost-in-the-middle pass key at 4K and a fresh 100K one, ``bench/results/adaptive_k.md``), as the first
+    stage brings neighbours for the same reason (:func:`first_stage_candidates`).
+
+    Args:
+        scores: ``[N]`` float chunk scores (``-inf``: not a candidate).
+        k: K, the fixed count or the adaptive ceiling, 1 <= K <= N.
+        adaptive_margin: None or the margin of :func:`adaptive_top_k`.
+        chunk_ids, threshold: redundancy-aware selection (:func:`select_chunks`).
+
+    Returns:
+        chunk indices, ascending: ``k`` of them, or with a margin between 1 and ``k``.
+    """
+    n = kept_count(scores, k, adaptive_margin)
+    kept = select_chunks(scores, n, chunk_ids, threshold)
+    if adaptive_margin is None or n >= k:
+        return kept
+    best = rank_chunks(scores)[0]
+    total = int(scores.numel())
+    near = [j for j in (best - 1, best + 1) if 0 <= j < total and math.isfinite(float(scores[j]))]
+    if near:
+        j = max(near, key=lambda j: (float(scores[j]), -j))  # ties: the earlier chunk
+        if j not in kept:
+            kept = sorted([*kept, j])
+    return kept
 
 
 def first_stage_candidates(scores: torch.Tensor, n: int, neighbours_of: int = 0) -> list:
