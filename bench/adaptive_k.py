@@ -36,6 +36,7 @@ import torch
 from bench.heldout_eval import decode_kept, reports
 from bench.provenance import machine_line
 from dllm import encode_document, load_model
+from dllm.cli.args import positive_int
 from dllm.eval.tasks import score
 from dllm.model.loader import default_model_dir
 from dllm.model.tokenization import encode_text
@@ -198,16 +199,6 @@ def load_rows(path: str) -> list:
                 raise ValueError(f"{path}:{i}: not a scored question of `collect` (scores, sizes, needle_chunks)")
             rows.append(r)
     return rows
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    return value
 
 
 def main(argv=None) -> int:

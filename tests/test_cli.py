@@ -440,17 +440,19 @@ def test_window_note_with_adaptive_k_speaks_of_the_ceiling(files, capsys):
     assert "reach position" in notes[0] and "the stats line shows what was kept" in notes[0]
 
 
+def port() -> str:
+    """A free local TCP port for a one-rank gloo group (MASTER_PORT)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
 def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatch):
     """b38 item 11: under torchrun ``--stats json`` the past-the-window note was plain text (the one-process
     CLI's note is a JSON line since issue 38 item 9). One gloo rank in this process, the environment torchrun
     sets; the same document and prompt as the test above."""
-    import socket
-
-    def port():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return str(sock.getsockname()[1])
-
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -474,8 +476,6 @@ def test_torchrun_decodes_exactly_the_adaptive_selection(tmp_path, capsys, monke
     (since adaptive K applies at K = N) scored and cut them again: another answer and 2 more forwards than one
     process, under the same stats line. One gloo rank in this process (the environment torchrun sets) against
     the one-process CLI on the same cache settings: the same answer, kept chunks and forwards."""
-    import socket
-
     from dllm.eval.tasks import make_case
 
     monkeypatch.chdir(tmp_path)
@@ -489,11 +489,6 @@ def test_torchrun_decodes_exactly_the_adaptive_selection(tmp_path, capsys, monke
     rc, out_one, err = run_cli(capsys, *shlex.split(f"generate --document one.cache {flags}"))
     assert rc == 0, err
     one = json.loads(err.strip().splitlines()[-1])
-
-    def port():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return str(sock.getsockname()[1])
 
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         monkeypatch.setenv(key, value)
@@ -513,13 +508,6 @@ def test_torchrun_decodes_exactly_the_adaptive_selection(tmp_path, capsys, monke
 def test_torchrun_notes_unencodable_characters_once(files, capsys, monkeypatch):
     """torchrun's encode and generate gave no note on characters the tokenizer drops (one process did). One
     gloo rank in this process, the environment torchrun sets."""
-    import socket
-
-    def port():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return str(sock.getsockname()[1])
-
     (files / "accent.txt").write_text((files / "doc.txt").read_text() + " Caf\u00e9.")
     (files / "tab.txt").write_text("Find the pass key.\t\n\n{context}\n\nWhat is the pass key? The pass key is ")
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
