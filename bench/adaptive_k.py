@@ -42,7 +42,7 @@ from dllm.model.loader import default_model_dir
 from dllm.model.tokenization import encode_text
 from dllm.prefilling import PrefillingConfig, PromptParts
 from dllm.prefilling.pipeline import check_parts, prefill, score_and_select
-from dllm.prefilling.selection import kept_chunks, rank_chunks
+from dllm.prefilling.selection import kept_chunks, rank_chunks, robust_spread
 
 MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 CEILINGS = (4, 8)
@@ -105,15 +105,12 @@ def collect(model, cfg: PrefillingConfig, docs, decode_rules=(), log=print) -> l
 
 
 def band_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float) -> int:
-    """K = the chunks within ``margin`` robust spreads (1.4826 MAD of the finite scores, or 1.2533 times their
-    mean absolute deviation when the MAD is 0, as :func:`adaptive_top_k`) of the best one, between ``floor``
-    and ``ceiling``."""
+    """K = the chunks within ``margin`` robust spreads (:func:`robust_spread` of the finite scores, as
+    :func:`adaptive_top_k`) of the best one, between ``floor`` and ``ceiling``."""
     s = scores[torch.isfinite(scores)].double()
     if s.numel() == 0:
         return 1
-    dev = (s - s.median()).abs()
-    sigma = 1.4826 * float(dev.median()) or 1.2533 * float(dev.mean())  # as adaptive_top_k: MAD 0, mean deviation
-    k = int((s >= s.max() - margin * sigma).sum())
+    k = int((s >= s.max() - margin * robust_spread(s)).sum())
     return max(min(floor, s.numel()), min(k, ceiling, s.numel()))
 
 
@@ -137,12 +134,12 @@ def rule_name(rule: tuple) -> str:
 def evaluate(rows: list, rules: list) -> dict:
     """rule -> (needle kept count, mean kept tokens, mean K, exact answers or None where not decoded)."""
     out = {}
+    scores = [torch.tensor([float("-inf") if x is None else x for x in r["scores"]], dtype=torch.float64) for r in rows]
     for rule in rules:
         hits, tokens, ks = 0, 0, 0
         answers = [r.get("decoded", {}).get(rule_name(rule)) for r in rows]
         exact = sum(a["correct"] for a in answers) if all(answers) else None
-        for r in rows:
-            s = torch.tensor([float("-inf") if x is None else x for x in r["scores"]], dtype=torch.float64)
+        for r, s in zip(rows, scores):
             kept = kept_by(rule, s)
             hits += bool(set(kept) & set(r["needle_chunks"]))
             tokens += sum(r["sizes"][j] for j in kept)

@@ -14,7 +14,6 @@ case. Writes ``lexical_weight.csv`` and ``lexical_weight.md``.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections import defaultdict
@@ -25,6 +24,7 @@ import torch
 from bench.provenance import machine_line, write_csv
 from bench.selection_recall import needle_chunk_ids
 from bench.tiny_defaults import TINY_PREFILLING
+from dllm.cli.args import non_negative_float
 from dllm.eval.evaluation import run_case
 from dllm.eval.tasks import make_case
 from dllm.model.loader import load_model
@@ -35,15 +35,8 @@ SETS = {  # name -> (tasks, lengths, depths, first seed): the recorded studies' 
 }
 
 
-def margin_or_off(text: str) -> float:
-    """``--adaptive-k``: 0 (off: a fixed K) or a finite margin > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected 0 (off) or a finite margin > 0, got {text!r}")
-    return value
+# --adaptive-k: 0 (off: a fixed K) or a finite margin > 0, the CLI's own type
+margin_or_off = non_negative_float
 
 
 def main(argv=None) -> int:

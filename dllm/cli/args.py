@@ -105,25 +105,25 @@ def candidates_arg(text: str):
     return text if text in (ALL, AUTO) else positive_int(text)
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):  # inf would turn every token distribution into NaN
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+def _finite_float(low: float, strict: bool):
+    """An argparse type: a finite number >= ``low`` (> ``low`` when ``strict``), one message for every refusal
+    (inf would turn every token distribution into NaN)."""
+    bound = f"> {low:g}" if strict else f">= {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > low if strict else value >= low)):
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (``--adaptive-k``'s margin: 0 would cut at the first tie)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+non_negative_float = _finite_float(0, strict=False)
+positive_float = _finite_float(0, strict=True)  # --adaptive-k's margin: 0 would cut at the first tie
 
 
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits

@@ -223,19 +223,14 @@ def window_check(
         and live_tokens + gen_length <= limit < live_tokens + kept_positions + gen_length
     ):
         total = live_tokens + kept_positions + gen_length
-        if adaptive:  # the count is chosen after scoring: the note can only speak of the ceiling
-            note(
-                f"if adaptive K keeps as many chunks as --top-k allows, prefix, kept chunks, query and --gen-length "
-                f"{gen_length} reach position {total}, past the model's {limit} trained positions: the stats line "
-                "shows what was kept; lower --top-k, --chunk-size or --gen-length to stay inside",
-                json_notes,
-            )
-        else:
-            note(
-                f"prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
-                f"model's {limit} trained positions: lower --top-k, --chunk-size or --gen-length",
-                json_notes,
-            )
+        # under adaptive K the count is chosen after scoring: the note can only speak of the ceiling
+        head = "if adaptive K keeps as many chunks as --top-k allows, " if adaptive else ""
+        tail = "the stats line shows what was kept; " if adaptive else ""
+        note(
+            f"{head}prefix, kept chunks, query and --gen-length {gen_length} reach position {total}, past the "
+            f"model's {limit} trained positions: {tail}lower --top-k, --chunk-size or --gen-length",
+            json_notes,
+        )
     if not limit or live_tokens + gen_length <= limit:
         return
     what = "prefix + query" if method == "prefilling" else "prompt"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import torch
 
@@ -112,23 +112,28 @@ def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
 def unencodable_characters(model, text: str) -> dict:
     """The characters of ``text`` that the model's tokenizer turns into no token or into its unknown token, so
     that :func:`encode_text` drops or blurs them (the bundled tokenizer knows printable ASCII and newline:
-    "á", "€" and a tab vanish): ``{character: count}`` in order of first occurrence; ``{}`` with no tokenizer.
-    Each distinct character is tokenized alone (a few hundred calls for any text), the space and the newline
-    are taken as encodable (a tokenizer may fold a lone one into the next word)."""
+    "á", "€" and a tab vanish). Each distinct character is tokenized alone (a few hundred calls for any
+    text); the space and the newline are taken as encodable (a tokenizer may fold a lone one into the next
+    word); a lone surrogate (bytes that were not UTF-8) counts as unencodable.
+
+    Args:
+        model: a loaded model; its ``tokenizer`` may be None.
+        text: any str.
+
+    Returns:
+        ``{character: count}`` in order of first occurrence; ``{}`` with no tokenizer.
+    """
     tok = model.tokenizer
     if tok is None:
         return {}
     unk = getattr(tok, "unk_token_id", None)
-    counts: dict = {}
-    for ch in text:
-        counts[ch] = counts.get(ch, 0) + 1
     out = {}
-    for ch, n in counts.items():
+    for ch, n in Counter(text).items():  # insertion order: first occurrence
         if ch in " \n":
             continue
         try:
             ids = tok.encode(ch, add_special_tokens=False)
-        except (TypeError, ValueError):  # a lone surrogate (bytes that were not UTF-8): no tokenizer takes it
+        except (TypeError, ValueError):  # a lone surrogate: no tokenizer takes it
             ids = []
         if not ids or (unk is not None and unk in ids):
             out[ch] = n

@@ -246,6 +246,24 @@ def first_stage_scores(model, chunks, query: torch.Tensor, draft_tokens: int, la
     return first_stage_excess(first_stage_maxima(model, chunks, query, draft_tokens, layer))
 
 
+def robust_spread(scores: torch.Tensor) -> float:
+    """The spread of chunk scores that a few outstanding chunks do not move: ``1.4826 * median(|s - median(s)|)``
+    (the median absolute deviation, scaled to a standard deviation for normal scores; lower middle values, no
+    interpolation), or, when that is 0 because half the scores or more are equal (repeated filler chunks; any
+    two scores), ``1.2533 * mean(|s - median(s)|)`` (the mean absolute deviation, scaled the same way). 0 only
+    when every score is equal. Used by :func:`adaptive_top_k`.
+
+    Args:
+        scores: ``[n]`` finite float scores, n >= 1 (the caller drops ``-inf`` and NaN).
+
+    Returns:
+        the spread, a float >= 0, in the scores' units.
+    """
+    s = scores.double()
+    dev = (s - s.median()).abs()
+    return 1.4826 * float(dev.median()) or 1.2533 * float(dev.mean())
+
+
 def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float) -> int:
     """K chosen per question by how far the best scores stand out: the chunks above the first large drop.
 
@@ -295,11 +313,7 @@ def adaptive_top_k(scores: torch.Tensor, floor: int, ceiling: int, margin: float
         return 1
     lo, hi = min(floor, n), min(ceiling, n)
     top = torch.sort(s, descending=True).values
-    med = s.median()  # the lower middle value for an even count: no interpolation needed
-    dev = (s - med).abs()
-    sigma = 1.4826 * float(dev.median())
-    if sigma == 0:  # half the scores or more tie: the mean absolute deviation still sees the others
-        sigma = 1.2533 * float(dev.mean())
+    sigma = robust_spread(s)
     if sigma > 0:
         for k in range(lo, hi):  # k chunks kept when the drop after the k-th is large
             if float(top[k - 1] - top[k]) >= margin * sigma:
@@ -332,6 +346,10 @@ def kept_chunks(scores: torch.Tensor, k: int, adaptive_margin: float | None, chu
 
     Returns:
         chunk indices, ascending: ``k`` of them, or with a margin between 1 and ``k``.
+
+    Raises:
+        ValueError: what :func:`adaptive_top_k` and :func:`select_chunks` refuse (no score, K outside
+            ``[1, N]``, a margin that is not a finite number > 0, a threshold outside ``(0, 1]``).
     """
     n = kept_count(scores, k, adaptive_margin)
     kept = select_chunks(scores, n, chunk_ids, threshold)
