@@ -88,5 +88,20 @@ def prefilling_flops(
     return {"prefill": prefill, "scoring": scoring, "decode": decode}
 
 
+def block_cached_decode_flops(
+    a: Arch, static: int, lq: int, ld: int, steps: int, block: int, shift: bool = True
+) -> float:
+    """Decode FLOPs with a block cache (:mod:`dllm.decode.block_cache`) refreshed at each block start: per block
+    one forward over the live block (``lq + ld`` queries over ``static`` + live keys, the block's logits), then
+    every other step of the block a forward over the block's ``block`` tokens (+ 1 for a shifted model) over the
+    same keys. Without the cache every step is the refresh forward: ``steps * a.forward(lq + ld, static + lq + ld,
+    block)``."""
+    blocks = ld // block
+    keys = static + lq + ld
+    refresh = a.forward(lq + ld, keys, block)
+    step = a.forward(block + int(shift), keys, block)
+    return blocks * refresh + (steps - blocks) * step
+
+
 def total(flops: dict) -> float:
     return sum(flops.values())

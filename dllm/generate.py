@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dllm.decode.block_cache import check_block_cache
 from dllm.decode.denoise import denoise
 from dllm.decode.policies import CACHE_SCOPES, REFRESH_MODES, DensePolicy, PrefixCachePolicy
 from dllm.decode.step_graph import cuda_graph_support
@@ -169,6 +170,7 @@ def generate(
     live_window: int = 1,
     cache_refresh: str = "block",
     cache_scope: str = "sequence",
+    block_cache=None,
     prompt=None,
     prefilling=None,
     document=None,
@@ -205,6 +207,14 @@ def generate(
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
             :class:`dllm.decode.policies.PrefixCachePolicy`).
+        block_cache: every method: how a denoising step treats the live tokens outside the current block
+            (:mod:`dllm.decode.block_cache`). ``"block"``: their K/V are cached at each block's first step
+            and a step recomputes the current block only (Fast-dLLM's DualCache, beside the static cache):
+            a step's cost no longer grows with the answer. An int N: refreshed also every N steps.
+            ``"step"``: refreshed every step (exact, for testing). ``"off"``: every step recomputes them
+            all (the exact path). None (default): ``"block"`` when ``gen_length > block_length``, else
+            ``"off"``; ``"off"`` with ``draw_order="official"`` (the official loops recompute every step).
+            ``stats.extra`` gets ``block_cache`` (the mode), ``block_cache_refreshes`` and ``block_cache_bytes``.
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
             context, query token ids), or a list of them: a batch of requests (any context, query
             and chunk counts) decoded in one denoising loop over live blocks padded to the longest
@@ -230,11 +240,12 @@ def generate(
     Raises:
         TypeError: ``gen_length``, ``steps``, ``block_length``, ``live_window``, ``top_k`` or ``seed`` not an
             integer (ints and numpy integers are accepted; a bool or a float such as ``8.0`` is refused),
+            ``block_cache`` neither None, a string nor an integer,
             ``cuda_graph`` not None or a bool, ``progress`` not a bool,
             ``temperature``, ``top_p``, ``alg_temp``, ``eps`` or ``threshold`` not a real number; a prompt
             list or document of the wrong type. Every argument is checked before any work.
-        ValueError: unknown method/alg/confidence_from/draw_order/cache_refresh/cache_scope (checked for every
-            method), a count < 1, ``gen_length % block_length != 0``,
+        ValueError: unknown method/alg/confidence_from/draw_order/cache_refresh/cache_scope/block_cache (checked
+            for every method), a block_cache interval < 1, a count < 1, ``gen_length % block_length != 0``,
             temperature or alg_temp neither 0 nor in about [1.2e-38, 8.5e37] (T and 1/T finite in float32;
             a tiny T decodes the greedy limit, no overflow), top_p outside (0, 1], a seed outside [0, 2**64),
             steps not divisible by the number of blocks, a prompt containing the mask id,
@@ -260,6 +271,9 @@ def generate(
     ):
         if not isinstance(value, str) or value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if block_cache is None and draw_order == "official":  # the official Dream / LLaDA loops recompute every step
+        block_cache = "off"
+    block_cache = check_block_cache(block_cache, gen_length, block_length)
     seed = None if seed is None else _seed(seed)
     for name, flag, allowed in (("cuda_graph", cuda_graph, (bool, type(None))), ("progress", progress, (bool,))):
         if not isinstance(flag, allowed):
@@ -336,6 +350,7 @@ def generate(
                     refresh=cache_refresh,
                     scope=cache_scope,
                 )
+        policy.use_block_cache(block_length, block_cache)
         batch = policy.batch_size
         resp = torch.full((batch, gen_length), model.mask_token_id, dtype=torch.long, device=model.device)
         row_steps = []
@@ -355,6 +370,10 @@ def generate(
         )
     stats = GenerationStats(nfe=policy.nfe, steps=n_steps, seconds=timer.seconds, extra=extra)
     stats.extra["gen_tokens"] = batch * gen_length
+    stats.extra["block_cache"] = block_cache
+    if policy.block_cache is not None:
+        stats.extra["block_cache_refreshes"] = policy.block_cache.refreshes
+        stats.extra["block_cache_bytes"] = policy.block_cache.nbytes()
     if row_extra is not None:
         stats.rows = [{**r, "steps": n, "gen_tokens": gen_length} for r, n in zip(row_extra, row_steps)]
     if getattr(policy, "graph", None) is not None:  # a CUDA graph was asked for: say whether it replayed

@@ -19,7 +19,7 @@ def _prompt(model, n=19, b=1, seed=0):
 def test_prefix_cache_rebuilt_every_step_equals_dense(family, alg, dream, llada):
     model = dream if family == "dream" else llada
     p = _prompt(model, b=2)
-    kw = dict(gen_length=12, steps=12, block_length=4, alg=alg, threshold=0.02)
+    kw = dict(gen_length=12, steps=12, block_length=4, alg=alg, threshold=0.02, block_cache="off")  # the exact paths
     dense = dllm.generate(model, p, method="dense", **kw)
     cached = dllm.generate(model, p, method="prefix_cache", cache_refresh="step", **kw)
     assert torch.equal(dense.tokens, cached.tokens)

@@ -62,6 +62,7 @@ def reveal_order(history):
 
 def run(alg, steps=4, block_length=None, family="dream", **kw):
     m = StubModel(family)
+    kw.setdefault("block_cache", "off")  # the stub's logits are fixed per position: the rule's order is tested
     res = dllm.generate(
         m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=steps, block_length=block_length, alg=alg, **kw
     )
@@ -376,7 +377,9 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, alg="entropy", temperature=1.0, seed=0)
     # a NaN outside the block being decoded is not read: block 0 (positions 0-1) decodes, block 1 raises
     with pytest.raises(ValueError, match=r"step 2, batch row 0, response position 2"):
-        dllm.generate(m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, block_length=2, alg="maskgit_plus")
+        dllm.generate(
+            m, torch.tensor([[0, 1, 2]]), gen_length=4, steps=4, block_length=2, alg="maskgit_plus", block_cache="off"
+        )
 
 
 # --- issue 38 item 14: every argument of generate is checked up front, naming the argument --------------

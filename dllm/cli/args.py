@@ -16,6 +16,7 @@ import os
 import stat
 
 from dllm.cli.errors import UserError
+from dllm.decode.block_cache import BLOCK_CACHE_MODES
 from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, DRAW_ORDERS
 from dllm.generate import METHODS
 from dllm.prefilling.config import AUTO, CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
@@ -97,6 +98,19 @@ non_negative_int = _int_at_least(0)
 
 def positive_int_or_all(text: str):
     return ALL if text == ALL else positive_int(text)
+
+
+def block_cache_arg(text: str):
+    """``--block-cache``: ``off``, ``block``, ``step`` or a refresh interval, an int >= 1
+    (:mod:`dllm.decode.block_cache`)."""
+    if text in BLOCK_CACHE_MODES:
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(BLOCK_CACHE_MODES)} or an int >= 1, got {text!r}"
+        ) from None
 
 
 def candidates_arg(text: str):
@@ -282,6 +296,16 @@ def add_decode_args(p, gen_length_default: int | None, document: bool = False, m
         type=positive_int,
         default=None,
         help="semi-autoregressive block, divides the gen length (default: the gen length, one block)",
+    )
+    p.add_argument(
+        "--block-cache",
+        type=block_cache_arg,
+        default=None,
+        metavar="off|block|step|N",
+        help="a step recomputes the current block only, reading the K/V of the query and the other blocks from a "
+        "cache refreshed at each block start (block), also every N steps (N), or every step (step: exact, slow); "
+        "off recomputes the whole response every step (default: block when the answer has several blocks, "
+        "else off)",
     )
     p.add_argument(
         "--alg",

@@ -155,6 +155,7 @@ def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
         "gen_length": opt(args.gen_length),
         "steps": opt(args.steps),
         "block_length": opt(args.block_length),
+        "block_cache": opt(args.block_cache),
         "alg": opt(args.alg),
         "temperature": args.temperature,
         "sampling_seed": opt(args.seed),

@@ -199,7 +199,8 @@ def _stats_dict(res, spans: tuple | None) -> dict:
 def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
     """The one-line summary of ``--stats summary``: the kept chunks with their spans in the context
     (``spans``: ``("chars", [(start, end)])`` into the context text, or ``("tokens", ...)`` when the text is
-    not known, as with --document; end exclusive), seconds per phase, steps, forwards and tokens per second."""
+    not known, as with --document; end exclusive), seconds per phase, steps, forwards and tokens per second, and
+    the block cache's mode and refreshes when one ran."""
     extra = res.stats.extra
     parts = []
     if "selected_chunks" in extra:
@@ -213,6 +214,8 @@ def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
         parts.append(f"kept {len(kept)} of {extra['num_chunks']} chunks{size}: {', '.join(where)}")
     parts.append(", ".join(f"{k} {v:.2f} s" for k, v in res.stats.seconds.items()))
     parts.append(f"{res.stats.steps} steps, {res.stats.nfe} forwards, {res.stats.tokens_per_second:.1f} tokens/s")
+    if extra.get("block_cache", "off") != "off":
+        parts.append(f"block cache {extra['block_cache']}, {extra['block_cache_refreshes']} refreshes")
     return "; ".join(parts)
 
 

@@ -265,6 +265,7 @@ def decode_kwargs(args, gen_length) -> dict:
         gen_length=gen_length,
         steps=args.steps,
         block_length=args.block_length,
+        block_cache=args.block_cache,
         alg=args.alg,
         temperature=args.temperature,
         confidence_from=args.confidence_from,

@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 
 import triton_kernels
+from dllm.decode.block_cache import BlockCache
 from dllm.decode.step_graph import GraphedStep
 from dllm.decode.timer import PhaseTimer
 from dllm.model.kv_cache import StaticKVCache
@@ -162,7 +163,9 @@ class LiveBlock:
         return self.ids
 
 
-def live_block_logits(model, live: LiveBlock, cache: StaticKVCache | None) -> torch.Tensor:
+def live_block_logits(
+    model, live: LiveBlock, cache: StaticKVCache | None, attn_hook=None, with_logits: bool = True
+) -> torch.Tensor | None:
     """The pure step: one forward over the live block's static buffers; what a CUDA graph captures.
 
     Reads only fixed addresses (``live.ids`` after :meth:`LiveBlock.write`, the positions, the
@@ -174,15 +177,22 @@ def live_block_logits(model, live: LiveBlock, cache: StaticKVCache | None) -> to
         model: the dLLM.
         live: the live block (``precompute_rope`` done).
         cache: the static KV it attends to, or None.
+        attn_hook: passed to the model's forward (the block cache stores the live K/V with it).
+        with_logits: False skips the LM head (a block-cache refresh whose logits are not used).
 
     Returns:
         ``[B, L_d, V]`` response logits in the model dtype, or ``[B, W, V]`` of the current block's W
-        positions once :meth:`LiveBlock.select_block` chose a block narrower than the response.
+        positions once :meth:`LiveBlock.select_block` chose a block narrower than the response; None
+        without logits.
     """
     kw = {} if live.cos is None else {"rope": (live.cos, live.sin)}
     if live.live_lens is not None:
         kw["live_lens"] = live.live_lens
-    if live.block_cols is not None:  # a semi-autoregressive block: the LM head on its positions only
+    if attn_hook is not None:
+        kw["attn_hook"] = attn_hook
+    if not with_logits:
+        kw["logits_start"] = live.ids.shape[1]
+    elif live.block_cols is not None:  # a semi-autoregressive block: the LM head on its positions only
         kw["logits_at"] = live.block_cols
     elif live.live_lens is None:  # rows of one length: the response starts at one column
         kw["logits_start"] = live.head_lens[0]
@@ -204,16 +214,33 @@ class LiveBlockPolicy:
         cuda_graph: capture the step's forward in a CUDA graph and replay it
             (:class:`dllm.decode.step_graph.GraphedStep`); only for a cache fixed for the whole
             generation, and only where :func:`dllm.decode.step_graph.cuda_graph_support` says so.
-            ``"auto"``: the same, but a failed capture warns and falls back to eager steps.
+            ``"auto"``: the same, but a failed capture warns and falls back to eager steps. With a block
+            cache the graph holds the block-only step; the refreshes run eagerly.
+
+    Attributes:
+        block_cache: the :class:`~dllm.decode.block_cache.BlockCache` once :meth:`use_block_cache` ran, else
+            None (every step recomputes the whole live block).
     """
 
     def __init__(self, model, live: LiveBlock, cache: StaticKVCache | None = None, nfe: int = 0, *, cuda_graph=False):
         self.model, self.live, self.cache, self.nfe = model, live, cache, nfe
+        self.block_cache = None
         if getattr(model, "rope", None) is not None:  # (a stand-in model without RoPE tables computes its own)
             live.precompute_rope(model.rope)
         self.graph = (
-            GraphedStep(self._forward, fallback=cuda_graph == "auto", device=model.device) if cuda_graph else None
+            GraphedStep(self._graphed, fallback=cuda_graph == "auto", device=model.device) if cuda_graph else None
         )
+
+    def use_block_cache(self, block_length: int, refresh) -> None:
+        """From now on a step recomputes only the current block over cached K/V of the rest of the live block
+        (:mod:`dllm.decode.block_cache`; ``refresh``: ``"block"``, ``"step"`` or an int N; ``"off"`` = not).
+
+        Raises:
+            RuntimeError: after a step ran (the CUDA graph, if any, holds the other step).
+        """
+        if getattr(self.graph, "captures", 0):
+            raise RuntimeError("use_block_cache must be called before the first step")
+        self.block_cache = None if refresh == "off" else BlockCache(self.model, self.live, block_length, refresh)
 
     @property
     def batch_size(self) -> int:
@@ -221,18 +248,30 @@ class LiveBlockPolicy:
 
     def prepare(self, resp: torch.Tensor, block: slice, step: int) -> None:
         """Before each step: the LM head computes the logits of ``block``'s positions only
-        (:meth:`LiveBlock.select_block`)."""
+        (:meth:`LiveBlock.select_block`); with a block cache, its columns and refresh schedule."""
         self.live.select_block(block)
+        if self.block_cache is not None:
+            self.block_cache.select(block, step)
 
-    def _forward(self) -> torch.Tensor:
-        return live_block_logits(self.model, self.live, self.cache)
+    def _forward(self, cache="own", attn_hook=None, with_logits=True) -> torch.Tensor | None:
+        cache = self.cache if isinstance(cache, str) else cache  # "own": the policy's static cache
+        return live_block_logits(self.model, self.live, cache, attn_hook, with_logits)
+
+    def _graphed(self) -> torch.Tensor:
+        return self._forward() if self.block_cache is None else self.block_cache.step_logits()
 
     def logits(self, resp: torch.Tensor) -> torch.Tensor:
         """``[B, L_d, V]`` response logits for ``resp`` (``[B, W, V]``, the current block's, after a
         :meth:`prepare` of a block narrower than the response). Under a CUDA graph the tensor is the
         graph's output buffer, overwritten by the next step: clone it to keep it."""
         self.live.write(resp)
-        out = self.graph() if self.graph is not None else self._forward()
+        out, bc = None, self.block_cache
+        if bc is not None and bc.due(self.cache):  # the exact step over the whole live block, K/V stored
+            out = bc.refresh_logits(self._forward, self.cache)
+            if out is None:  # "step" mode: the step's logits come from the cached path below
+                self.nfe += 1
+        if out is None:
+            out = self.graph() if self.graph is not None else self._graphed()
         self.nfe += 1
         return out
 

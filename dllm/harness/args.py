@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dllm.decode.block_cache import BLOCK_CACHE_MODES
 from dllm.decode.unmasking import ALGS, CONFIDENCE_SOURCES, DRAW_ORDERS, UnmaskingConfig
 from dllm.generate import METHODS
 from dllm.prefilling.config import (
@@ -206,6 +207,18 @@ def _seed(v):
     return v
 
 
+def _block_cache(v):
+    if isinstance(v, str) and v in BLOCK_CACHE_MODES:
+        return v
+    try:
+        return _int(1)(v)
+    except TypeError:
+        raise TypeError(f"expected one of {', '.join(BLOCK_CACHE_MODES)} or an integer >= 1") from None
+
+
+_block_cache.kind = "off, block, step or an integer >= 1"
+
+
 def _anything(v):
     return v
 
@@ -226,6 +239,12 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
     "gen_length": (_or_none(_int(1)), None, "response tokens (default: the task's max_gen_toks)", None),
     "steps": (_or_none(_int(1)), None, "denoising steps (default: the gen length)", _ANY_METHOD),
     "block_length": (_or_none(_int(1)), None, "semi-autoregressive block", _ANY_METHOD),
+    "block_cache": (
+        _or_none(_block_cache),
+        None,
+        "off, block, step or a refresh interval N (default: block when the answer has several blocks)",
+        _ANY_METHOD,
+    ),
     "alg": (_or_none(_choice(ALGS)), None, "unmasking rule (default by family)", _ANY_METHOD),
     "temperature": (_or_none(_float(0, math.inf)), None, "0 = greedy (default: the task's)", _ANY_METHOD),
     "top_p": (_or_none(_float(0, 1, low_open=True)), None, "nucleus filter", _ANY_METHOD),
@@ -320,7 +339,7 @@ class HarnessSettings:
         """The :func:`dllm.generate` keyword arguments shared by every request (gen_length, temperature,
         prompt and prefilling config are per request)."""
         v = self.values
-        kw = {k: v[k] for k in ("steps", "block_length", "alg", "top_p", "alg_temp", "eps", "threshold")}
+        kw = {k: v[k] for k in ("steps", "block_length", "block_cache", "alg", "top_p", "alg_temp", "eps", "threshold")}
         kw.update(
             top_k=v["sampling_top_k"], confidence_from=v["confidence_from"], seed=v["seed"], draw_order=v["draw_order"]
         )

@@ -54,6 +54,11 @@ class StaticKVCache:
         seg_slots: ``[B, S]`` int32, pool slot of each segment per batch row, -1 = none.
         seg_lens: ``[B, S]`` int32, valid tokens 0..T of that slot.
 
+        live_in_pool: the live tokens' own K/V are already in the pools (written there by the forward's
+            ``attn_hook`` before attention, :class:`dllm.decode.block_cache.BlockCache`) and the table names
+            them: a forward over this cache attends to the pools only (no ``k_live``), so no key is counted
+            twice. False (default): the live K/V are passed to attention beside the pools.
+
     Args (init only):
         table_checked: the caller built the table from host values it knows are in range (as
             :meth:`single_segment` does), so the one-time value check and its host sync are skipped.
@@ -71,6 +76,7 @@ class StaticKVCache:
     seg_slots: torch.Tensor
     seg_lens: torch.Tensor
     table_checked: InitVar[bool] = False
+    live_in_pool: bool = False
 
     def __post_init__(self, table_checked=False):
         if len(self.k) != len(self.v) or not self.k:

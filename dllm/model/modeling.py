@@ -97,8 +97,9 @@ class Attention(nn.Module):
             ).transpose(1, 2)
         else:
             k_pool, v_pool = cache_kv
+            k_live, v_live = (None, None) if cache.live_in_pool else (k, v)  # (the hook wrote k, v into the pools)
             o, _ = triton_kernels.split_s_attention(
-                q, k_pool, v_pool, cache.seg_slots, cache.seg_lens, k, v, live_lens=live_lens
+                q, k_pool, v_pool, cache.seg_slots, cache.seg_lens, k_live, v_live, live_lens=live_lens
             )
         return self.o_proj(o.reshape(b, n, self.hq * self.d)), k, v
 
