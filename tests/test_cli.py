@@ -47,6 +47,8 @@ def files(tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
     if "misspelled backend" in request.node.name:
         monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "tritn")
+    if "misspelled check values" in request.node.name:
+        monkeypatch.setenv("PREFILLING_DLLM_CHECK_VALUES", "on")
     write_example_files(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
@@ -66,6 +68,14 @@ def run_cli(capsys, *argv):
     rc = main(list(argv))
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def test_eval_refuses_an_out_that_links_to_its_data(files, capsys):
+    before = (files / "hotpotqa.jsonl").read_bytes()
+    (files / "results.csv").symlink_to(files / "hotpotqa.jsonl")
+    rc, out, err = run_cli(capsys, *shlex.split("eval longbench --data hotpotqa.jsonl --out results.csv"))
+    assert rc == 2 and "--out results.csv is the --data" in err and out == ""
+    assert (files / "hotpotqa.jsonl").read_bytes() == before
 
 
 def test_no_cuda_graph_gives_the_same_answer(files, capsys):
@@ -210,6 +220,12 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "missing longbench file": ("eval longbench --data nope.jsonl", "no such file"),
     "limit without longbench": ("eval passkey --limit 3", "--limit goes with the longbench task"),
     "longbench file that is not JSON": ("eval longbench --data prompt.txt", "not valid JSON"),
+    "eval --out that is its --data": (  # it overwrote the data set with the CSV, exit 0
+        "eval longbench --data hotpotqa.jsonl --out hotpotqa.jsonl",
+        "--out hotpotqa.jsonl is the --data: the CSV would overwrite the data set",
+    ),
+    "unknown block cache": ("generate --prompt-file noslot.txt --block-cache sometimes", "or an int >= 1"),
+    "block cache interval 0": ("generate --prompt-file noslot.txt --block-cache 0", "or an int >= 1, got '0'"),
     "chat without a chat template": (
         "generate --prompt-file prompt.txt --context-file doc.txt --chat",
         "has no chat template",
@@ -261,6 +277,7 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     ),
     "out is a device": ("encode --context-file doc.txt --out /dev/null", "--out /dev/null exists and is not a regular"),
     "misspelled backend": ("eval passkey", "PREFILLING_DLLM_BACKEND='tritn'"),
+    "misspelled check values": ("eval passkey", "PREFILLING_DLLM_CHECK_VALUES must be 1/true/yes, 0/false/no"),
     "length of an eval response beyond the window": (
         "eval passkey --lengths 64 --samples 1 --depths 0 --gen-length 1530",
         "more than the model's 1536 trained positions",

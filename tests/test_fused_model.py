@@ -147,3 +147,55 @@ def test_auto_rule_keeps_training_on_the_torch_path(model, monkeypatch):
         assert model.uses_fused_ops(cuda)
     finally:
         model.requires_grad_(True)
+
+
+class _LoRA(torch.nn.Module):
+    """What peft puts around a projection: the base layer plus a low-rank update (here a non-trivial one)."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 2):
+        super().__init__()
+        self.base = base
+        g = torch.Generator().manual_seed(5)
+        self.a = torch.nn.Parameter(0.5 * torch.randn(rank, base.in_features, generator=g))
+        self.b = torch.nn.Parameter(0.5 * torch.randn(base.out_features, rank, generator=g))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.a.T @ self.b.T
+
+
+@pytest.mark.parametrize("change", ["lora_on_q", "hook_on_up", "swapped_k", "global_hook"])
+def test_fused_path_follows_modules_changed_after_loading(model, change):
+    """The merged GEMMs used to keep the Linear objects they saw: a wrapper, a swapped layer or a hook put on
+    afterwards was silently bypassed on the fused path (logits off by ~3 against the torch path)."""
+    ids = torch.randint(0, 250, (1, 6), generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(6)
+    model.fused_ops = True
+    with torch.no_grad():
+        model(ids, pos)  # merged before the change, as after load_model
+        before = model(ids, pos).logits
+    layer = model.layers[0]
+    undo = []
+    if change == "lora_on_q":
+        base = layer.self_attn.q_proj
+        layer.self_attn.q_proj = _LoRA(base)
+        undo.append(lambda: setattr(layer.self_attn, "q_proj", base))
+    elif change == "swapped_k":
+        base = layer.self_attn.k_proj
+        new = torch.nn.Linear(base.in_features, base.out_features, bias=True)
+        layer.self_attn.k_proj = new
+        undo.append(lambda: setattr(layer.self_attn, "k_proj", base))
+    elif change == "hook_on_up":
+        undo.append(layer.mlp.up_proj.register_forward_hook(lambda m, a, out: 3 * out).remove)
+    else:
+        undo.append(torch.nn.modules.module.register_module_forward_hook(
+            lambda m, a, out: 3 * out if isinstance(m, torch.nn.Linear) and m.out_features == 160 else out
+        ).remove)  # fmt: skip
+    try:
+        ref, got = _both(model, ids, pos)
+        _close(ref.logits, got.logits, change)
+        assert (got.logits - before).abs().max().item() > 1e-2  # the change is seen, not only matched
+    finally:
+        for fn in undo:
+            fn()
+    ref, got = _both(model, ids, pos)  # and once undone, the merged GEMMs again
+    _close(before, got.logits, "undone")

@@ -148,6 +148,8 @@ def values_checked(device_type: str | None) -> bool:
             return False
         if mode in ("1", "true", "yes"):
             return True
+        if mode not in ("auto", ""):  # "on", "2", a typo: never silently the default
+            raise ValueError(f"PREFILLING_DLLM_CHECK_VALUES must be 1/true/yes, 0/false/no or auto, got {mode!r}")
     return device_type is None or device_type not in _SYNC_FREE_TYPES
 
 
@@ -234,13 +236,14 @@ def check_errors(device: torch.device | str | None = None) -> None:
     kernel), e.g. once per denoising step or at the end of a generation.
 
     Args:
-        device: only this device's word; None: every device that ran a kernel.
+        device: only this device's word (``"cuda"`` without an index: the current CUDA device, as torch
+            reads it); None: every device that ran a kernel.
 
     Raises:
         ValueError: naming each kind of bad index seen (op, tensor, allowed range). Rerun the
             call inside :func:`eager_value_checks` to have the call that holds it raise.
     """
-    want = None if device is None else torch.device(device)
+    want = None if device is None else _indexed(torch.device(device))
     for dev, word in list(_ERROR_WORDS.items()):
         if want is not None and dev != want:
             continue
@@ -253,6 +256,16 @@ def check_errors(device: torch.device | str | None = None) -> None:
                 "out of bounds and made the affected output rows NaN. Run the calls inside "
                 "triton_kernels.eager_value_checks() to find the one."
             )
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index: an unindexed accelerator (``cuda``) means the current one (0 where none is
+    available), the key the error words are stored under."""
+    if device.type == "cpu" or device.index is not None:
+        return device
+    backend = getattr(torch, device.type, None)
+    current = backend.current_device() if backend is not None and backend.is_available() else 0
+    return torch.device(device.type, current)
 
 
 @contextlib.contextmanager

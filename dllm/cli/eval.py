@@ -21,7 +21,7 @@ from dllm.cli.args import (
     positive_int,
 )
 from dllm.cli.errors import UserError
-from dllm.cli.files import check_out
+from dllm.cli.files import check_out, refuse_overwriting_inputs
 from dllm.cli.options import (
     decode_kwargs,
     decoding_check,
@@ -184,6 +184,7 @@ def cmd_eval(args) -> int:
         raise UserError("--out is empty; give a file name (or leave --out out for the default)")
     if args.out is not None:
         check_out(args.out)
+        refuse_overwriting_inputs(args.out, {"--data": args.data}, "the CSV would overwrite the data set")
         return _eval(args, cfg, longbench, args.out)
     out = _unique_eval_path(args.task, args.method)
     try:

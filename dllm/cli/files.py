@@ -70,6 +70,23 @@ def check_out(out: str, create_folder: bool = False) -> None:
         raise UserError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from exc
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether the paths ``a`` and ``b`` name one existing file (under any name: a symlink, a hard link); a path
+    that cannot be examined (a pipe that is gone once read) names none."""
+    try:
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_overwriting_inputs(out: str, inputs: dict, harm: str) -> None:
+    """``--out`` must not be a file the command reads: ``inputs`` maps each reading flag (``"--data"``) to its
+    path (None = not given); ``harm`` says what would be lost. Raises :class:`UserError` naming both flags."""
+    for flag, path in inputs.items():
+        if path is not None and same_file(out, path):
+            raise UserError(f"--out {out} is the {flag}: {harm}")
+
+
 def read_document_to_encode(args, also_written=()) -> str:
     """``encode``'s inputs, checked before any work: the ``--context-file`` text (not blank) and an ``--out``
     file name that can be written (:func:`check_out`) and is not the ``--context-file`` itself (under any
@@ -81,14 +98,11 @@ def read_document_to_encode(args, also_written=()) -> str:
     if not args.out.strip():
         raise UserError("--out is empty; give a file name")
     check_out(args.out)
-    for out in (args.out, *also_written):
-        try:
-            same = os.path.exists(out) and os.path.samefile(out, args.context_file)
-        except OSError:  # a pipe that is gone once read: not a file --out can name
-            same = False
-        if same and out == args.out:
-            raise UserError(f"--out {args.out} is the --context-file: the cache would overwrite the document's text")
-        if same:
+    refuse_overwriting_inputs(
+        args.out, {"--context-file": args.context_file}, "the cache would overwrite the document's text"
+    )
+    for out in also_written:
+        if same_file(out, args.context_file):
             raise UserError(
                 f"--context-file {args.context_file} is the shard {out} that encode writes beside --out {args.out}: "
                 "the cache would overwrite the document's text"

@@ -153,6 +153,12 @@ def backend_check(args) -> None:
     choice = os.environ.get("PREFILLING_DLLM_BACKEND", "auto").strip().lower() or "auto"
     if choice not in ("auto", "triton", "torch"):
         raise UserError(f"PREFILLING_DLLM_BACKEND={choice!r}: use triton, torch or auto (or unset it)")
+    from triton_kernels._dispatch import values_checked
+
+    try:  # a misspelt PREFILLING_DLLM_CHECK_VALUES: one line now, not a traceback from the first kernel call
+        values_checked(None)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
     if choice != "triton" or str(device).startswith("cuda"):
         return

@@ -13,6 +13,10 @@ policy             live block                      static cache
                                                    loop (:mod:`dllm.prefilling`, arXiv 2606.10537)
 =================  ==============================  ==========================================
 
+With a block cache (:meth:`LiveBlockPolicy.use_block_cache`, :mod:`dllm.decode.block_cache`; ``generate``'s default
+when the response has several blocks) any of the three recomputes its whole live block only at each block start
+and, in between, the current block's tokens only, over cached K/V of the rest.
+
 The protocol (:class:`DecodePolicy`) is what :func:`dllm.decode.denoise.denoise` calls. A step's inputs
 live in a :class:`LiveBlock` allocated once per generation: the response is copied into the same
 buffer every step and the positions (and their RoPE tables) never change, so a step is one model

@@ -13,13 +13,21 @@ memory as before.
 Moving or casting the owning module (``.to``, ``.cuda``, ``.half``, ``to_empty``) gives every parameter its
 own storage again; the owner's ``_apply`` calls :meth:`MergedProjections.after_apply`, which merges again.
 Parameters replaced by any other route (``load_state_dict(assign=True)``, ``p.data = ...``) are seen by
-:meth:`MergedProjections.weights` (it checks the addresses) and merged again at the next call.
+:meth:`MergedProjections.weights` (it checks the addresses) and merged again at the next call. Modules replaced,
+wrapped or hooked after the merge are seen by :meth:`MergedProjections.follows`: the owner then calls them.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
+
+def _GLOBAL_HOOKS() -> bool:
+    """Whether a forward hook is installed for every module (``nn.modules.module.register_module_forward_hook``
+    and its pre-hook twin): a merged GEMM would skip it."""
+    mod = nn.modules.module
+    return bool(getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_forward_pre_hooks", None))
 
 
 class MergedProjections:
@@ -66,6 +74,19 @@ class MergedProjections:
         if not self._views_of(self._weight, self._params("weight")):
             return False
         return self._bias is None or self._views_of(self._bias, self._params("bias"))
+
+    def follows(self, *modules: nn.Module) -> bool:
+        """Whether one GEMM over the merged weights computes what calling ``modules`` (the owner's attributes
+        now: ``attn.q_proj, attn.k_proj, attn.v_proj``) would: they are the very linears merged, each a plain
+        ``nn.Linear`` (not a subclass: a quantised or LoRA layer computes something else), with no forward hook
+        or pre-hook of their own and none installed globally. When not, the owner calls the modules themselves:
+        a wrapper (peft's LoRA), a swapped-in layer or a hook put on after loading is never bypassed."""
+        if len(modules) != len(self._linears) or _GLOBAL_HOOKS():
+            return False
+        return all(
+            m is lin and type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+            for m, lin in zip(modules, self._linears)
+        )
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(weight [sum(out_features), in_features], bias [sum(out_features)] or None)``, merged on the

@@ -19,7 +19,9 @@ Triton kernels instead (:func:`triton_kernels.add_rms_norm`, which also does the
 :func:`triton_kernels.rope_qk` and :func:`triton_kernels.swiglu`): four launches per layer,
 the same rounding steps as the torch path. The fused path also runs one GEMM for q, k and v and one for
 gate and up (:mod:`dllm.model.merged_linear`: the parameters become views of one merged tensor, same names,
-same memory): the five projection GEMMs before the output and down projections become two.
+same memory): the five projection GEMMs before the output and down projections become two, as long as those
+projections are the plain ``nn.Linear`` modules loaded (a LoRA wrapper, a swapped-in layer or a forward hook
+added later is called as a module: :meth:`dllm.model.merged_linear.MergedProjections.follows`).
 ``DiffusionLM.fused_ops`` chooses: ``None`` (default)
 = on for CUDA weights when the ops dispatch to Triton and ``PREFILLING_DLLM_FUSED`` is not ``0``;
 ``True`` forces it (a CPU test does, through the Triton interpreter); ``False`` turns it off.
@@ -74,17 +76,18 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache_kv, cache, attn_mask, hook, layer_idx, live_lens=None, fused=False):
         b, n, _ = x.shape
-        if fused:  # one GEMM for q, k, v; q and k rotated by one kernel, read in place from its output
-            nq, nk = self.hq * self.d, self.hkv * self.d
-            qkv = F.linear(x, *self.qkv.weights())  # [B, L, (Hq + 2 Hkv) D]
-            q, k = triton_kernels.rope_qk(
-                qkv[..., :nq].view(b, n, self.hq, self.d),
-                qkv[..., nq : nq + nk].view(b, n, self.hkv, self.d),
-                cos,
-                sin,
-                backend="triton",
-            )
-            v = qkv[..., nq + nk :].view(b, n, self.hkv, self.d)  # a strided view (row stride (Hq + 2 Hkv) D)
+        if fused:  # q and k rotated by one kernel
+            if self.qkv.follows(self.q_proj, self.k_proj, self.v_proj):  # one GEMM for q, k, v, read in place
+                nq, nk = self.hq * self.d, self.hkv * self.d
+                qkv = F.linear(x, *self.qkv.weights())  # [B, L, (Hq + 2 Hkv) D]
+                q = qkv[..., :nq].view(b, n, self.hq, self.d)
+                k = qkv[..., nq : nq + nk].view(b, n, self.hkv, self.d)
+                v = qkv[..., nq + nk :].view(b, n, self.hkv, self.d)  # a strided view (row stride (Hq + 2 Hkv) D)
+            else:  # a projection wrapped, swapped or hooked since loading: the modules themselves
+                q = self.q_proj(x).view(b, n, self.hq, self.d)
+                k = self.k_proj(x).view(b, n, self.hkv, self.d)
+                v = self.v_proj(x).view(b, n, self.hkv, self.d)
+            q, k = triton_kernels.rope_qk(q, k, cos, sin, backend="triton")
         else:
             q = apply_rope(self.q_proj(x).view(b, n, self.hq, self.d), cos, sin)  # [B, L, Hq, D]
             k = apply_rope(self.k_proj(x).view(b, n, self.hkv, self.d), cos, sin)  # [B, L, Hkv, D]
@@ -116,9 +119,12 @@ class MLP(nn.Module):
         return apply_keeping_merged(self, [self.gate_up], fn, recurse)
 
     def forward(self, x, fused=False):
-        if fused:  # one GEMM, [..., 2I] = gate then up, which swiglu reads in place
-            w, _ = self.gate_up.weights()
-            return self.down_proj(triton_kernels.swiglu(F.linear(x, w), backend="triton"))
+        if fused:
+            if self.gate_up.follows(self.gate_proj, self.up_proj):  # one GEMM, [..., 2I] = gate then up, in place
+                w, _ = self.gate_up.weights()
+                return self.down_proj(triton_kernels.swiglu(F.linear(x, w), backend="triton"))
+            act = triton_kernels.swiglu(self.gate_proj(x), self.up_proj(x), backend="triton")  # (see Attention)
+            return self.down_proj(act)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

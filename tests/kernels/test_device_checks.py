@@ -150,3 +150,27 @@ def test_default_policy_is_host_checks_off_cuda_only(monkeypatch):
     assert _dispatch.check_values_enabled(cuda)
     monkeypatch.setenv("PREFILLING_DLLM_CHECK_VALUES", "0")
     assert not _dispatch.check_values_enabled(cpu)
+
+
+@pytest.mark.parametrize("name", ["cuda", "torch.device"])
+def test_an_unindexed_device_means_the_current_one(monkeypatch, name):
+    """The words are keyed by the indexed device a kernel ran on (cuda:0): check_errors("cuda") must find it."""
+    bit = next(iter(_dispatch.ERROR_MEANINGS))
+    word = torch.tensor([bit], dtype=torch.int32)
+    monkeypatch.setattr(_dispatch, "_ERROR_WORDS", {torch.device("cuda", 0): word})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # current device: 0
+    device = "cuda" if name == "cuda" else torch.device("cuda")
+    with pytest.raises(ValueError, match="a kernel on cuda:0 met a bad index"):
+        tk.check_errors(device)
+    assert int(word.item()) == 0  # cleared once reported
+    tk.check_errors(device)
+    tk.check_errors("cuda:1")  # another device's word is not read
+
+
+@pytest.mark.parametrize("word", ["on", "off", "2"])
+def test_an_unknown_check_values_word_is_refused(monkeypatch, word):
+    monkeypatch.setenv("PREFILLING_DLLM_CHECK_VALUES", word)
+    with pytest.raises(ValueError, match=f"PREFILLING_DLLM_CHECK_VALUES must be .* got '{word}'"):
+        _dispatch.values_checked("cuda")
+    monkeypatch.setenv("PREFILLING_DLLM_CHECK_VALUES", " Auto ")
+    assert _dispatch.values_checked("cuda") is False and _dispatch.values_checked("cpu") is True
