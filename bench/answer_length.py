@@ -11,6 +11,8 @@ denoising step, decode seconds, end-to-end seconds, their ratios, the block cach
 the share of answer tokens on which the two paths agree (the tiny model's free text past its trained answer
 format is not meaningful, so agreement is the fidelity measure here).
 
+The cost of one re-selection (``reselect=1``) is measured at ``--reselect-lengths`` (default 16K and 128K tokens).
+
 Beside it, accuracy: pass keys (``--passkeys`` cases over depths, 4K characters, half in filler, half in
 held-out essay prose) answered in 16 tokens in blocks of 4 (several blocks, so the block cache is on), exact
 answers of both paths and their token agreement.
@@ -135,6 +137,63 @@ def dream_shape_prediction(lengths=(32, 512, 1024), block: int = BLOCK) -> str:
     return "\n".join(lines)
 
 
+def reselection_rows(model, lengths) -> list[dict]:
+    """The cost of one re-selection at each context length (tokens = characters for the bundled model): a
+    question about an encoded document (a :class:`dllm.DocumentCache`, the bundled defaults, first stage on from
+    16K), 64 answer tokens in two blocks of 32, decoded without and with ``reselect=1`` (one re-selection, at the
+    second block's start); the difference of the scoring phase and of the forwards is the re-selection's."""
+    from dllm import encode_document
+    from dllm.prefilling import PromptParts
+    from dllm.prefilling.config import PrefillingConfig
+
+    rows = []
+    cfg = PrefillingConfig.from_pretrained(model.model_dir)
+    for n in lengths:
+        case = make_case("passkey", n, 0.5, 7, haystack="essays", split="eval")
+        parts = case_inputs(model, case, "prefilling")["prompt"]
+        t0 = time.perf_counter()
+        doc = encode_document(model, parts.context, prefilling=cfg)
+        encode_s = time.perf_counter() - t0
+        asked = PromptParts(parts.prefix, None, parts.query)
+        out = {}
+        for every in (None, 1, None, 1):  # twice each, the second timed (the first warms this length up)
+            res = generate(
+                model, method="prefilling", prompt=asked, document=doc, gen_length=2 * BLOCK, block_length=BLOCK,
+                reselect=every,
+            )  # fmt: skip
+            out[every] = res
+        off, on = out[None], out[1]
+        rows.append(
+            {
+                "context_tokens": len(doc),
+                "chunks": doc.num_chunks,
+                "encode_s": round(encode_s, 2),
+                "scoring_s_off": round(off.stats.seconds["scoring"], 4),
+                "scoring_s_reselect": round(on.stats.seconds["scoring"], 4),
+                "reselect_s": round(on.stats.seconds["scoring"] - off.stats.seconds["scoring"], 4),
+                "reselect_nfe": on.stats.nfe - off.stats.nfe,
+                "kept_before": " ".join(map(str, on.stats.extra["selected_chunks"])),
+                "kept_after": " ".join(map(str, on.stats.extra["reselected_chunks"][0][1])),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _reselection_table(rows) -> str:
+    lines = [
+        "| context tokens | chunks | question's scoring s | one re-selection s | its forwards | kept before "
+        "| kept after |",
+        "|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['context_tokens']} | {r['chunks']} | {r['scoring_s_off']:.3f} | {r['reselect_s']:.3f} "
+            f"| {r['reselect_nfe']} | {r['kept_before']} | {r['kept_after']} |"
+        )
+    return "\n".join(lines)
+
+
 def _speed_table(rows) -> str:
     by = {(r["gen_length"], r["block_cache"]): r for r in rows}
     base = by[(min(r["gen_length"] for r in rows), "off")]["ms_per_step"]
@@ -176,6 +235,13 @@ def main(argv=None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512, 1024, 2048])
     parser.add_argument("--chars", type=int, default=16000, help="document length in characters")
     parser.add_argument("--passkeys", type=int, default=20, help="pass-key cases for the accuracy rows (0: none)")
+    parser.add_argument(
+        "--reselect-lengths",
+        type=int,
+        nargs="*",
+        default=[16384, 131072],
+        help="context lengths at which one re-selection is timed (none: skip)",
+    )
     args, out = parse_study(parser, argv)
     for n in args.lengths:
         if n < 1 or n % BLOCK:
@@ -189,7 +255,8 @@ def main(argv=None) -> None:
         _decode(model, inputs, 2 * BLOCK, BLOCK, mode)
     rows = speed_rows(model, inputs, args.lengths)
     keys = passkey_rows(model, args.passkeys) if args.passkeys else []
-    write_csv(out / "answer_length.csv", rows + keys, "cpu")
+    resel = reselection_rows(model, args.reselect_lengths) if args.reselect_lengths else []
+    write_csv(out / "answer_length.csv", rows + keys + resel, "cpu")
     paragraphs = [
         f"One question about a {args.chars}-character document (held-out essay prose, pass key at depth 0.5), "
         f"prefilling with the bundled defaults, blocks of {BLOCK} tokens, one token per step, one thread. "
@@ -204,6 +271,14 @@ def main(argv=None) -> None:
     ]
     if keys:
         paragraphs += [_passkey_table(keys)]
+    if resel:
+        paragraphs += [
+            "One re-selection (`reselect=1`, :mod:`dllm.prefilling.reselect`): the chunks re-scored against the "
+            "question plus the answer's first block, from a document cache (no chunk re-encoded), bundled "
+            "defaults; its cost is the scoring phase's growth over the same question without it (both timed "
+            "after a warm-up run), in seconds and model forwards (draft, first stage, scoring passes).",
+            _reselection_table(resel),
+        ]
     paragraphs += [
         "Predicted for a GPU (not measured): Dream-7B's shape in bf16 on an H200, prefilling at C = 1024, K = 4, a "
         "48-token question, blocks of 32, one token per step; each forward is max(FLOPs at 50% of the bf16 tensor "

@@ -7,9 +7,10 @@ the chunk-size trade-off, each under its own time budget (cells that would overr
 skipped and listed); each runs one untimed warm-up case first and reports it apart. Then the
 document cache (questions from a cached 16K-token document vs fresh runs, a 128K-token
 document; --scale below 1 shrinks both documents), the long-context study (4K to 128K tokens, 5 depths x 4
-questions, in the filler and in the held-out essays), batching, and the chunk-parallel encoding of a 256K-token
+questions, in the filler and in the held-out essays), batching, the chunk-parallel encoding of a 256K-token
 document by 1 vs 2 gloo processes beside its 1-8 H200 prediction (in a process of its own, which starts
-its ranks; --scale below 1 shrinks the document). CSVs (with
+its ranks; --scale below 1 shrinks the document), and the cost of a denoising step at 32 and 512 answer tokens
+with and without the block cache. CSVs (with
 provenance columns), Markdown tables, PNGs and ``SUMMARY.md`` (the tables with the command and
 machine line) go to ``runs/bench/`` (git-ignored); ``--record`` (``make record``) rewrites the
 recorded ones in ``bench/results/`` instead.
@@ -25,7 +26,16 @@ import time
 
 import torch
 
-from bench import batching, chunk_tradeoff, distributed, document_cache, e2e_speed, long_context, lost_in_middle
+from bench import (
+    answer_length,
+    batching,
+    chunk_tradeoff,
+    distributed,
+    document_cache,
+    e2e_speed,
+    long_context,
+    lost_in_middle,
+)
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
 
@@ -38,6 +48,7 @@ STUDIES = (
     "long_context",
     "batching",
     "distributed",
+    "answer_length",
 )
 LONG_CONTEXT_LENGTHS = (4096, 16384, 32768, 131072)
 
@@ -109,6 +120,15 @@ def main(argv=None) -> int:
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
         done.append("distributed.md")
+    if "answer_length" in args.only:
+        # 32 and 512 tokens (~1.5 min); the recorded study adds 1024 and 2048 (python -m bench.answer_length)
+        lengths = ["32", "512"] if args.scale >= 1 else ["32", "64"]
+        resel = ["16384"] if args.scale >= 1 else ["4096"]
+        answer_length.main(
+            ["--out", out, "--lengths", *lengths, "--passkeys", "10" if args.scale >= 1 else "2"]
+            + ["--reselect-lengths", *resel]
+        )
+        done.append("answer_length.md")
     lines = [
         "# Benchmark summary",
         "",

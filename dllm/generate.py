@@ -19,6 +19,7 @@ Greedy decoding (temperature 0) is deterministic; sampling rules draw from a
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,7 @@ from dllm.decode.unmasking import UnmaskingConfig, integer
 from dllm.model.devices import check_ids_for_model
 from dllm.model.tokenization import decode_text
 from dllm.prefilling.pipeline import build_prefilling_policy
+from dllm.prefilling.reselect import Reselector, check_reselect
 
 METHODS = ("dense", "prefix_cache", "prefilling")
 
@@ -85,6 +87,30 @@ class GenerationResult:
 def default_alg(model) -> str:
     """Dream -> ``maskgit_plus``; LLaDA -> ``low_confidence`` (each project's greedy default)."""
     return "low_confidence" if model.family == "llada" else "maskgit_plus"
+
+
+class PositionWindowWarning(UserWarning):
+    """A generation reaches RoPE positions past the model's trained window (``config.trained_positions``): the
+    answer is decoded out of distribution. The CLI checks the same before decoding and notes it itself."""
+
+
+def warn_past_window(model, live) -> None:
+    """An :class:`PositionWindowWarning` when a row of the live block (``live``: the policy's
+    :class:`~dllm.decode.policies.LiveBlock`) reaches a position past the model's trained positions (one host read
+    of the positions, before the loop)."""
+    limit = model.config.trained_positions
+    if not limit or live is None:
+        return
+    real = torch.tensor([h + live.resp_cols.shape[1] for h in live.head_lens], device=live.positions.device)
+    end = int(live.positions.gather(1, (real - 1)[:, None]).max()) + 1  # positions reached, the last one's + 1
+    if end > limit:
+        warnings.warn(
+            f"the prompt (or prefix, kept chunks and query) and gen_length {live.resp_cols.shape[1]} reach position "
+            f"{end}, past the model's {limit} trained positions: the answer is decoded out of distribution "
+            "(lower gen_length, top_k or chunk_size)",
+            PositionWindowWarning,
+            stacklevel=3,
+        )
 
 
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits
@@ -171,6 +197,7 @@ def generate(
     cache_refresh: str = "block",
     cache_scope: str = "sequence",
     block_cache=None,
+    reselect: int | None = None,
     prompt=None,
     prefilling=None,
     document=None,
@@ -215,6 +242,11 @@ def generate(
             all (the exact path). None (default): ``"block"`` when ``gen_length > block_length``, else
             ``"off"``; ``"off"`` with ``draw_order="official"`` (the official loops recompute every step).
             ``stats.extra`` gets ``block_cache`` (the mode), ``block_cache_refreshes`` and ``block_cache_bytes``.
+        reselect: ``prefilling`` only: re-score the chunks at every N-th block start against the query plus the
+            answer so far and keep the new top-K (:mod:`dllm.prefilling.reselect`; no chunk re-encoded; independent
+            cache mode). None or 0 (default): the question's selection serves the whole answer. The steps then
+            run eagerly (no CUDA graph: the static cache changes). ``stats.extra`` (a batch: each row's) gets
+            ``reselections`` and ``reselected_chunks`` (``[response position, kept chunks]`` per re-selection).
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
             context, query token ids), or a list of them: a batch of requests (any context, query
             and chunk counts) decoded in one denoising loop over live blocks padded to the longest
@@ -271,6 +303,7 @@ def generate(
     ):
         if not isinstance(value, str) or value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    reselect = check_reselect(reselect, method)
     if block_cache is None and draw_order == "official":  # the official Dream / LLaDA loops recompute every step
         block_cache = "off"
     block_cache = check_block_cache(block_cache, gen_length, block_length)
@@ -313,6 +346,9 @@ def generate(
         supported, why = cuda_graph_support(model.device)
         if cuda_graph and not supported:
             raise ValueError(f"cuda_graph=True is not supported here: {why}")
+        if cuda_graph and reselect:
+            raise ValueError("cuda_graph=True cannot replay steps whose static cache changes: drop reselect= or it")
+        supported = supported and not reselect
         # default: on where supported, falling back to eager steps (with a warning) if the capture fails
         use_graph = ("auto" if supported else False) if cuda_graph is None else bool(cuda_graph)
     generator = None
@@ -336,6 +372,9 @@ def generate(
             )
             policy, extra = setup.policy, setup.stats()
             row_extra = setup.row_stats()
+            if reselect:
+                check_reselect(reselect, method, setup.cfg)
+                policy.reselector = Reselector(model, setup.rows, setup.cfg, reselect, gen_length, timer)
         else:
             input_ids = check_prompt(model, input_ids)
             if method == "dense":
@@ -351,6 +390,7 @@ def generate(
                     scope=cache_scope,
                 )
         policy.use_block_cache(block_length, block_cache)
+        warn_past_window(model, getattr(policy, "live", None))
         batch = policy.batch_size
         resp = torch.full((batch, gen_length), model.mask_token_id, dtype=torch.long, device=model.device)
         row_steps = []
@@ -374,6 +414,12 @@ def generate(
     if policy.block_cache is not None:
         stats.extra["block_cache_refreshes"] = policy.block_cache.refreshes
         stats.extra["block_cache_bytes"] = policy.block_cache.nbytes()
+    rs = getattr(policy, "reselector", None)
+    if rs is not None:  # per row: what was kept at each re-selection
+        for r, history in zip(row_extra, rs.history):
+            r.update(reselections=len(history), reselected_chunks=history)
+        if row_extra and "batch_size" not in stats.extra:
+            stats.extra.update(reselections=rs.count, reselected_chunks=rs.history[0])
     if row_extra is not None:
         stats.rows = [{**r, "steps": n, "gen_tokens": gen_length} for r, n in zip(row_extra, row_steps)]
     if getattr(policy, "graph", None) is not None:  # a CUDA graph was asked for: say whether it replayed

@@ -226,6 +226,10 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     ),
     "unknown block cache": ("generate --prompt-file noslot.txt --block-cache sometimes", "or an int >= 1"),
     "block cache interval 0": ("generate --prompt-file noslot.txt --block-cache 0", "or an int >= 1, got '0'"),
+    "reselect with dense": (
+        "generate --prompt-file noslot.txt --method dense --reselect 1",
+        "--reselect: option(s) of --method prefilling, not of --method dense",
+    ),
     "chat without a chat template": (
         "generate --prompt-file prompt.txt --context-file doc.txt --chat",
         "has no chat template",

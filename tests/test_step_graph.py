@@ -387,3 +387,24 @@ def test_select_block_refills_one_static_buffer():
         live.select_block(slice(2, 8))
     with pytest.raises(ValueError, match="contiguous"):
         live.select_block(slice(8, 12))
+
+
+def test_the_block_cached_step_is_what_the_graph_holds(dream, fake_cuda):
+    """With a block cache the graph captures the block-only step (fixed shapes for every block) and the refreshes
+    run eagerly beside it: the tokens are the eager run's, one capture, a replay for every other step."""
+    graphs, _ = fake_cuda
+    cfg = PrefillingConfig(chunk_size=8, top_k=2)
+    kw = dict(gen_length=8, steps=8, block_length=4, block_cache="block", prefilling=cfg, prompt=_rows()[0])
+    eager = dllm.generate(dream, method="prefilling", cuda_graph=False, **kw)
+    setup = build_prefilling_policy(dream, None, _rows()[0], cfg, PhaseTimer("cpu"), gen_length=8, cuda_graph=True)
+    policy = setup.policy
+    policy.use_block_cache(4, "block")
+    _FakeGraph.owner = policy.graph
+    resp = torch.full((1, 8), dream.mask_token_id)
+    with torch.no_grad():
+        n = denoise(policy, resp, mask_id=dream.mask_token_id, block_length=4, steps_per_block=4, cfg=UnmaskingConfig())
+    assert torch.equal(resp, eager.tokens)
+    assert policy.graph.captures == 1 and len(graphs) == 1
+    assert policy.block_cache.refreshes == 2 and graphs[0].replays == n - 2
+    with pytest.raises(RuntimeError, match="before the first step"):
+        policy.use_block_cache(4, "block")

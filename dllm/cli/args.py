@@ -379,6 +379,15 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
         help="run each denoising step's forward eagerly (default: replayed from a CUDA graph where supported: "
         "CUDA with the compiled Triton kernels; same tokens)",
     )
+    g.add_argument(
+        "--reselect",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="re-score the chunks every N blocks against the question plus the answer so far and keep the new "
+        "top-K (no chunk re-encoded; for long answers in several --block-length blocks; the steps then run "
+        "eagerly) (default: 0, off: the question's selection serves the whole answer)",
+    )
     r = p.add_argument_group(
         "research options of prefilling (the paper's ablations and our variants; the defaults are the method as "
         "shipped, other values are for experiments)"

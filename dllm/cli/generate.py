@@ -216,6 +216,9 @@ def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
     parts.append(f"{res.stats.steps} steps, {res.stats.nfe} forwards, {res.stats.tokens_per_second:.1f} tokens/s")
     if extra.get("block_cache", "off") != "off":
         parts.append(f"block cache {extra['block_cache']}, {extra['block_cache_refreshes']} refreshes")
+    if extra.get("reselections"):
+        kept = "; ".join(f"at token {at}: {', '.join(map(str, ks))}" for at, ks in extra["reselected_chunks"])
+        parts.append(f"re-selected {extra['reselections']} times ({kept})")
     return "; ".join(parts)
 
 

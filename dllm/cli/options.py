@@ -99,8 +99,11 @@ def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
     if args.method != "prefilling":
         if getattr(args, "no_cuda_graph", False):
             given["no_cuda_graph"] = True
+        if getattr(args, "reselect", None):
+            given["reselect"] = args.reselect
         if given:
-            names = ", ".join(PREFILLING_OPTIONS.get(f, "--no-cuda-graph") for f in given)
+            extra = {"no_cuda_graph": "--no-cuda-graph", "reselect": "--reselect"}
+            names = ", ".join(PREFILLING_OPTIONS.get(f) or extra[f] for f in given)
             raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
         return None
     given = {f: None if v == ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
@@ -183,20 +186,13 @@ def note(text: str, json_line: bool = False) -> None:
 def note_unencodable(model, text: str | None, what: str, json_notes: bool = False) -> None:
     """A note when the tokenizer drops or blurs characters of an input (:func:`~dllm.model.tokenization.
     unencodable_characters`): the user's text is not what the model reads, and nothing else would say so."""
-    from dllm.model.tokenization import unencodable_characters
+    from dllm.model.tokenization import describe_unencodable, unencodable_characters
 
     if not text:
         return
     bad = unencodable_characters(model, text)
     if bad:
-        total = sum(bad.values())
-        # the code point beside the character: a lone combining mark or a lookalike ('Å' U+212B) reads ambiguously
-        shown = ", ".join(f"{ch!r} (U+{ord(ch):04X}) x{n}" for ch, n in list(bad.items())[:5])
-        shown += ", ..." if len(bad) > 5 else ""
-        note(
-            f"{what}: {total} character(s) the model's tokenizer cannot encode are left out or replaced: {shown}",
-            json_notes,
-        )
+        note(f"{what}: {describe_unencodable(bad)}", json_notes)
 
 
 def window_check(
@@ -272,6 +268,7 @@ def decode_kwargs(args, gen_length) -> dict:
         steps=args.steps,
         block_length=args.block_length,
         block_cache=args.block_cache,
+        reselect=getattr(args, "reselect", None) or None,
         alg=args.alg,
         temperature=args.temperature,
         confidence_from=args.confidence_from,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from dllm.cli import encode, errors, generate, info
 from dllm.cli import eval as eval_command
@@ -70,4 +71,16 @@ def main(argv=None) -> int:
     propagates with its traceback. Other exceptions (bugs) always propagate (:func:`dllm.cli.errors.run`).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    return errors.run(argv, lambda a: build_parser(model_in_argv(a)).parse_args(a), _dispatch)
+    return errors.run(argv, lambda a: build_parser(model_in_argv(a)).parse_args(a), _noted_once)
+
+
+def _noted_once(args):
+    """:func:`_dispatch` without the library's warnings that the commands note themselves, in their own words
+    and once per input (the trained window, characters the tokenizer drops)."""
+    from dllm.generate import PositionWindowWarning
+    from dllm.model.tokenization import UnencodableCharactersWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PositionWindowWarning)
+        warnings.simplefilter("ignore", UnencodableCharactersWarning)
+        return _dispatch(args)

@@ -158,6 +158,16 @@ class LiveBlock:
             self.block_cols.copy_(cols)
         self._block = (start, stop)
 
+    def move(self, starts: list, rope=None) -> None:
+        """Give row b's head the RoPE position ``starts[b]`` (its other columns follow), rewriting ``positions`` and,
+        when ``rope`` is given, the RoPE tables in place (same buffers: a captured graph reads the new values)."""
+        start = torch.tensor([int(s) for s in starts], device=self.positions.device)
+        self.positions.copy_(start[:, None] + torch.arange(self.positions.shape[1], device=start.device)[None, :])
+        if rope is not None and self.cos is not None:
+            cos, sin = rope.cos_sin(self.positions)
+            self.cos.copy_(cos)
+            self.sin.copy_(sin)
+
     def write(self, resp: torch.Tensor) -> torch.Tensor:
         """Copy ``resp [B, L_d]`` into the response slots (same storage every step); returns ``ids``."""
         if self._resp_slice is not None:
@@ -365,3 +375,18 @@ class PrefillingPolicy(LiveBlockPolicy):
     def __init__(self, model, query, query_start, cache: StaticKVCache, gen_length: int, nfe: int, *, cuda_graph=False):
         live = LiveBlock(query, query_start, gen_length, pad_id=model.mask_token_id)
         super().__init__(model, live, cache, nfe, cuda_graph=cuda_graph)
+        self.reselector = None  # set by dllm.generate(reselect=N): a Reselector (dllm.prefilling.reselect)
+
+    def prepare(self, resp: torch.Tensor, block: slice, step: int) -> None:
+        """Before each step; at a due block start, the chunks re-selected first (the static cache replaced, the
+        live block moved to the new query position; the block cache then refreshes over them)."""
+        rs = self.reselector
+        if rs is not None and step == 0 and rs.due(block):
+            before = rs.nfe
+            got = rs(resp, block.start)
+            self.nfe += rs.nfe - before
+            if got is not None:
+                self.cache, starts = got
+                if starts != self.live.positions[:, 0].tolist():
+                    self.live.move(starts, getattr(self.model, "rope", None))
+        super().prepare(resp, block, step)

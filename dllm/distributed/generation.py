@@ -65,6 +65,11 @@ def generate(
         cfg = prefilling or checkpoint_config(model, doc.chunk_size)
         if not isinstance(cfg, PrefillingConfig):
             raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
+        if kwargs.get("reselect"):
+            raise ValueError(
+                "reselect= is not supported across ranks (the decoding rank holds only the kept chunks): "
+                "gather the document (ShardedDocument.gather) and decode in one process"
+            )
         if cfg.position_mode == "absolute":
             raise ValueError(
                 "position_mode='absolute' is not supported across ranks "

@@ -264,6 +264,7 @@ MODEL_ARGS: dict[str, tuple[Callable, Any, str, str | None]] = {
     "cache_refresh": (_choice(("block", "step")), "block", "prefix_cache: when to rebuild", _PREFIX_CACHE),
     "cache_scope": (_choice(("sequence", "prompt")), "sequence", "prefix_cache: what is cached", _PREFIX_CACHE),
     "cuda_graph": (_or_none(_bool), None, "prefilling: replay steps from a CUDA graph", _PREFILLING),
+    "reselect": (_or_none(_int(0)), None, "prefilling: re-score the chunks every N blocks (0: off)", _PREFILLING),
     # dllm.PrefillingConfig (default: the checkpoint's prefilling_config.json, else the library's)
     "chunk_size": (_or_none(_int(1)), None, "C, context tokens per chunk", _PREFILLING),
     "top_k": (_int_or_all, None, "K, chunks kept, or all", _PREFILLING),
@@ -347,6 +348,8 @@ class HarnessSettings:
             kw.update(live_window=v["live_window"], cache_refresh=v["cache_refresh"], cache_scope=v["cache_scope"])
         if v["method"] == "prefilling" and v["cuda_graph"] is not None:
             kw["cuda_graph"] = v["cuda_graph"]
+        if v["method"] == "prefilling" and v["reselect"]:
+            kw["reselect"] = v["reselect"]
         return kw
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import weakref
 from collections import Counter, OrderedDict
 
@@ -91,11 +92,27 @@ def _realigned(pieces: list[str], text: str) -> torch.Tensor | None:
     return torch.tensor(out, dtype=torch.int32).reshape(-1, 2)
 
 
+class UnencodableCharactersWarning(UserWarning):
+    """:func:`encode_text` was given characters the tokenizer drops or replaces (the CLI notes them itself)."""
+
+
+def describe_unencodable(bad: dict) -> str:
+    """The words of the note on :func:`unencodable_characters`' result (the CLI's and :func:`encode_text`'s):
+    the count, then up to five characters with their code points (a lone combining mark or a lookalike such as
+    'Å' U+212B reads ambiguously without it)."""
+    total = sum(bad.values())
+    shown = ", ".join(f"{ch!r} (U+{ord(ch):04X}) x{n}" for ch, n in list(bad.items())[:5])
+    shown += ", ..." if len(bad) > 5 else ""
+    return f"{total} character(s) the model's tokenizer cannot encode are left out or replaced: {shown}"
+
+
 def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
     """Token ids ``[L]`` int64 on the model's device, no special tokens (optionally BOS first).
 
     The tokenizer's ids of recent texts (up to :data:`MEMO_TOKENS` ids per tokenizer) are remembered, so
-    the same text (a long context) is tokenized once; each call returns a new tensor.
+    the same text (a long context) is tokenized once; each call returns a new tensor. Characters the tokenizer
+    cannot encode (:func:`unencodable_characters`) are left out or replaced, with an
+    :class:`UnencodableCharactersWarning` saying which.
 
     Raises:
         ValueError: the model has no tokenizer.
@@ -103,6 +120,9 @@ def encode_text(model, text: str, *, bos: bool = False) -> torch.Tensor:
     tok = model.tokenizer
     if tok is None:
         raise ValueError(f"model {model.model_dir!r} has no tokenizer; pass token ids instead of text")
+    bad = unencodable_characters(model, text)
+    if bad:
+        warnings.warn(describe_unencodable(bad), UnencodableCharactersWarning, stacklevel=2)
     ids = _token_ids(tok, text)
     if bos and tok.bos_token_id is not None:
         ids = torch.cat([torch.tensor([tok.bos_token_id], dtype=torch.long), ids])

@@ -185,12 +185,14 @@ class PrefillingSetup:
         cache: the packed static cache the policy decodes over (one segment-table row per request).
         policy: the decode policy (its ``nfe`` starts at the forwards spent here).
         batched: the prompt was a list of requests (``stats()`` then reports per row).
+        cfg: the prefilling configuration the rows were selected with (the checkpoint's when none was given).
     """
 
     rows: list
     cache: StaticKVCache
     policy: PrefillingPolicy
     batched: bool = False
+    cfg: PrefillingConfig | None = None
 
     # the single-request view: the first row's
     parts = _first_row("parts", "The first row's :class:`PromptParts`.")
@@ -685,4 +687,4 @@ def build_prefilling_policy(
         query, start = parts[0].query[None], rows[0].query_start
     policy = PrefillingPolicy(model, query, start, cache, gen_length, nfe, cuda_graph=cuda_graph)
     setup_rows = [RowSetup(pp, pre, sel, r) for pp, pre, sel, r in zip(parts, pres, sels, rows)]
-    return PrefillingSetup(setup_rows, cache, policy, batched)
+    return PrefillingSetup(setup_rows, cache, policy, batched, cfg)
