@@ -109,7 +109,7 @@ def warn_past_window(model, live) -> None:
             f"{end}, past the model's {limit} trained positions: the answer is decoded out of distribution "
             "(lower gen_length, top_k or chunk_size)",
             PositionWindowWarning,
-            stacklevel=3,
+            stacklevel=4,  # warn_past_window <- generate <- torch.no_grad's wrapper <- the caller
         )
 
 

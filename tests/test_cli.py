@@ -58,6 +58,8 @@ def files(tmp_path, monkeypatch, request):
     hotpot = json.loads((tmp_path / "hotpotqa.jsonl").read_text().splitlines()[0])
     lines = [hotpot, {**hotpot, "context": ""}]  # line 2: no context for prefilling to chunk
     (tmp_path / "empty_context.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    lines = [hotpot, {**hotpot, "context": " \n\t "}]  # line 2: whitespace only (generate refuses it too)
+    (tmp_path / "blank_context.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     lines = [hotpot, {**hotpot, "input": "Why? " * 320}]  # line 2: a question of 1600 tokens
     (tmp_path / "long_question.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     os.mkfifo(tmp_path / "pipe.fifo")  # a named pipe nobody writes to (only stat-ed)
@@ -114,9 +116,13 @@ def test_method_defaults_to_prefilling_with_a_context(files, capsys):
     assert "12345" in out
     rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file noslot.txt --gen-length 2 --stats json"))
     assert rc == 0 and "selected_chunks" not in json.loads(err.strip().splitlines()[-1])
-    rc, _, _ = run_cli(capsys, *shlex.split("eval passkey --lengths 300 --depths 0.5 --samples 1 --out e.csv"))
+    cmd = "eval passkey --lengths 300 --depths 0.5 --samples 1 --out e.csv --alg confidence_threshold --threshold 0.7"
+    rc, _, _ = run_cli(capsys, *shlex.split(cmd))
     with open(files / "e.csv", newline="") as f:
-        assert rc == 0 and [r["method"] for r in csv.DictReader(f)] == ["prefilling"]
+        rows = list(csv.DictReader(f))
+    assert rc == 0 and [r["method"] for r in rows] == ["prefilling"]
+    # every decoding setting is on the row (draw order, threshold and confidence source were missing)
+    assert (rows[0]["threshold"], rows[0]["draw_order"], rows[0]["confidence_from"]) == ("0.7", "batched", "")
 
 
 def test_no_option_abbreviations(files):
@@ -265,6 +271,10 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "longbench context empty": (  # issue 38 item 13: the error named no line
         "eval longbench --data empty_context.jsonl",
         "--data empty_context.jsonl:2: the context is empty: --method prefilling has nothing to chunk",
+    ),
+    "longbench context of whitespace only": (  # it was decoded, where generate --context-file refuses it
+        "eval longbench --data blank_context.jsonl",
+        "--data blank_context.jsonl:2: the context is empty",
     ),
     "length of a longbench question beyond the window": (  # generate refuses the same prompt
         "eval longbench --data long_question.jsonl --gen-length 4",

@@ -450,3 +450,19 @@ def test_a_share_of_snapped_chunks_is_cut_again_the_same_from_its_own_tokens():
         hi = int(torch.randint(lo + 1, len(spans) + 1, (1,), generator=gen))
         a, b = spans[lo][0], spans[hi - 1][0] + spans[hi - 1][1]
         assert [(s + a, size) for s, size in snapped_chunks(ends[a:b], c, tol)] == spans[lo:hi], (case, c, tol)
+
+
+@pytest.mark.parametrize("raw", ["abc", "inf", "0", "-5", "nan"])
+def test_a_bad_dist_timeout_is_one_error_naming_the_variable(monkeypatch, raw):
+    """It was a ValueError from float() or a C++ trace from the rendezvous, on every rank."""
+    from dllm.distributed import group
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("PREFILLING_DLLM_DIST_TIMEOUT", raw)
+    with pytest.raises(ValueError, match=f"PREFILLING_DLLM_DIST_TIMEOUT must be a number of seconds .* got '{raw}'"):
+        group.init_from_env("cpu")
+    monkeypatch.setenv("PREFILLING_DLLM_DIST_TIMEOUT", " 90 ")
+    assert group._timeout_from_env() == 90.0
+    with pytest.raises(ValueError, match="timeout_s must be"):
+        group.init_from_env("cpu", timeout_s=float("inf"))

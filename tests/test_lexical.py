@@ -112,7 +112,9 @@ def test_lexical_top_chunks_join_the_first_stage_candidates():
 def test_config_field_is_validated(tmp_path):
     assert PrefillingConfig().lexical_weight == 0.0
     assert PrefillingConfig(lexical_weight=2).lexical_weight == 2.0
-    for bad in (-1.0, float("nan"), float("inf"), True, "1", None, 10**400):
+    # 3.4e38 overflowed the fused score to inf; the ceiling is 1e6
+    assert PrefillingConfig(lexical_weight=1e6).lexical_weight == 1e6
+    for bad in (-1.0, float("nan"), float("inf"), True, "1", None, 10**400, 3.4e38, 1.1e6):
         with pytest.raises(ValueError, match="lexical_weight"):
             PrefillingConfig(lexical_weight=bad)
     (tmp_path / "prefilling_config.json").write_text(json.dumps({"lexical_weight": -1}))

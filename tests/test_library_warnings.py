@@ -1,4 +1,5 @@
-"""What the CLI notes, Python says too: ``warnings`` from the library in the CLI's words, shown once by the CLI.
+"""What the CLI notes or does, Python does too: ``warnings`` from the library in the CLI's words (shown once by the
+CLI), and ``decode_text`` takes the ids ``encode_text`` gives.
 
 A prompt whose answer reaches past the model's trained positions, and characters the tokenizer cannot encode,
 used to be silent in Python (the CLI alone noted them).
@@ -53,3 +54,12 @@ def test_the_cli_notes_once_without_the_python_warning(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert rc == 0 and "Warning" not in err
     assert err.count("cannot encode") == 1  # the CLI's note on the context, not a second one from encode_text
+
+
+def test_decode_text_takes_what_encode_text_gives(model):
+    """``decode_text(model, encode_text(model, t))`` was "TypeError: 'int' object is not iterable"."""
+    ids = encode_text(model, "The pass key is 12345.")
+    assert dllm.decode_text(model, ids) == "The pass key is 12345."
+    assert dllm.decode_text(model, ids[None]) == ["The pass key is 12345."]
+    with pytest.raises(ValueError, match=r"\[L\] or \[B, L\]"):
+        dllm.decode_text(model, ids[None, None])

@@ -192,3 +192,12 @@ def test_a_chunk_size_override_keeps_the_files_snap_as_the_same_share_of_the_chu
     assert PrefillingConfig.from_pretrained(d, chunk_size=1024).boundary_snap == 256
     assert PrefillingConfig.from_pretrained(d, chunk_size=64, boundary_snap=0).boundary_snap == 0
     assert PrefillingConfig.from_pretrained(None, chunk_size=64).boundary_snap == 0  # the paper: no snap
+
+
+def test_a_score_term_named_twice_is_refused_everywhere(tmp_path):
+    """The CLI and the harness refused it; the dataclass and prefilling_config.json counted the term twice."""
+    with pytest.raises(ValueError, match="names self_info more than once"):
+        PrefillingConfig(score_terms=("self_info", "pseudo_label", "self_info"))
+    (tmp_path / "prefilling_config.json").write_text('{"score_terms": ["draft_contrast", "draft_contrast"]}')
+    with pytest.raises(ValueError, match="draft_contrast more than once"):
+        PrefillingConfig.from_pretrained(str(tmp_path))

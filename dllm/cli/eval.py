@@ -158,6 +158,9 @@ def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
         "block_cache": opt(args.block_cache),
         "alg": opt(args.alg),
         "temperature": args.temperature,
+        "threshold": args.threshold,
+        "confidence_from": opt(args.confidence_from),
+        "draw_order": args.draw_order,
         "sampling_seed": opt(args.seed),
         **prefilling_columns(cfg),
     }
@@ -213,7 +216,7 @@ def _eval(args, cfg, longbench: bool, out: str) -> int:
         for case in cases:
             metric_for(case.dataset)
         if cfg is not None:
-            _check_contexts(args, cases, [len(c.context) for c in cases])
+            _check_contexts(args, cases, [len(c.context.strip()) for c in cases])  # blank = empty, as generate's
 
     model, load_s = timed_load(args)
     if longbench:
@@ -296,8 +299,9 @@ def _where(args, case) -> str:
 
 
 def _check_contexts(args, cases, sizes) -> None:
-    """--method prefilling chunks each case's context: an empty one (``sizes``: characters, or tokens once
-    the model is loaded) is an error naming its line, before anything is decoded."""
+    """--method prefilling chunks each case's context: an empty one (``sizes``: characters other than whitespace,
+    as ``generate --context-file`` counts them, or tokens once the model is loaded) is an error naming its line,
+    before anything is decoded."""
     empty = [c for c, n in zip(cases, sizes) if n == 0]
     if empty:
         more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""

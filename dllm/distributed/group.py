@@ -122,6 +122,21 @@ def read_on_root(fn, group=None, root: int = 0):
     return broadcast(value, root, group)
 
 
+def _timeout_from_env() -> float:
+    """``PREFILLING_DLLM_DIST_TIMEOUT`` as seconds in (0, 1e9) (default :data:`DEFAULT_TIMEOUT_S`); anything else
+    ('abc', 'inf', '0') is a ValueError naming the variable, not a traceback from deep inside torch's rendezvous."""
+    raw = os.environ.get("PREFILLING_DLLM_DIST_TIMEOUT")
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1e9:  # (False for NaN)
+        raise ValueError(f"PREFILLING_DLLM_DIST_TIMEOUT must be a number of seconds in (0, 1e9), got {raw!r}")
+    return value
+
+
 def init_from_env(device: str | None = None, *, timeout_s: float | None = None) -> str:
     """Initialise the default process group from torchrun's environment and return this rank's device.
 
@@ -140,7 +155,8 @@ def init_from_env(device: str | None = None, *, timeout_s: float | None = None) 
 
     Raises:
         ValueError: ``WORLD_SIZE``/``RANK`` missing or not integers, ``device`` cuda without CUDA, or
-            fewer GPUs than local ranks.
+            fewer GPUs than local ranks; a timeout (``PREFILLING_DLLM_DIST_TIMEOUT`` or ``timeout_s``) that is not
+            a number of seconds in (0, 1e9).
     """
     try:
         size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
@@ -150,7 +166,9 @@ def init_from_env(device: str | None = None, *, timeout_s: float | None = None) 
             f"WORLD_SIZE, RANK (and LOCAL_RANK) must be set to integers, as torchrun does ({exc})"
         ) from None
     if timeout_s is None:
-        timeout_s = float(os.environ.get("PREFILLING_DLLM_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+        timeout_s = _timeout_from_env()
+    elif not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and 0 < timeout_s < 1e9):
+        raise ValueError(f"timeout_s must be a number of seconds in (0, 1e9), got {timeout_s!r}")
     want_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if want_cuda:
         if not torch.cuda.is_available():

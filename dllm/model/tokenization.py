@@ -160,11 +160,20 @@ def unencodable_characters(model, text: str) -> dict:
     return out
 
 
-def decode_text(model, tokens: torch.Tensor) -> list | None:
-    """Decode responses ``[B, L]``, each cut at its first EOS/PAD; None when the model has no tokenizer."""
+def decode_text(model, tokens: torch.Tensor) -> list | str | None:
+    """Decode responses ``[B, L]`` (a list of B strings) or one ``[L]`` (:func:`encode_text`'s shape: one string),
+    each cut at its first EOS/PAD; None when the model has no tokenizer.
+
+    Raises:
+        ValueError: ``tokens`` neither 1-D nor 2-D.
+    """
     tok = model.tokenizer
     if tok is None:
         return None
+    if tokens.dim() == 1:
+        return decode_text(model, tokens[None])[0]
+    if tokens.dim() != 2:
+        raise ValueError(f"decode_text takes token ids [L] or [B, L], got shape {tuple(tokens.shape)}")
     stops = {i for i in (model.config.eos_token_id, model.config.pad_token_id, tok.eos_token_id) if i is not None}
     texts = []
     for row in tokens.tolist():

@@ -21,6 +21,9 @@ CACHE_MODES = ("independent", "joint")
 SCORE_MODES = ("dllm", "causal")
 SCORE_TERMS = ("self_info", "pseudo_label", "answer_confidence", "draft_contrast")
 DEFAULT_TERMS = ("self_info", "pseudo_label")
+# The lexical weight's ceiling: the fused score adds weight x a z-score (|z| <= sqrt(N)); past ~1e38 / sqrt(N) that
+# overflows fp32 to inf, and any weight past ~100 already ranks by the lexical term alone
+LEXICAL_WEIGHT_MAX = 1e6
 CONFIG_NAME = "prefilling_config.json"
 AUTO = "auto"  # candidates="auto": the first stage engages by itself (auto_candidates)
 # The auto rule's constants (our extension; bench/results/scale_default.md and first_stage_ranks.md measure
@@ -191,7 +194,8 @@ class PrefillingConfig:
             ``z(predictive) + w * z(lexical)``, z-scored over the scored chunks, the lexical term being the
             idf-weighted share of the query's token n-grams a chunk holds (no model forward; our extension,
             :mod:`dllm.prefilling.lexical`). With a first stage, the K chunks of best lexical score join its
-            candidates, so a chunk the query names is scored even where the first stage ranks it low.
+            candidates, so a chunk the query names is scored even where the first stage ranks it low. At most
+            :data:`LEXICAL_WEIGHT_MAX` (1e6: past ~1e38 / sqrt(N) the fused score would overflow to inf).
     """
 
     chunk_size: int = 1024
@@ -255,6 +259,9 @@ class PrefillingConfig:
         terms = tuple(self.score_terms)
         if not terms or any(t not in SCORE_TERMS for t in terms):
             raise ValueError(f"score_terms must be a non-empty subset of {SCORE_TERMS}, got {self.score_terms!r}")
+        twice = sorted({t for t in terms if terms.count(t) > 1})
+        if twice:  # the chunk score sums its terms: a repeated one would count twice (as the CLI says)
+            raise ValueError(f"score_terms names {', '.join(twice)} more than once; name each term once")
         object.__setattr__(self, "score_terms", terms)
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel must be odd and >= 1, got {self.pool_kernel}")
@@ -294,8 +301,10 @@ class PrefillingConfig:
             fw = float(w) if isinstance(w, numbers.Real) and not isinstance(w, bool) else math.nan
         except OverflowError:  # an int past float's range
             fw = math.inf
-        if not math.isfinite(fw) or fw < 0:
-            raise ValueError(f"lexical_weight must be a finite real number >= 0 (0 = off), got {w!r}")
+        if not math.isfinite(fw) or not 0 <= fw <= LEXICAL_WEIGHT_MAX:
+            raise ValueError(
+                f"lexical_weight must be a real number in [0, {LEXICAL_WEIGHT_MAX:g}] (0 = off), got {w!r}"
+            )
         object.__setattr__(self, "lexical_weight", fw)
 
     @classmethod
