@@ -522,3 +522,24 @@ def test_a_one_token_document_round_trips(dream, tmp_path):
     doc.save(tmp_path / "one.cache")
     loaded = dllm.DocumentCache.load(tmp_path / "one.cache", dream)
     assert torch.equal(loaded.chunks.context_ids(0), ctx) and torch.equal(loaded.chunks.k[0], doc.chunks.k[0])
+
+
+def test_a_document_s_own_snap_serves_a_question_without_a_config():
+    """With no config, the checkpoint's defaults were taken with the document's C but the checkpoint's snap: a
+    document encoded with another snap was refused, the error naming a PrefillingConfig that was never passed."""
+    model = dllm.load_model()  # the bundled model: its prefilling_config.json snaps within 64 tokens
+    text = "The grass is green. The sky is blue. " * 40 + "The pass key is 71432. Remember it. " + "Here we go. " * 60
+    parts = dllm.PromptParts(
+        dllm.encode_text(model, "A pass key is hidden below.\n\n", bos=True),
+        dllm.encode_text(model, text),
+        dllm.encode_text(model, "\n\nWhat is the pass key? The pass key is "),
+    )
+    fixed = dllm.PrefillingConfig.from_pretrained(model.model_dir, boundary_snap=0)
+    doc = dllm.encode_document(model, parts.context, prefilling=fixed)
+    asked = dllm.PromptParts(parts.prefix, None, parts.query)
+    out = dllm.generate(model, method="prefilling", prompt=asked, document=doc, gen_length=8)
+    want = dllm.generate(model, method="prefilling", prompt=parts, prefilling=fixed, gen_length=8)
+    assert (
+        torch.equal(out.tokens, want.tokens)
+        and out.stats.extra["selected_chunks"] == want.stats.extra["selected_chunks"]
+    )

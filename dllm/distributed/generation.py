@@ -62,7 +62,7 @@ def generate(
     doc = document
 
     def setup():
-        cfg = prefilling or checkpoint_config(model, doc.chunk_size)
+        cfg = prefilling or checkpoint_config(model, doc.chunk_size, doc.boundary_snap)
         if not isinstance(cfg, PrefillingConfig):
             raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
         if kwargs.get("reselect"):

@@ -88,11 +88,13 @@ def with_overrides(base: PrefillingConfig, given: dict) -> PrefillingConfig:
     return dataclasses.replace(base, **given)
 
 
-def checkpoint_config(model, chunk_size: int | None = None) -> PrefillingConfig:
+def checkpoint_config(model, chunk_size: int | None = None, boundary_snap: int | None = None) -> PrefillingConfig:
     """The defaults of ``model``'s checkpoint (:meth:`PrefillingConfig.from_pretrained` of its ``model_dir``;
-    the paper's without one), with ``chunk_size`` when given (None: the file's). Raises what
-    ``from_pretrained`` raises."""
+    the paper's without one), with ``chunk_size`` and ``boundary_snap`` when given (None: the file's; a
+    document's two, when answering from it with no config). Raises what ``from_pretrained`` raises."""
     given = {} if chunk_size is None else {"chunk_size": chunk_size}
+    if boundary_snap is not None:
+        given["boundary_snap"] = boundary_snap
     return PrefillingConfig.from_pretrained(getattr(model, "model_dir", None), **given)
 
 

@@ -640,8 +640,9 @@ def build_prefilling_policy(
     explicit = cfg is not None  # a K the caller chose must fit; the checkpoint's default K is fitted per row
     if cfg is None:
         first = next((d for d in docs if d is not None), None)
-        chunk_size = None if first is None else first.chunk_size
-        cfg = checkpoint_config(model, chunk_size)
+        # a document's own chunking (its C and snap), the checkpoint's other defaults
+        chunk_size, snap = (None, None) if first is None else (first.chunk_size, first.boundary_snap)
+        cfg = checkpoint_config(model, chunk_size, snap)
     if not isinstance(cfg, PrefillingConfig):
         raise TypeError(f"prefilling= must be a PrefillingConfig, got {type(cfg).__name__}")
     bos, _source = resolve_anchor_token_id(model.config, model.tokenizer, cfg)  # before any model work
