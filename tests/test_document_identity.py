@@ -148,3 +148,26 @@ def test_the_readme_shows_the_model_argument_and_from_pretrained():
     (python,) = [b for b in blocks("python") if "DocumentCache" in b]
     assert "DocumentCache.load(path, model)" in python
     assert "PrefillingConfig.from_pretrained(model.model_dir, " in python
+
+
+def test_texts_seen_before_a_tokenizer_change_are_tokenized_again(saved, tmp_path):
+    """Hostile pass 3: the ids of texts encoded before a normaliser was replaced were served from the memo (a
+    cache built then carried the new digest over old ids), and a same-type, same-size model with another id
+    mapping kept the old digest, so an old cache loaded."""
+    from tokenizers import normalizers
+
+    model = dllm.load_model(device="cpu")
+    before = encode_text(model, DOCUMENT)  # now in the memo
+    model.tokenizer.backend_tokenizer.normalizer = normalizers.Replace("7", "1")
+    after = encode_text(model, DOCUMENT)
+    fresh = torch.tensor(model.tokenizer(DOCUMENT, add_special_tokens=False)["input_ids"])
+    assert torch.equal(after, fresh) and not torch.equal(after, before)
+    # the model swapped for one of the same type and size whose '7' and '1' trade ids
+    model = dllm.load_model(device="cpu")
+    dllm.DocumentCache.load(saved, model)  # the tokenizer digest is now cached on the model
+    swapped = _swapped_tokenizer(tmp_path / "alt", "7", "1")
+    other = dllm.load_model(device="cpu", tokenizer_path=str(swapped)).tokenizer.backend_tokenizer.model
+    model.tokenizer.backend_tokenizer.model = other
+    assert encode_text(model, "7").tolist() == [_ids(dllm.load_model(device="cpu"), "1")]
+    with pytest.raises(ValueError, match="tokenizer mismatch"):
+        dllm.DocumentCache.load(saved, model)

@@ -32,14 +32,42 @@ def _tokenize(tok, text: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     return torch.tensor(enc["input_ids"], dtype=torch.long), offsets
 
 
+KEY_SAMPLE_IDS = 256  # id -> token pairs in tokenizer_state_key (every id of a vocabulary this small or smaller)
+
+
+def tokenizer_state_key(tok) -> tuple | None:
+    """What can change in a loaded tokenizer without a new object, cheaply read (~0.1 ms for Dream's): its
+    length, special tokens, the serialised normaliser, pre-tokeniser, decoder and post-processor (a replaced
+    normaliser maps other text to the same ids), the model's type and vocabulary size, and the tokens of
+    :data:`KEY_SAMPLE_IDS` ids spread over the vocabulary (every id of a small one), so that a model of the same
+    type and size with another id mapping changes it too (a swap between two unsampled ids of a large
+    vocabulary does not: the key is a sample, not a digest). None without a tokenizer."""
+    if tok is None:
+        return None
+    key = [len(tok), repr(sorted(tok.special_tokens_map.items()))]
+    n = len(tok)
+    ids = range(n) if n <= KEY_SAMPLE_IDS else [i * n // KEY_SAMPLE_IDS for i in range(KEY_SAMPLE_IDS)]
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        for name in ("normalizer", "pre_tokenizer", "decoder", "post_processor"):
+            part = getattr(backend, name)
+            key.append(None if part is None else part.__getstate__())
+        key += [type(backend.model).__name__, backend.get_vocab_size(with_added_tokens=True)]
+        key.append(tuple(backend.id_to_token(i) for i in ids))
+    else:
+        key.append(tuple(tok.convert_ids_to_tokens(list(ids))))
+    return tuple(key)
+
+
 def _encoding(tok, text: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_tokenize` (do not modify the tensors), from the memo when this tokenizer (with the same
-    vocabulary size, so added tokens invalidate it) encoded the same text lately."""
+    """:func:`_tokenize` (do not modify the tensors), from the memo when this tokenizer, in the same state
+    (:func:`tokenizer_state_key`: added tokens, a replaced normaliser or model invalidate it), encoded the same
+    text lately."""
     try:
         memo = _MEMO.setdefault(tok, OrderedDict())
     except TypeError:  # a tokenizer that takes no weak reference: no memo
         return _tokenize(tok, text)
-    key = (len(tok), text)
+    key = (tokenizer_state_key(tok), text)
     hit = memo.get(key)
     if hit is not None:
         memo.move_to_end(key)

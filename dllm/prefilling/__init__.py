@@ -2,6 +2,8 @@
 static KV decode. Entry point: ``dllm.generate(..., method="prefilling", prompt=PromptParts(...),
 prefilling=PrefillingConfig(...))``; read :mod:`dllm.prefilling.pipeline` top to bottom for the steps.
 A document's chunked prefill can be kept and reused across questions: :mod:`dllm.prefilling.document`.
+A long answer can re-select the chunks at block starts, against the question plus the answer so far:
+:mod:`dllm.prefilling.reselect`.
 """
 
 from dllm.decode.policies import PrefillingPolicy

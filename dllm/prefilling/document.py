@@ -45,6 +45,7 @@ from safetensors.torch import save_file
 
 from dllm.model.devices import check_ids_for_model, same_device
 from dllm.model.json_files import parse_json
+from dllm.model.tokenization import tokenizer_state_key
 from dllm.prefilling.chunks import (
     ChunkCache,
     cut_chunks,
@@ -199,29 +200,12 @@ def tokenizer_digest(tokenizer) -> str:
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
-def _tokenizer_key(tok) -> tuple | None:
-    """What can change in a loaded tokenizer without a new object, cheaply read (~50 us for Dream's): its
-    length, special tokens and the serialised normaliser, pre-tokeniser, decoder and post-processor (a
-    replaced normaliser maps other text to the same ids); the vocabulary and merges change only with
-    the length (``add_tokens``) or a new ``backend.model``, whose type and vocabulary size are in the key."""
-    if tok is None:
-        return None
-    key = [len(tok), repr(sorted(tok.special_tokens_map.items()))]
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is not None:
-        for name in ("normalizer", "pre_tokenizer", "decoder", "post_processor"):
-            part = getattr(backend, name)
-            key.append(None if part is None else part.__getstate__())
-        key += [type(backend.model).__name__, backend.get_vocab_size(with_added_tokens=True)]
-    return tuple(key)
-
-
 def _model_tokenizer_digest(model) -> str:
     """:func:`tokenizer_digest` of ``model.tokenizer``, cached on the model while the same tokenizer object
-    has the same :func:`_tokenizer_key` (``add_tokens``, a new special token or a replaced normaliser,
-    pre-tokeniser, decoder or post-processor computes it again)."""
+    has the same :func:`~dllm.model.tokenization.tokenizer_state_key` (``add_tokens``, a new special token, a
+    replaced normaliser, pre-tokeniser, decoder, post-processor or model computes it again)."""
     tok = getattr(model, "tokenizer", None)
-    key = _tokenizer_key(tok)
+    key = tokenizer_state_key(tok)
     cached = getattr(model, "_dllm_tokenizer_digest", None)
     if cached is not None and cached[0] is tok and cached[1] == key:
         return cached[2]
