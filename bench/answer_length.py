@@ -273,7 +273,7 @@ def main(argv=None) -> None:
         paragraphs += [_passkey_table(keys)]
     if resel:
         paragraphs += [
-            "One re-selection (`reselect=1`, :mod:`dllm.prefilling.reselect`): the chunks re-scored against the "
+            "One re-selection (`reselect=1`, `dllm/prefilling/reselect.py`): the chunks re-scored against the "
             "question plus the answer's first block, from a document cache (no chunk re-encoded), bundled "
             "defaults; its cost is the scoring phase's growth over the same question without it (both timed "
             "after a warm-up run), in seconds and model forwards (draft, first stage, scoring passes).",

@@ -139,6 +139,13 @@ PY
 } > "$WORK_DIR/env.txt" 2>&1
 sed 's/^/    [env] /' "$WORK_DIR/env.txt"
 
+# Stage 0: the direct launch path against kernel[grid], op by op (bench/launch_check.py): bit-equal outputs on a
+# launch-cache miss, hit and prepared call, misaligned inputs after aligned ones, a side stream, a CUDA graph
+# replayed before and after new inputs are copied in, and a launch hook handing back to kernel[grid]. One FAIL
+# line per finding in its log and launch_check.txt. Without CUDA it says so and passes (nothing to launch).
+stage launch "${LAUNCH_TIMEOUT_S:-$(pick 40 30)}" "$WORK_DIR/launch.log" \
+    "$PYTHON" -m bench.launch_check --out "$WORK_DIR"
+
 # Stage 1: kernel tests, compiled, in parallel (pytest-xdist, -n TEST_WORKERS; serially they did not
 # finish in 180 s on the H200). addopts is overridden because pyproject's --benchmark-disable needs
 # pytest-benchmark, which the GPU image may lack. The AOT compile gate (test_gpu_compile.py) is left
@@ -160,7 +167,7 @@ stage tests "${TEST_TIMEOUT_S:-$(pick 120 120)}" "$WORK_DIR/tests.log" \
 # bound (bench/roofline.py); FlexAttention and SDPA baselines ranked graph vs graph. It re-checks every
 # output itself. Dry run: a few seconds of CPU cases, no FlexAttention compile.
 BENCH_MARGIN_S=30   # bench stops starting new cases at its budget; the last case and the CSV need the rest
-BENCH_BUDGET_S=$(min "${BENCH_BUDGET_S:-$(pick 150 5)}" $(($(left_s) - BENCH_MARGIN_S - 5)))
+BENCH_BUDGET_S=$(min "${BENCH_BUDGET_S:-$(pick 120 5)}" $(($(left_s) - BENCH_MARGIN_S - 5)))
 [ "$BENCH_BUDGET_S" -lt 1 ] && BENCH_BUDGET_S=1
 stage bench "$((BENCH_BUDGET_S + BENCH_MARGIN_S))" "$WORK_DIR/bench.log" \
     "$PYTHON" -m bench.bench_kernels --out "$WORK_DIR" --budget-s "$BENCH_BUDGET_S" $(pick "" --no-flex)

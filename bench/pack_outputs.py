@@ -29,7 +29,7 @@ LAYOUT = {
     "bundles": [
         ("tests.txt", ["tests.log", "tests.xml"]),
         ("logs.txt", ["*.log"]),
-        ("reports.txt", ["*.md", "env.txt"]),
+        ("reports.txt", ["*.md", "env.txt", "launch_check.txt"]),
         ("data.txt", ["*"]),
     ],
 }

@@ -98,7 +98,7 @@ def warn_past_window(model, live) -> None:
     """An :class:`PositionWindowWarning` when a row of the live block (``live``: the policy's
     :class:`~dllm.decode.policies.LiveBlock`) reaches a position past the model's trained positions (one host read
     of the positions, before the loop)."""
-    limit = model.config.trained_positions
+    limit = getattr(model.config, "trained_positions", None)  # (a stand-in model's config may have none)
     if not limit or live is None:
         return
     real = torch.tensor([h + live.resp_cols.shape[1] for h in live.head_lens], device=live.positions.device)

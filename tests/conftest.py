@@ -7,7 +7,18 @@ import time; so it is set here, before the first kernel import.
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny tensors: an OpenMP team on a busy 2-core box costs milliseconds per
+    op (see tests/kernels/conftest.py). A module asks for it: ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

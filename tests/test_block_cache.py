@@ -23,12 +23,7 @@ BOS = 128  # DREAM_TINY bos_token_id
 dream, llada = tiny_model_fixtures(dream_seed=51, llada_seed=52, llada_kv_heads=2)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _ids(n, seed, vocab=90):

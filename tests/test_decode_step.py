@@ -79,17 +79,6 @@ def test_without_cuda_it_skips_and_says_why(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny tensors: an OpenMP team on a busy 2-core box costs milliseconds per op (see tests/kernels/conftest.py)."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_run_measures_both_paths_side_by_side(monkeypatch, one_thread):
     """``run`` on CPU with stand-ins for what needs CUDA (the 7B model, the graph, the profiler, the
     syncs): both paths are timed on the same model, the fused one really sets ``model.fused_ops``, and

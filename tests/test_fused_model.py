@@ -18,19 +18,13 @@ from dllm.model.modeling import FUSED_ENV, DiffusionLM
 from triton_kernels._dispatch import is_interpreted
 from triton_kernels.rms_norm import _add_rms_norm_kernel
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() and not is_interpreted(_add_rms_norm_kernel),
-    reason="the fused path on CPU needs the Triton interpreter",
-)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: an OpenMP team on a busy 2-core box costs milliseconds per op (see tests/kernels/conftest.py)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = [
+    pytest.mark.skipif(
+        not torch.cuda.is_available() and not is_interpreted(_add_rms_norm_kernel),
+        reason="the fused path on CPU needs the Triton interpreter",
+    ),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 @pytest.fixture(scope="module")

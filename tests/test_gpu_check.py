@@ -17,7 +17,7 @@ from bench import pack_outputs as P
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
-STAGES = ("tests", "bench", "decode_step", "cuda_graph", "e2e", "e2e_dream")
+STAGES = ("launch", "tests", "bench", "decode_step", "cuda_graph", "e2e", "e2e_dream")
 GPU_RUN_S = 540  # one GPU run: 9 minutes
 KILL_AFTER_S = 15  # timeout --kill-after of a stage
 
@@ -54,6 +54,7 @@ def test_dry_run_passes_every_stage_and_packs_at_most_8_files(tmp_path):
     assert "==> e2e_prefilling_gpu.csv <==" in data and "==> e2e_dream_shape.csv <==" in data
     assert "Skipped: dry run" in (out / "reports.txt").read_text()  # cuda_graph.md, bundled
     assert "==> bench.log <==" in (out / "logs.txt").read_text()
+    assert "launch_check: no CUDA device" in (out / "logs.txt").read_text()  # the launch stage ran, and said why not
     # every stage left its output in the work folder, as a GPU run's reader expects
     dream = list(csv.DictReader(open(work / "e2e_dream_shape.csv")))
     assert len(dream) == 9 and {r["shape"] for r in dream} == {"cpu"} and {r["status"] for r in dream} == {"ok"}

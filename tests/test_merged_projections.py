@@ -31,12 +31,7 @@ needs_fused = pytest.mark.skipif(
 WRITERS = {"dream": write_dream_checkpoint, "llada": write_llada_checkpoint}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=["dream", "llada"])
