@@ -244,7 +244,8 @@ def generate(
             ``stats.extra`` gets ``block_cache`` (the mode), ``block_cache_refreshes`` and ``block_cache_bytes``.
         reselect: ``prefilling`` only: re-score the chunks at every N-th block start against the query plus the
             answer so far and keep the new top-K (:mod:`dllm.prefilling.reselect`; no chunk re-encoded; independent
-            cache mode). None or 0 (default): the question's selection serves the whole answer. The steps then
+            cache mode; the answer must have several blocks). None or 0 (default): the question's selection serves
+            the whole answer. The steps then
             run eagerly (no CUDA graph: the static cache changes). ``stats.extra`` (a batch: each row's) gets
             ``reselections`` and ``reselected_chunks`` (``[response position, kept chunks]`` per re-selection).
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
@@ -280,7 +281,8 @@ def generate(
             for every method), a block_cache interval < 1, a count < 1, ``gen_length % block_length != 0``,
             temperature or alg_temp neither 0 nor in about [1.2e-38, 8.5e37] (T and 1/T finite in float32;
             a tiny T decodes the greedy limit, no overflow), top_p outside (0, 1], a seed outside [0, 2**64),
-            steps not divisible by the number of blocks, a prompt containing the mask id,
+            steps not divisible by the number of blocks, ``reselect`` with a one-block answer, a prompt containing
+            the mask id,
             prompt on another device than the model, options of another method; with a
             document: a context too, or a chunk size, model, dtype or anchor other than the
             document's; ``cuda_graph=True`` where CUDA graphs are not supported (the message says why);
@@ -323,6 +325,11 @@ def generate(
         confidence_from=confidence_from,
         draw_order=draw_order,
     )
+    if reselect and n_blocks == 1:  # it re-selects at block starts after the first: one block has none
+        raise ValueError(
+            f"reselect={reselect} needs an answer of several blocks (gen_length {gen_length} is one block of "
+            f"{block_length}): pass a block_length that divides it, e.g. 32"
+        )
     if cfg.fixed_steps and steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
     if method != "prefilling" and (

@@ -232,8 +232,12 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     ),
     "unknown block cache": ("generate --prompt-file noslot.txt --block-cache sometimes", "or an int >= 1"),
     "block cache interval 0": ("generate --prompt-file noslot.txt --block-cache 0", "or an int >= 1, got '0'"),
+    "reselect with one block": (  # it was ignored in silence
+        "generate --prompt-file noslot.txt --gen-length 8 --reselect 1",
+        "--reselect re-selects at block starts: pass --block-length",
+    ),
     "reselect with dense": (
-        "generate --prompt-file noslot.txt --method dense --reselect 1",
+        "generate --prompt-file noslot.txt --method dense --reselect 1 --gen-length 64 --block-length 32",
         "--reselect: option(s) of --method prefilling, not of --method dense",
     ),
     "chat without a chat template": (

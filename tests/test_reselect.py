@@ -113,6 +113,7 @@ def test_a_batch_reselects_each_row_and_an_ended_answer_keeps_its_chunks(dream):
         (dict(reselect=True), TypeError, "integer"),
         (dict(reselect=1.5), TypeError, "integer"),
         (dict(reselect=1, cuda_graph=True), ValueError, "cuda_graph=True cannot"),
+        (dict(reselect=1, block_length=8), ValueError, "several blocks"),  # one block: it re-selected nothing
         (dict(reselect=1, prefilling=PrefillingConfig(chunk_size=8, top_k=2, cache_mode="joint")), ValueError, "joint"),
     ],
 )

@@ -215,10 +215,12 @@ def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
     parts.append(", ".join(f"{k} {v:.2f} s" for k, v in res.stats.seconds.items()))
     parts.append(f"{res.stats.steps} steps, {res.stats.nfe} forwards, {res.stats.tokens_per_second:.1f} tokens/s")
     if extra.get("block_cache", "off") != "off":
-        parts.append(f"block cache {extra['block_cache']}, {extra['block_cache_refreshes']} refreshes")
+        n = extra["block_cache_refreshes"]
+        parts.append(f"block cache {extra['block_cache']}, {n} refresh{'es' if n != 1 else ''}")
     if extra.get("reselections"):
         kept = "; ".join(f"at token {at}: {', '.join(map(str, ks))}" for at, ks in extra["reselected_chunks"])
-        parts.append(f"re-selected {extra['reselections']} times ({kept})")
+        n = extra["reselections"]
+        parts.append(f"re-selected {n} time{'s' if n != 1 else ''} ({kept})")
     return "; ".join(parts)
 
 

@@ -47,6 +47,11 @@ def unmasking_check(args, gen_length: int | None) -> None:
     block = args.block_length or gen_length
     if gen_length % block:
         raise UserError(f"--block-length {block} does not divide --gen-length {gen_length}")
+    if getattr(args, "reselect", None) and block == gen_length:
+        raise UserError(
+            f"--reselect re-selects at block starts: pass --block-length (e.g. 32) so that --gen-length {gen_length} "
+            "has several blocks"
+        )
     steps = args.steps or gen_length
     if cfg.fixed_steps and steps % (gen_length // block):
         raise UserError(f"--steps {steps} is not a multiple of the {gen_length // block} blocks")
