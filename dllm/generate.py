@@ -245,9 +245,9 @@ def generate(
         reselect: ``prefilling`` only: re-score the chunks at every N-th block start against the query plus the
             answer so far and keep the new top-K (:mod:`dllm.prefilling.reselect`; no chunk re-encoded; independent
             cache mode; the answer must have several blocks). None or 0 (default): the question's selection serves
-            the whole answer. The steps then
-            run eagerly (no CUDA graph: the static cache changes). ``stats.extra`` (a batch: each row's) gets
-            ``reselections`` and ``reselected_chunks`` (``[response position, kept chunks]`` per re-selection).
+            the whole answer. The steps then run eagerly (no CUDA graph: the static cache changes). ``stats.extra``
+            (a batch: each row's) gets ``reselections`` and ``reselected_chunks`` (``[response position, kept
+            chunks]`` per re-selection).
         prompt: ``prefilling`` only: a :class:`dllm.prefilling.PromptParts` (prefix,
             context, query token ids), or a list of them: a batch of requests (any context, query
             and chunk counts) decoded in one denoising loop over live blocks padded to the longest

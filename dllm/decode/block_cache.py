@@ -102,7 +102,6 @@ class BlockCache:
         self._view_k = self._view_v = None  # per layer [B, ns*T, Hkv, D] views of the live slots
         self.refreshes = 0
         self._due = True
-        self._attached = False
 
     # --- layout ---------------------------------------------------------------------
     def attach(self, static: StaticKVCache | None) -> None:
@@ -146,7 +145,7 @@ class BlockCache:
         hkv, d = shape[2:]
         self._cols_kv = self.cols[:, :, None, None].expand(b, self.width, hkv, d)
         self._cols_rope = self.cols[:, :, None].expand(b, self.width, cfg.head_dim)
-        self.static, self._attached, self._due = static, True, True
+        self.static, self._due = static, True
 
     def nbytes(self) -> int:
         """Bytes of the pools this cache holds (static segments copied in and live slots; all layers, K and V)."""
@@ -165,16 +164,20 @@ class BlockCache:
         elif isinstance(self.refresh, int) and step % self.refresh == 0:
             self._due = True
 
+    def _laid_out_for(self, static: StaticKVCache | None) -> bool:
+        """Whether :meth:`attach` ran for this very static cache."""
+        return self.step_cache is not None and static is self.static
+
     def due(self, static: StaticKVCache | None) -> bool:
         """Whether the next step refreshes: decided by :meth:`select`, or forced by a new static cache."""
-        return self._due or not self._attached or static is not self.static
+        return self._due or not self._laid_out_for(static)
 
     # --- forwards -------------------------------------------------------------------
     def refresh_logits(self, forward_live, static: StaticKVCache | None):
         """Refresh: one forward over the whole live block (``forward_live(cache, attn_hook, with_logits)``, the
         policy's exact step) that also stores every live column's K/V. Returns its logits, or None in ``"step"``
         mode (then :meth:`step_logits` gives the step's logits from the fresh cache)."""
-        if not self._attached or static is not self.static:
+        if not self._laid_out_for(static):
             self.attach(static)
         with_logits = self.refresh != "step"
         out = forward_live(self.refresh_cache, self._store_all, with_logits)

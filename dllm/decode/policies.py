@@ -267,12 +267,11 @@ class LiveBlockPolicy:
         if self.block_cache is not None:
             self.block_cache.select(block, step)
 
-    def _forward(self, cache="own", attn_hook=None, with_logits=True) -> torch.Tensor | None:
-        cache = self.cache if isinstance(cache, str) else cache  # "own": the policy's static cache
+    def _forward(self, cache: StaticKVCache | None, attn_hook=None, with_logits=True) -> torch.Tensor | None:
         return live_block_logits(self.model, self.live, cache, attn_hook, with_logits)
 
     def _graphed(self) -> torch.Tensor:
-        return self._forward() if self.block_cache is None else self.block_cache.step_logits()
+        return self._forward(self.cache) if self.block_cache is None else self.block_cache.step_logits()
 
     def logits(self, resp: torch.Tensor) -> torch.Tensor:
         """``[B, L_d, V]`` response logits for ``resp`` (``[B, W, V]``, the current block's, after a

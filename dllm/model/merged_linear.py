@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 
-def _GLOBAL_HOOKS() -> bool:
+def _global_hooks_installed() -> bool:
     """Whether a forward hook is installed for every module (``nn.modules.module.register_module_forward_hook``
     and its pre-hook twin): a merged GEMM would skip it."""
     mod = nn.modules.module
@@ -81,7 +81,7 @@ class MergedProjections:
         ``nn.Linear`` (not a subclass: a quantised or LoRA layer computes something else), with no forward hook
         or pre-hook of their own and none installed globally. When not, the owner calls the modules themselves:
         a wrapper (peft's LoRA), a swapped-in layer or a hook put on after loading is never bypassed."""
-        if len(modules) != len(self._linears) or _GLOBAL_HOOKS():
+        if len(modules) != len(self._linears) or _global_hooks_installed():
             return False
         return all(
             m is lin and type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
