@@ -41,7 +41,7 @@ and an op allocates only its outputs (plus split-S's partial buffers when its pl
 In eager mode an op whose signature was seen before runs a *prepared call* stored beside it
 (output shapes, :class:`triton_kernels._launch.PreparedLaunch` records holding the grid and the
 non-pointer arguments): the call allocates its outputs, reads its pointers and launches. The
-environment variables above are read on every call, through :func:`env` (a dict lookup on
+environment variables above are read on every call, through :func:`triton_kernels._env.env` (a dict lookup on
 POSIX, not ``os.environ``'s encode/decode), so setting one at run time still takes effect.
 
 In eager mode the public ops call their implementation directly; under
@@ -53,38 +53,16 @@ FakeTensor) they go through the registered ``torch.library`` op
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import triton.language as tl
 
 from triton_kernels import _launch
+from triton_kernels._env import env
 
 BACKENDS = ("triton", "torch")
 
 _POISON = False
-
-
-# os.environ's bytes mapping on POSIX (what os.environ.get reads through str encode/decode, ~1 us a
-# call): the same values, read in ~50 ns. Elsewhere os.environ.get itself.
-_ENV_BYTES = os.environ._data if os.name == "posix" and type(getattr(os.environ, "_data", None)) is dict else None
-_ENV_SEEN: dict = {}  # (name, raw value) -> decoded value
-
-
-def env(name: str, default: str) -> str:
-    """``os.environ.get(name, default)``, cheaper on POSIX (no encode/decode on a repeated value)."""
-    if _ENV_BYTES is None:
-        return os.environ.get(name, default)
-    raw = _ENV_BYTES.get(name.encode() if name not in _ENV_KEYS else _ENV_KEYS[name])
-    if raw is None:
-        return default
-    value = _ENV_SEEN.get((name, raw))
-    if value is None:
-        value = _ENV_SEEN[(name, raw)] = os.fsdecode(raw)
-    return value
-
-
-_ENV_KEYS = {n: os.fsencode(n) for n in ("PREFILLING_DLLM_BACKEND", "PREFILLING_DLLM_CHECK_VALUES")}
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:

@@ -10,17 +10,26 @@ the compiled kernel it returns; later calls make the very call ``JITFunction.run
 launch_metadata, enter_hook, exit_hook, *args)`` (read in the source of Triton 3.6.0 and 3.9.0,
 ``runtime/jit.py``; the same in both), on the current device's current stream, as Triton does.
 
-The key holds everything Triton specialises a launch on, or more: the current device, every
-non-float argument's value (ints, constexprs: so their divisibility by 16 and equality to 1
-are covered), each tensor's dtype and whether its address is 16-byte aligned, num_warps and
-num_stages. fp32 scalars are not specialised by Triton and are left out. Launches that differ
-in the key never share a compiled kernel; a key seen once more costs a dict lookup.
+The key holds everything Triton specialises a launch on, or more: the current device, the type
+of every argument (a kernel's cached entries are kept per tuple of argument types, so ``True`` and
+``1``, an int and a float, ``None`` and a tensor never share one), every non-float argument's value
+and every constexpr's (ints: so their divisibility by 16 and equality to 1 are covered), each
+tensor's dtype and whether its address is 16-byte aligned, num_warps and num_stages. Non-constexpr
+floats are not specialised by Triton and are left out. Launches that differ in the key never share
+a compiled kernel; a key seen once more costs a dict lookup. An argument of any other kind (a TMA
+descriptor, a tensor-like object that is not a ``torch.Tensor``) sends every launch of that
+signature through ``kernel[grid]``: it is neither hashed nor kept alive by the cache. Each entry
+checks that the launcher passes as many arguments as the kernel takes (Triton 3.9's launcher does
+not). The cache is bounded: :data:`MAX_KEYS` compiled kernels per entry and :data:`MAX_ENTRIES`
+entries, the oldest forgotten first.
 
 It falls back to ``kernel[grid]`` whenever it cannot be sure the direct call is Triton's own:
 the interpreter (``TRITON_INTERPRET=1``), any object that is not exactly a ``JITFunction``
 (e.g. the AOT compile gate's stand-in), a Triton version whose launch code was not read
-(:data:`DIRECT_LAUNCH_VERSIONS`), a launch hook installed (profilers such as Proton), or
-``PREFILLING_DLLM_DIRECT_LAUNCH=0``. Triton debug knobs changed after a kernel's first launch
+(:data:`DIRECT_LAUNCH_VERSIONS`), a backend other than CUDA (ROCm specialises tensors on their
+storage size too, which the key does not hold), a launch hook installed (profilers such as
+Proton), or ``PREFILLING_DLLM_DIRECT_LAUNCH=0`` (read on every launch; ``1/true/yes`` or
+``0/false/no``, any other word is a ValueError). Triton debug knobs changed after a kernel's first launch
 are not seen by its cached entry; :func:`clear_launch_cache` forgets every entry (the
 :class:`PreparedLaunch` records too). A launch hook counts as installed when either hook chain
 (``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, a ``HookChain`` in Triton 3.6 and 3.9,
@@ -40,10 +49,11 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 
 import torch
 import triton
+
+from triton_kernels._env import env_switch
 
 try:  # the launch contract below is Triton >= 3.3's; older Triton has no knobs module
     from triton import knobs
@@ -67,38 +77,72 @@ def _version() -> tuple[int, ...]:
         return ()
 
 
+DIRECT_LAUNCH_ENV = "PREFILLING_DLLM_DIRECT_LAUNCH"
+MAX_KEYS = 1024  # compiled kernels kept per entry (one per specialisation key)
+MAX_ENTRIES = 512  # entries kept (one per kernel and tuple of argument types)
+
+try:
+    from triton.language import dtype as _TritonDtype
+except ImportError:  # pragma: no cover
+    _TritonDtype = bool
+# argument kinds a key may hold besides tensors: hashable values that keep nothing alive
+_KEYED_KINDS = frozenset((int, bool, float, str, type(None), _TritonDtype))
+
+
+def _version_supported() -> bool:
+    return knobs is not None and _version() in DIRECT_LAUNCH_VERSIONS
+
+
 def direct_launch_supported() -> bool:
-    """True when :func:`launch` may call compiled kernels directly (see the module docstring)."""
-    if knobs is None or _version() not in DIRECT_LAUNCH_VERSIONS:
-        return False
-    return os.environ.get("PREFILLING_DLLM_DIRECT_LAUNCH", "1").strip().lower() not in ("0", "false", "no")
+    """True when :func:`launch` may call compiled kernels directly (see the module docstring).
+
+    Raises:
+        ValueError: ``PREFILLING_DLLM_DIRECT_LAUNCH`` holds a word other than 1/true/yes, 0/false/no.
+    """
+    switch = env_switch(DIRECT_LAUNCH_ENV, True)
+    return _version_supported() and switch
 
 
 class _Entry:
-    """Cached compiled kernels of one JITFunction, keyed per specialisation."""
+    """Cached compiled kernels of one JITFunction for one tuple of argument types, keyed per specialisation."""
 
-    __slots__ = ("kernel", "tensors", "others", "compiled")
+    __slots__ = ("kernel", "tensors", "others", "compiled", "cacheable")
 
-    def __init__(self, kernel, args: tuple):
+    def __init__(self, kernel, kinds: tuple):
         names = getattr(kernel, "arg_names", None)
-        if names is not None and len(names) != len(args):  # a launcher out of step with its kernel
-            raise TypeError(f"{kernel_name(kernel)} takes {len(names)} arguments, the launcher passed {len(args)}")
+        if names is not None and len(names) != len(kinds):  # a launcher out of step with its kernel
+            raise TypeError(f"{kernel_name(kernel)} takes {len(names)} arguments, the launcher passed {len(kinds)}")
         self.kernel = kernel  # keeps id(kernel) from being reused while cached
-        t_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        o_pos = [i for i, a in enumerate(args) if not isinstance(a, (torch.Tensor, float))]
+        constexprs = frozenset(getattr(kernel, "constexprs", ()))
+        is_tensor = [issubclass(k, torch.Tensor) for k in kinds]
+        self.cacheable = all(t or k in _KEYED_KINDS for t, k in zip(is_tensor, kinds))
+        t_pos = [i for i, t in enumerate(is_tensor) if t]
+        o_pos = [i for i, k in enumerate(kinds) if not is_tensor[i] and (k is not float or i in constexprs)]
         # itemgetter of one index returns the item, not a 1-tuple: pad so both always return tuples
         self.tensors = operator.itemgetter(*t_pos, *t_pos[:1]) if t_pos else (lambda a: ())
         self.others = operator.itemgetter(*o_pos, *o_pos[:1]) if o_pos else (lambda a: ())
         self.compiled: dict = {}
 
 
-_ENTRIES: dict[int, _Entry] = {}
+def _entry(kernel, kinds: tuple) -> _Entry:
+    if len(_ENTRIES) >= MAX_ENTRIES:
+        del _ENTRIES[next(iter(_ENTRIES))]
+    entry = _ENTRIES[(id(kernel), kinds)] = _Entry(kernel, kinds)
+    return entry
+
+
+_ENTRIES: dict[tuple, _Entry] = {}  # (id(kernel), argument types) -> entry
 _CURRENT: list = []  # [get_current_device, get_current_stream] of Triton's active driver, bound once
 _STUB: list | None = None  # inside stub_launches: the record list
 COUNTS = {"direct": 0, "jit": 0}  # launches per path since import (tests and bench/host_time.py read them)
 
 
 _GENERATION = [0]  # bumped by clear_launch_cache: PreparedLaunch records drop their kernel
+
+
+def cached_specialisations(kernel) -> int:
+    """How many compiled kernels of ``kernel`` the cache holds (all its entries together)."""
+    return sum(len(e.compiled) for (k, _), e in _ENTRIES.items() if k == id(kernel))
 
 
 def clear_launch_cache() -> None:
@@ -116,16 +160,29 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | N
     Raises whatever ``kernel[grid]`` raises (compile errors, a pointer Triton cannot access).
     """
     stub = _STUB is not None
-    if not stub and (type(kernel) is not JITFunction or not _DIRECT or _hooked() or kernel.pre_run_hooks):
+    if not stub and (
+        type(kernel) is not JITFunction
+        or not _DIRECT
+        or not env_switch(DIRECT_LAUNCH_ENV, True)
+        or _hooked()
+        or kernel.pre_run_hooks
+    ):
         _jit_launch(kernel, grid, args, num_warps, num_stages)
         return None
-    if not stub and not _CURRENT:
-        active = triton.runtime.driver.active
-        _CURRENT[:] = [active.get_current_device, active.get_current_stream]
+    if not stub and not _CURRENT and not _bind_current():
+        _jit_launch(kernel, grid, args, num_warps, num_stages)
+        return None
     device = _CURRENT[0]() if not stub else -1  # -1: no real device, so stub entries never serve a launch
-    entry = _ENTRIES.get(id(kernel))
+    kinds = tuple(map(type, args))
+    entry = _ENTRIES.get((id(kernel), kinds))
     if entry is None:
-        entry = _ENTRIES[id(kernel)] = _Entry(kernel, args)
+        entry = _entry(kernel, kinds)
+    if not entry.cacheable:  # an argument the key cannot hold: Triton's own path, nothing kept
+        if stub:
+            _STUB.append((kernel_name(kernel), _grid3(grid)))
+            return None
+        _jit_launch(kernel, grid, args, num_warps, num_stages)
+        return None
     tensors = entry.tensors(args)
     key = (
         device,
@@ -137,6 +194,8 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | N
     )
     compiled = entry.compiled.get(key)
     if compiled is None:
+        if len(entry.compiled) >= MAX_KEYS:
+            del entry.compiled[next(iter(entry.compiled))]
         if stub:
             compiled = entry.compiled[key] = _StubCompiled(kernel)
         else:
@@ -153,6 +212,26 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | N
     # JITFunction.run's last call; launch_metadata is None whenever no enter hook is set (checked above)
     compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
     return compiled
+
+
+def _grid3(grid) -> tuple:
+    return (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+
+
+def _bind_current() -> bool:
+    """Bind the active driver's current device and stream getters; False (and the direct path off
+    for good) when the active backend is not CUDA."""
+    global _DIRECT
+    active = triton.runtime.driver.active
+    try:
+        backend = active.get_current_target().backend
+    except Exception:  # a driver without targets: not one whose launcher was read
+        backend = None
+    if backend != "cuda":
+        _DIRECT = False
+        return False
+    _CURRENT[:] = [active.get_current_device, active.get_current_stream]
+    return True
 
 
 def _jit_launch(kernel, grid, args, num_warps, num_stages):
@@ -172,7 +251,7 @@ def _hooked() -> bool:
     return not (_no_hook(runtime.launch_enter_hook) and _no_hook(runtime.launch_exit_hook))
 
 
-_DIRECT = direct_launch_supported()
+_DIRECT = _version_supported()  # the switch itself is read on every launch
 
 
 def kernel_name(kernel) -> str:
@@ -184,14 +263,17 @@ class PreparedLaunch:
 
     An op builds it once per metadata signature of its inputs (shapes, strides, dtypes, device), so a
     call only passes its pointers: ``prepared(pointers, aligned)`` launches ``kernel`` with
-    ``(*pointers, *tail)``. The compiled kernel is kept after the first launch and called directly
-    (as :func:`launch` does) while every pointer is 16-byte aligned (``aligned``: the specialisation
-    Triton compiled it for), the device and the direct-launch conditions are those it was kept under,
-    and :func:`clear_launch_cache` was not called since; otherwise the launch goes through
+    ``(*pointers, *tail)`` (``pointers``: tensors, as many at every call). The compiled kernel is kept
+    after the first launch and called directly (as :func:`launch` does) while every pointer is 16-byte
+    aligned (``aligned``: the specialisation Triton compiled it for), the pointer count, the device and
+    the direct-launch conditions are those it was kept under, and :func:`clear_launch_cache` was not
+    called since; otherwise the launch goes through
     :func:`launch` (its own cache, keyed on each pointer's alignment).
     """
 
-    __slots__ = ("kernel", "grid", "tail", "num_warps", "num_stages", "compiled", "stub", "device", "generation")
+    __slots__ = (
+        "kernel", "grid", "tail", "num_warps", "num_stages", "compiled", "stub", "device", "generation", "n_pointers",
+    )  # fmt: skip
 
     def __init__(self, kernel, grid: tuple, tail: tuple, num_warps: int, num_stages: int | None = None):
         self.kernel = kernel
@@ -203,16 +285,28 @@ class PreparedLaunch:
         self.stub = False
         self.device = None
         self.generation = -1
+        self.n_pointers = -1
 
     def __call__(self, pointers: tuple, aligned: bool) -> None:
         compiled = self.compiled
-        if compiled is not None and aligned and self.generation == _GENERATION[0]:
+        if (
+            compiled is not None
+            and aligned
+            and self.generation == _GENERATION[0]
+            and len(pointers) == self.n_pointers  # the arity the kept kernel was launched with
+        ):
             if self.stub:
                 if _STUB is not None:
                     COUNTS["direct"] += 1
                     _STUB.append((compiled.name, self.grid))
                     return
-            elif _STUB is None and _DIRECT and not _hooked() and not self.kernel.pre_run_hooks:
+            elif (
+                _STUB is None
+                and _DIRECT
+                and env_switch(DIRECT_LAUNCH_ENV, True)
+                and not _hooked()
+                and not self.kernel.pre_run_hooks
+            ):
                 device = _CURRENT[0]()
                 if device == self.device:
                     gx, gy, gz = self.grid
@@ -224,7 +318,7 @@ class PreparedLaunch:
                     return
         compiled = launch(self.kernel, self.grid, (*pointers, *self.tail), self.num_warps, self.num_stages)
         if compiled is not None and aligned:
-            self.compiled, self.generation = compiled, _GENERATION[0]
+            self.compiled, self.generation, self.n_pointers = compiled, _GENERATION[0], len(pointers)
             self.stub = _STUB is not None
             self.device = _CURRENT[0]() if not self.stub else -1
 

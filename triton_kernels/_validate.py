@@ -251,10 +251,34 @@ _PASSED: dict = {}  # metadata signature of a call whose metadata checks passed 
 _MAX_PASSED = 4096
 
 
+def check_no_grad(op: str, tensors: tuple) -> None:
+    """Refuse an input that requires grad while autograd records: the ops have no backward formula
+    (inference kernels), so an output would silently cut the graph on one path and raise on another.
+
+    Raises:
+        RuntimeError: naming the op; the fix is ``torch.no_grad()`` / ``torch.inference_mode()`` or
+            ``.detach()``.
+    """
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(
+                f"{op}: an input requires grad, but the triton_kernels ops are inference-only (no backward "
+                "formula on any backend); call them under torch.no_grad() or torch.inference_mode(), or pass "
+                "detached tensors"
+            )
+
+
 def signature(op: str, tensors: tuple, extra: tuple):
     """Key of everything the metadata checks of ``op`` read (each tensor's shape, dtype, device and
     strides, plus ``extra`` scalars), or None when one is not a plain ``torch.Tensor`` (then the
-    checks run in full: FakeTensors under tracing, wrong types that must raise)."""
+    checks run in full: FakeTensors under tracing, wrong types that must raise). Every op calls it
+    first, so it also applies :func:`check_no_grad`.
+
+    Raises:
+        RuntimeError: from :func:`check_no_grad`.
+    """
+    if torch.is_grad_enabled():
+        check_no_grad(op, tensors)
     sig = [op, extra]
     for t in tensors:
         if t is None:

@@ -142,16 +142,15 @@ def test_direct_launch_keys_on_every_specialisation(cuda_branch):
     record, _ = cuda_branch
     q, kp, vp = torch.randn(1, 4, 2, 16), torch.randn(2, 16, 2, 16), torch.randn(2, 16, 2, 16)
     slots, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([[16, 3]], dtype=torch.int32)
-    entry = lambda: _launch._ENTRIES[id(split_s._split_s_partial_kernel)]  # noqa: E731
     tk.split_s_attention(q, kp, vp, slots, lens, backend="triton")
-    n0 = len(entry().compiled)
+    n0 = _launch.cached_specialisations(split_s._split_s_partial_kernel)
     tk.split_s_attention(q, kp, vp, slots, lens, backend="triton")
-    assert len(entry().compiled) == n0
+    assert _launch.cached_specialisations(split_s._split_s_partial_kernel) == n0
     shifted = torch.empty(q.numel() + 1)[1:].view(q.shape).copy_(q)  # 4-byte aligned, not 16
     tk.split_s_attention(shifted, kp, vp, slots, lens, backend="triton")
-    assert len(entry().compiled) == n0 + 1
+    assert _launch.cached_specialisations(split_s._split_s_partial_kernel) == n0 + 1
     tk.split_s_attention(q[:, :3], kp, vp, slots, lens, backend="triton")
-    assert len(entry().compiled) == n0 + 2
+    assert _launch.cached_specialisations(split_s._split_s_partial_kernel) == n0 + 2
     assert sum(name == "_split_s_partial_kernel" for name, _ in record) == 4
 
 
