@@ -1,5 +1,5 @@
 """A document cache's file: a loaded cache owns its bytes, saving keeps a file's mode, ``encode --out`` never
-overwrites its own input (issue 38, items 3, 5 and 11)."""
+overwrites its own input, and a link planted by another user in a sticky folder is never followed."""
 
 import os
 import stat
@@ -143,3 +143,48 @@ def test_torchrun_encode_refuses_a_context_file_that_is_one_of_its_shards(tmp_pa
         read_document_to_encode(args, shards)
     assert read_document_to_encode(args) == text  # one process writes no shard: nothing to refuse
     assert (tmp_path / shard).read_text() == text
+
+
+def _sticky_folder_with_a_foreign_link(tmp_path):
+    """A /tmp-like folder (sticky, world-writable, owned by the caller) holding a 0600 victim file and a
+    link to it owned by another uid, as a link planted by another user would be."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("planting a link owned by another user needs root (lchown)")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    victim = tmp_path / "victim.cache"
+    victim.write_bytes(b"the victim's private bytes")
+    os.chmod(victim, 0o600)
+    link = shared / "doc.cache"
+    os.symlink(victim, link)
+    os.lchown(link, 54321, 54321)
+    return shared, victim, link
+
+
+def test_a_foreign_link_in_a_sticky_folder_is_not_followed(dream, tmp_path, monkeypatch, capsys):
+    """The kernel's protected_symlinks rule: ``open`` would refuse to follow that link for the caller; the
+    save's resolve-then-rename followed it and replaced the victim's file. Links the caller owns, and
+    links outside shared sticky folders, are still followed (the file they name is written)."""
+    import dllm.distributed as dd
+
+    shared, victim, link = _sticky_folder_with_a_foreign_link(tmp_path)
+    doc = dllm.encode_document(dream, _context(1, 5), prefilling=CFG)
+    with pytest.raises(PermissionError, match="protected_symlinks") as e:
+        doc.save(link)
+    assert e.value.filename == str(link)
+    with pytest.raises(PermissionError, match="protected_symlinks"):
+        dd.encode_document(dream, _context(1, 5), prefilling=CFG).save(link)  # the sharded index writer
+    (tmp_path / "doc.txt").write_text("The grass is green. " * 20)
+    assert _encode(tmp_path, monkeypatch, "--context-file", "doc.txt", "--out", str(link)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and "protected_symlinks" in err
+    assert victim.read_bytes() == b"the victim's private bytes" and os.path.islink(link)
+    os.lchown(link, os.geteuid(), os.getegid())  # the caller's own link: followed, as the README promises
+    doc.save(link)
+    assert os.path.islink(link) and dllm.DocumentCache.read_header(victim)["num_chunks"] == doc.num_chunks
+    mine = tmp_path / "mine.cache"  # a foreign link outside a sticky folder: the user's own choice of folder
+    os.symlink(victim, mine)
+    os.lchown(mine, 54321, 54321)
+    doc.save(mine)
+    assert os.path.islink(mine)

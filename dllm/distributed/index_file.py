@@ -10,7 +10,8 @@ Writing never follows a link the user did not type: every file is written to a n
 (``tempfile.mkstemp``: an unpredictable name created with ``O_EXCL``) in the target's folder and renamed
 over its name, so a symlink planted at a shard's name or at a temporary name is replaced, not written
 through. The index itself, named by the user, is written where a symlink there points (as
-:meth:`~dllm.DocumentCache.save` does). An existing file keeps its permission bits; a new one gets
+:meth:`~dllm.DocumentCache.save` does), unless another user owns that link in a sticky world-writable
+folder (:func:`dllm.file_targets.link_target`). An existing file keeps its permission bits; a new one gets
 ``0o666 & ~umask``.
 
 Format 2 adds ``boundary_snap`` and ``chunk_sizes`` (snapped chunks); a format-1 index reads as fixed chunks.
@@ -29,6 +30,7 @@ import torch
 
 from dllm.distributed.group import all_gather, run_on_all, world
 from dllm.distributed.shares import fit_width, shard_bounds
+from dllm.file_targets import current_umask, link_target
 from dllm.model.json_files import read_json
 from dllm.prefilling.chunks import ChunkCache, cut_chunks
 from dllm.prefilling.document import MODEL_FIELDS, DocumentCache, model_fingerprint
@@ -63,12 +65,6 @@ def _hashes_digest(hashes: dict) -> str:
     return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
 
 
-def _current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _write_replacing(path: str, write, mode: int | None = None) -> None:
     """Write ``path`` through ``write(tmp_name)`` on a fresh temporary file beside it, then rename it over
     ``path``: a symlink at ``path`` is replaced, never followed. The file keeps the permission bits of a
@@ -87,7 +83,7 @@ def _write_replacing(path: str, write, mode: int | None = None) -> None:
     if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
         raise FileExistsError(errno.EEXIST, "exists and is not a regular file", path)
     if mode is None:
-        mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) else 0o666 & ~_current_umask()
+        mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) else 0o666 & ~current_umask()
     folder, name = os.path.split(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, 0600, random name
     os.close(fd)
@@ -170,7 +166,7 @@ def save_sharded(doc, path) -> None:
         text = json.dumps(index, indent=1)
         target = path
         if os.path.islink(path) and os.path.isfile(os.path.realpath(path)):
-            target = os.path.realpath(path)  # the name the user typed: write the file it names, keep the link
+            target = link_target(path)  # the name the user typed: write the file it names, keep the link
 
         def dump(tmp):
             with open(tmp, "w", encoding="utf-8") as f:

@@ -43,6 +43,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from dllm.file_targets import current_umask, link_target
 from dllm.model.devices import check_ids_for_model, same_device
 from dllm.model.json_files import parse_json
 from dllm.model.tokenization import tokenizer_state_key
@@ -234,20 +235,6 @@ def model_fingerprint(model) -> dict[str, str]:
     }
 
 
-def _current_umask() -> int:
-    """The process umask, read without changing it where /proc allows (os.umask is set-and-return)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 # How to build a config that matches a document encoded with the checkpoint's defaults (PrefillingConfig(...)
 # starts from the paper's defaults, C=1024, not from the checkpoint's prefilling_config.json).
 _FIX_CONFIG = (
@@ -349,16 +336,18 @@ class DocumentCache:
         Raises:
             OSError: the file cannot be written (its subclass and ``filename`` as for ``open``: e.g.
                 ``FileNotFoundError`` for a missing folder, ``IsADirectoryError`` for a directory,
-                ``FileExistsError`` for an existing device, FIFO or socket, never replaced).
+                ``FileExistsError`` for an existing device, FIFO or socket, never replaced;
+                ``PermissionError`` for a symlink another user owns in a sticky world-writable folder
+                such as ``/tmp``, not followed: :func:`dllm.file_targets.link_target`).
         """
-        mode = 0o666 & ~_current_umask()
+        mode = 0o666 & ~current_umask()
         if os.path.lexists(path) and not os.path.isdir(path):
-            target = os.path.realpath(path)
+            target = link_target(path)
             if os.path.exists(target) and not os.path.isfile(target):
                 # safetensors writes a temporary file and renames it over the target: a device node
                 # (/dev/null) or what a symlink points to would be replaced, not written
                 raise FileExistsError(errno.EEXIST, "exists and is not a regular file", str(path))
-            path = target  # a symlink to a regular file: write the file it names, keep the link
+            path = target  # a symlink the caller may follow: write the file it names, keep the link
             if os.path.exists(target):
                 mode = stat.S_IMODE(os.stat(target).st_mode)  # the rename would drop it
         c = self.chunks
