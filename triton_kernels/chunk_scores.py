@@ -584,11 +584,21 @@ def _register(name: str, returns: str, reference, launch, fake):
     """``(impl, op)`` for one scoring op: value checks, then the torch reference or the launcher."""
 
     def impl(q, k, lens, k_extra, sm_scale, backend):
-        if check_values_enabled(q.device if backend == "triton" else None):  # the reference indexes by lens
+        checked = check_values_enabled(q.device if backend == "triton" else None)
+        if checked:  # the reference indexes by lens
             V.check_lens_values(name, lens, k.shape[1])
-        if backend == "torch":
+        if backend == "triton":
+            return launch(q, k, lens, k_extra, sm_scale)
+        if checked or lens is None or all(0 <= x <= k.shape[1] for x in lens.tolist()):  # the reference reads them
             return reference(q, k, lens, k_extra, sm_scale=sm_scale)
-        return launch(q, k, lens, k_extra, sm_scale)
+        # the kernels' guard, no host read: a chunk whose length is outside [0, T] reads nothing, its
+        # outputs are NaN and the error word says why
+        bad = (lens < 0) | (lens > k.shape[1])
+        error_word(lens.device).bitwise_or_(bad.any().to(torch.int32) * ERR_CHUNK_LEN)
+        out = reference(q, k, lens.masked_fill(bad, 0), k_extra, sm_scale=sm_scale)
+        if isinstance(out, tuple):
+            return tuple(o.masked_fill(bad.view(-1, *[1] * (o.dim() - 1)), float("nan")) for o in out)
+        return out.masked_fill(bad.view(-1, 1, 1), float("nan"))
 
     def entry(q, k, lens, k_extra, sm_scale, backend):  # a direct torch.ops call gets the metadata checks too
         _validate(name, q, k, lens, k_extra, sm_scale, name == "chunk_row_mass")
@@ -703,8 +713,9 @@ def chunk_attention_scores(
             N/D/Hkv mismatch between q, k, k_extra,
             ``Hq % Hkv != 0``, unsupported D, device mismatch, last dim not
             contiguous; lens outside ``[0, T]`` where the host value checks run (CPU, the torch
-            backend, the checked mode). On CUDA by default that chunk's outputs are NaN instead
-            and :func:`triton_kernels.check_errors` raises later (no host sync per call).
+            backend, the checked mode). Where they do not (CUDA by default, any backend inside
+            :func:`triton_kernels.skip_value_checks`) that chunk's outputs are NaN instead and
+            :func:`triton_kernels.check_errors` raises later (no host sync per call).
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 
     Algorithm: Prefilling-dLLM intra-chunk scoring; FlashAttention-2 online

@@ -145,7 +145,7 @@ def add_rms_norm(
     Normalization"; the fusion as in vLLM's / FlashInfer's ``fused_add_rmsnorm``), one program per row,
     the sum of squares in fp32.
     """
-    sig = V.signature("add_rms_norm", (x, weight, residual), (eps,))
+    sig = V.signature("add_rms_norm", (x, weight, residual), (eps, type(eps)))  # True == 1 as keys
     if not V.passed(sig):  # metadata checks, memoised per metadata signature (a decode loop repeats one)
         _validate(x, weight, eps, residual)
         V.remember(sig)

@@ -39,6 +39,9 @@ from triton_kernels import plan as _plan
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
 from triton_kernels._dispatch import (
+    ERR_LIVE_LEN,
+    ERR_SEG_LEN,
+    ERR_SEG_SLOT,
     alloc,
     alloc_spec,
     call_op,
@@ -452,17 +455,58 @@ def _split_s_impl(
     sm_scale: float,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # The torch paths index with the table's values: they are always checked first (unless skipped).
-    if check_values_enabled(q.device if backend == "triton" else None):
-        p, t = k_pool.shape[0], k_pool.shape[1]
+    # The torch paths index with the table's values: they are checked first, or guarded as the kernel does.
+    p, t = k_pool.shape[0], k_pool.shape[1]
+    checked = check_values_enabled(q.device if backend == "triton" else None)
+    if checked:
         V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
-    if backend == "torch":
-        if q.device.type == "cpu":  # torch fused attention, one call per row shape (same bits alone or batched)
-            return split_s_attention_cpu(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
-        return _ref.split_s_attention(
+    if backend == "triton":
+        return split_s_launch(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+    bad = None
+    if not checked:
+        seg_slots, seg_lens, live_lens, bad = _guard_table(seg_slots, seg_lens, live_lens, p, t, q.shape[1])
+    if q.device.type == "cpu":  # torch fused attention, one call per row shape (same bits alone or batched)
+        out, lse = split_s_attention_cpu(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+    else:
+        out, lse = _ref.split_s_attention(
             q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale=sm_scale, live_lens=live_lens
         )
-    return split_s_launch(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+    if bad is not None:
+        out = out.masked_fill(bad[:, None, None, None], float("nan"))
+        lse = lse.masked_fill(bad[:, None, None], float("nan"))
+    return out, lse
+
+
+def _guard_table(seg_slots, seg_lens, live_lens, p: int, t: int, m: int):
+    """The kernel's bounds guard for the torch paths when no host check ran: a batch row holding a slot
+    outside ``[-1, P)``, a length outside ``[0, T]`` or a live length outside ``[0, M]`` reads nothing
+    (its table entries become empty segments), its ``out``/``lse`` become NaN (``bad [B]`` says which;
+    None when no row is bad) and the error word gets the kernel's bits. One host read (the torch paths
+    read the table on the host anyway).
+
+    Returns ``(seg_slots, seg_lens, live_lens, bad)``.
+    """
+    slots_l, lens_l = seg_slots.tolist(), seg_lens.tolist()  # the torch paths read the table on the host anyway
+    if (
+        all(-1 <= x < p for row in slots_l for x in row)
+        and all(0 <= x <= t for row in lens_l for x in row)
+        and (live_lens is None or all(0 <= x <= m for x in live_lens.tolist()))
+    ):
+        return seg_slots, seg_lens, live_lens, None
+    bad_slot = (seg_slots < -1) | (seg_slots >= p)
+    bad_len = (seg_lens < 0) | (seg_lens > t)
+    bad = (bad_slot | bad_len).any(1)
+    bad_live = None if live_lens is None else (live_lens < 0) | (live_lens > m)
+    if bad_live is not None:
+        bad = bad | bad_live
+    bits = bad_slot.any().to(torch.int32) * ERR_SEG_SLOT | bad_len.any().to(torch.int32) * ERR_SEG_LEN
+    if bad_live is not None:
+        bits = bits | bad_live.any().to(torch.int32) * ERR_LIVE_LEN
+        live_lens = live_lens.masked_fill(bad, m)
+    error_word(seg_slots.device).bitwise_or_(bits)
+    seg_slots = seg_slots.masked_fill(bad[:, None], -1)
+    seg_lens = seg_lens.masked_fill(bad[:, None], 0)
+    return seg_slots, seg_lens, live_lens, bad
 
 
 def _split_s_entry(
@@ -559,7 +603,8 @@ def split_s_attention(
             only one of k_live/v_live; and, where the host value checks run (CPU, the torch backend,
             the checked mode: see :mod:`triton_kernels._dispatch`), a slot outside ``[-1, P)``, a length
             outside ``[0, T]`` or a live length outside ``[0, M]``. Where they do not (CUDA by
-            default, no host sync), the kernel reads nothing for such an entry, that batch row's
+            default, no host sync; any backend inside :func:`triton_kernels.skip_value_checks`),
+            nothing is read for such an entry, that batch row's
             ``out`` and ``lse`` are NaN, and :func:`triton_kernels.check_errors` raises later.
         RuntimeError: ``backend="triton"`` on CPU without ``TRITON_INTERPRET=1``.
 

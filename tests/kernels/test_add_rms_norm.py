@@ -59,6 +59,9 @@ def test_add_rms_norm_errors():
         tk.add_rms_norm(x, w, float("nan"))
     with pytest.raises(ValueError, match="contiguous"):
         tk.add_rms_norm(torch.zeros(8, 2, device=DEVICE).t(), w, 1e-6)
+    tk.add_rms_norm(x, w, 1)  # an int eps is fine; True after it must not pass as the same call
+    with pytest.raises(ValueError, match="eps must be a finite float >= 0, got True"):
+        tk.add_rms_norm(x, w, True)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 0), (0, 0), (0, 4)], ids=["hidden-0", "no-row-hidden-0", "no-row"])

@@ -96,6 +96,59 @@ def test_chunk_scores_bad_length_is_nan_and_reported():
         tk.check_errors()
 
 
+BAD_TABLES = [
+    ([[0, 1], [3, -1]], GOOD_LENS, None, "seg_slots entry outside"),
+    ([[0, 1], [-2, -1]], GOOD_LENS, None, "seg_slots entry outside"),
+    ([[0, 1], [2, 1]], [[8, 5], [9, 3]], None, "seg_lens entry outside"),
+    ([[0, 1], [2, -1]], [[8, 5], [-1, 0]], None, "seg_lens entry outside"),
+    (GOOD_SLOTS, GOOD_LENS, [3, 4], "live_lens entry outside"),
+    (GOOD_SLOTS, GOOD_LENS, [-1, 3], "live_lens entry outside"),
+]
+
+
+@pytest.mark.parametrize("slots,lens,live,what", BAD_TABLES)
+def test_unchecked_torch_path_is_the_kernels_behaviour(slots, lens, live, what):
+    """With the host checks off, the torch backend gave plausible numbers for a bad slot or length (a
+    slot -2 skipped, a length past T cut to T, a negative one counted from the end) or an IndexError;
+    now it does what the kernel does: the bad batch row NaN, the other exact, the same error word."""
+    q, kp, vp, kl, vl = _split_case()
+    s, n = torch.tensor(slots, **I32), torch.tensor(lens, **I32)
+    live_lens = None if live is None else torch.tensor(live, **I32)
+    results = {}
+    for backend in ("triton", "torch"):
+        with tk.skip_value_checks():
+            results[backend] = tk.split_s_attention(q, kp, vp, s, n, kl, vl, live_lens=live_lens, backend=backend)
+        with pytest.raises(ValueError, match=what):
+            tk.check_errors()
+    (out_k, lse_k), (out_t, lse_t) = results["triton"], results["torch"]
+    bad = 1 if live is None or live[1] > 3 else 0
+    assert torch.isnan(out_t[bad]).all() and torch.isnan(lse_t[bad]).all()
+    assert torch.equal(torch.isnan(out_t), torch.isnan(out_k)) and torch.equal(torch.isnan(lse_t), torch.isnan(lse_k))
+    good = 1 - bad
+    assert max_err(out_t[good], out_k[good]) <= 1e-5 and max_err(lse_t[good], lse_k[good]) <= 1e-5
+
+
+@pytest.mark.parametrize("lens, bad", [([8, 9], 1), ([-1, 8], 0)], ids=["past-T", "negative"])
+def test_unchecked_torch_chunk_scores_are_the_kernels_behaviour(lens, bad):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 3, 4, 16, generator=g).to(DEVICE)
+    rows_q = torch.randn(2, 8, 4, 16, generator=g).to(DEVICE)
+    k = torch.randn(2, 8, 2, 16, generator=g).to(DEVICE)
+    x = torch.randn(2, 2, 2, 16, generator=g).to(DEVICE)
+    n = torch.tensor(lens, **I32)
+    for op, query in ((tk.chunk_attention_scores, q), (tk.chunk_row_mass, rows_q)):
+        got = {}
+        for backend in ("triton", "torch"):
+            with tk.skip_value_checks():
+                out = op(query, k, n, x, backend=backend)
+            got[backend] = out if isinstance(out, tuple) else (out,)
+            with pytest.raises(ValueError, match="chunk_attention_scores / chunk_row_mass: a lens entry outside"):
+                tk.check_errors()
+        for a, b in zip(got["torch"], got["triton"], strict=True):
+            assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.isnan(a[bad]).all()
+            assert max_err(torch.nan_to_num(a), torch.nan_to_num(b)) <= 1e-5
+
+
 def test_topb_nan_score_or_bad_length_is_nan_and_reported():
     g = torch.Generator().manual_seed(2)
     scores = torch.randn(3, 2, 10, generator=g).to(DEVICE)
