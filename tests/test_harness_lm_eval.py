@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 import dllm  # noqa: E402
 from dllm.cli import main as dllm_main  # noqa: E402
 from dllm.eval.evaluation import case_inputs  # noqa: E402
+from dllm.generate import PositionWindowWarning  # noqa: E402
 from dllm.harness.args import ModelArgsError  # noqa: E402
 from dllm.harness.cli import main as harness_main  # noqa: E402
 from dllm.harness.model import MODEL_NAME, PrefillingDLLM, cut_at_stops, fit_top_k  # noqa: E402
@@ -182,6 +184,46 @@ def test_loglikelihood_is_greedy_and_rolling(lm):
     assert lm.model.tokenizer.decode(cont.tolist()) == "12345"
     with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
         lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("text",), 0)])
+
+
+def test_loglikelihood_of_a_request_does_not_depend_on_the_requests_before_it():
+    """With ``seed``, one generator for the whole run made a request's score depend on how many masks the
+    requests before it drew; now each request seeds its own."""
+    row = json.loads((HARNESS_DIR / "passkey_choice.jsonl").read_text().splitlines()[1])
+    reqs = [Instance("loglikelihood", {}, (row["prompt"], c), i) for i, c in enumerate(row["choices"])]
+    model = PrefillingDLLM(method="dense", mc_samples=3, seed=5, greedy_check=False)
+    together = model.loglikelihood(reqs, disable_tqdm=True)
+    alone = PrefillingDLLM(method="dense", mc_samples=3, seed=5, greedy_check=False).loglikelihood(
+        reqs[2:], disable_tqdm=True
+    )
+    assert alone[0][0] == together[2][0]
+    other_seed = PrefillingDLLM(method="dense", mc_samples=3, seed=6, greedy_check=False).loglikelihood(
+        reqs[2:], disable_tqdm=True
+    )
+    assert other_seed[0][0] != together[2][0]  # the seed still matters
+
+
+def test_loglikelihood_caps_copies_per_forward_and_warns_past_the_window(monkeypatch):
+    """A long context's copies are not stacked past ``mc_batch_tokens`` tokens a forward (32 copies of a 100K
+    context would need ~121 GB of MLP activations for Dream-7B), and a request past the trained positions
+    gets the window warning that generation gives."""
+    model = PrefillingDLLM(method="dense", mc_samples=4, mc_batch_tokens=3000, seed=0, greedy_check=False)
+    widths = []
+    forward = model.model.forward
+    monkeypatch.setattr(model.model, "forward", lambda x, *a, **k: widths.append(tuple(x.shape)) or forward(x, *a, **k))
+    context = "The grass is green. " * 60  # the bundled tokenizer: about one token a character
+    ctx_ids, cont_ids = model._encode_pair(context, " 12345")
+    tokens = ctx_ids.numel() + cont_ids.numel()
+    assert 1000 < tokens <= 1536  # inside the bundled model's window
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no window warning here
+        model.loglikelihood([Instance("loglikelihood", {}, (context, " 12345"), 0)], disable_tqdm=True)
+    assert widths == [(3000 // tokens, tokens), (4 - 3000 // tokens, tokens)]
+    widths.clear()
+    long_context = "The grass is green. " * 90
+    with pytest.warns(PositionWindowWarning, match="past the model's 1536 trained positions"):
+        model.loglikelihood([Instance("loglikelihood", {}, (long_context, " 12345"), 0)], disable_tqdm=True)
+    assert all(b == 1 for b, _ in widths) and len(widths) == 4
 
 
 # ---------------------------------------------------------------- model_args errors through the entry point

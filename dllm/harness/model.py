@@ -12,15 +12,22 @@ Requests (``lm_eval.api.instance.Instance``) and what answers them:
   once, so the task's ``until`` strings cut the decoded text afterwards (at the first occurrence of
   any of them; the text is already cut at EOS).
 - ``loglikelihood``: the masked-diffusion Monte Carlo ELBO of :mod:`dllm.harness.likelihood`
-  (``mc_samples`` copies, ``mc_batch_size`` per forward) over dense forwards of context + continuation
-  (whatever ``method`` says: the chunk selection of prefilling serves generation); ``is_greedy`` is
-  whether greedy dense decoding of as many tokens as the continuation reproduces it (``greedy_check``).
+  (``mc_samples`` copies, ``mc_batch_size`` per forward, fewer when copies of a long context would pass
+  ``mc_batch_tokens`` tokens a forward) over dense forwards of context + continuation (whatever ``method``
+  says: the chunk selection of prefilling serves generation). Its cost is ``mc_samples`` dense forwards of
+  the whole context per request: a log line says so for a context past ``mc_batch_tokens``. A request
+  past the model's trained positions gets :class:`~dllm.generate.PositionWindowWarning`, as generation
+  does. With ``seed``, each request draws its masks from its own generator, seeded by ``seed`` and the
+  request's text: its score does not depend on the requests before it. ``is_greedy`` is whether greedy
+  dense decoding of as many tokens as the continuation reproduces it (``greedy_check``).
 - ``loglikelihood_rolling`` (perplexity tasks): not implemented (NotImplementedError).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -28,6 +35,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from dllm.generate import PositionWindowWarning
 from dllm.harness.args import ModelArgsError, check_gen_length, check_model_args_text, parse_model_args
 from dllm.harness.likelihood import masked_diffusion_loglikelihood
 from dllm.harness.split import split_request
@@ -93,9 +101,6 @@ class PrefillingDLLM(LM):
         self._device = self.model.device
         self._chat = False  # set once the harness renders prompts with the chat template
         self._warned = set()
-        self._generator = None
-        if s.seed is not None:
-            self._generator = torch.Generator(device=self.model.device).manual_seed(s.seed)
 
     # ---------------------------------------------------------------- chat templates
 
@@ -240,13 +245,47 @@ class PrefillingDLLM(LM):
                 ctx_ids,
                 cont_ids,
                 samples=s.mc_samples,
-                batch_size=s.mc_batch_size,
-                generator=self._generator,
+                batch_size=self._mc_batch(ctx_ids.numel() + cont_ids.numel()),
+                generator=self._request_generator(context, continuation),
             )
             greedy = self._is_greedy(ctx_ids, cont_ids) if s.greedy_check else False
             out.append((ll, greedy))
             self.cache_hook.add_partial("loglikelihood", req.args, out[-1])
         return out
+
+    def _request_generator(self, context: str, continuation: str) -> torch.Generator | None:
+        """The request's own generator (None without ``seed``): seeded by ``seed`` and a SHA-256 of the
+        request's text, so a score never depends on which requests came before it."""
+        if self.settings.seed is None:
+            return None
+        text = f"{self.settings.seed}\0{context}\0{continuation}".encode("utf-8", "surrogatepass")
+        seed = int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+        return torch.Generator(device=self.model.device).manual_seed(seed)
+
+    def _mc_batch(self, tokens: int) -> int:
+        """Masked copies per forward for a ``tokens``-long sequence: ``mc_batch_size``, fewer where the copies
+        would pass ``mc_batch_tokens`` (1 at least); warns past the trained positions and notes the cost."""
+        s = self.settings
+        limit = getattr(self.model.config, "trained_positions", None)
+        if limit and tokens > limit:
+            warnings.warn(
+                f"loglikelihood: context and continuation take {tokens} positions, past the model's {limit} "
+                "trained positions: the score is computed out of distribution",
+                PositionWindowWarning,
+                stacklevel=3,
+            )
+        batch = max(1, min(s.mc_batch_size, s.mc_batch_tokens // tokens))
+        if tokens > s.mc_batch_tokens and "mc_cost" not in self._warned:
+            self._warned.add("mc_cost")
+            log.warning(
+                "%s: loglikelihood of a %d-token request costs mc_samples=%d dense forwards of the whole context "
+                "(one copy per forward past mc_batch_tokens=%d); lower mc_samples for long contexts",
+                MODEL_NAME,
+                tokens,
+                s.mc_samples,
+                s.mc_batch_tokens,
+            )
+        return batch
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids ``([P], [L])`` of a (context, continuation) pair, cut from the ids of context +
