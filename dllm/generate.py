@@ -228,9 +228,10 @@ def generate(
             synchronisation; same seed -> same output, but other draws than the official loops (the same
             distribution). ``"official"``: the draws of the official Dream / LLaDA / Fast-dLLM loops run
             after ``torch.manual_seed(seed)`` on the same device: same seed and logits -> the same tokens
-            as those loops (dense decoding over prompt + response, rows of one prompt length); one host read
-            per step, and LLaDA's sampled tokens draw ``[B, L_p + L_d, V]`` float64 uniforms per step, as
-            the official loop does (see :mod:`dllm.decode.unmasking`).
+            as those loops (dense decoding over prompt + response, rows of one prompt length), tied
+            confidences chosen by ``torch.topk`` as theirs are; a few host reads per step, and LLaDA's sampled
+            tokens draw ``[B, L_p + L_d, V]`` float64 uniforms per step, as the official loop does (see
+            :mod:`dllm.decode.unmasking`).
         seed: seeds the sampling RNG (same seed -> same output).
         live_window, cache_refresh, cache_scope: ``prefix_cache`` options (see
             :class:`dllm.decode.policies.PrefixCachePolicy`).

@@ -8,18 +8,20 @@ What is re-stated (facts of ``Dream-org/Dream`` ``generation_utils.py``, ``ML-GS
   batch row by row (``x[mask_index]``). ``origin``: one ``torch.rand`` per masked position against
   ``1 - s/t`` of a float32 ``linspace(1, eps, steps + 1)`` (1 at the last step), then tokens for the moving
   positions only; the other rules: tokens for every masked position, then ``int(mean masks per row *
-  (1 - s/t))`` positions by ``topk`` of the confidence, or with ``alg_temp`` by ``torch.multinomial`` (no
-  replacement) of ``softmax(confidence / alg_temp)`` over each row of prompt + response (-inf off the masks).
+  (1 - s/t))`` positions (all float32 tensors: :func:`dream_transfer_count`) by one ``torch.topk`` of the
+  confidence over the ``[B, prompt + response]`` rows (in the logits' dtype, -inf off the masks; ties go where
+  ``torch.topk`` puts them), or with ``alg_temp`` by ``torch.multinomial`` (no replacement) of
+  ``softmax(confidence / alg_temp)`` over those rows.
   Tokens (``sample_tokens``): logits / T, top-p then top-k filtering (filled with the dtype's minimum),
   softmax, ``Categorical(probs).sample()`` at T > 0, else (or when ``Categorical`` refuses the probs) the max.
 - LLaDA ``generate``: semi-autoregressive blocks, ``steps / blocks`` steps each, all of them run; per step
   ``x0 = argmax(exp(logits) / (-log u) ** T)`` with ``u = torch.rand_like(logits, float64)`` over the
   whole sequence (T > 0), then confidence ``softmax(logits)[x0]`` (``low_confidence``) or ``torch.rand`` of
-  ``[B, L]`` (``random``); -inf after the block and off the masks; per row ``topk`` of the step's quota
-  (``mask_num // steps``, the remainder to the first steps).
+  ``[B, L]`` (``random``); -inf after the block and off the masks; per row ``torch.topk`` of the step's quota
+  (``mask_num // steps``, the remainder to the first steps) over that row of the whole sequence.
 - Fast-dLLM ``generate`` with a threshold (no cache): LLaDA's tokens, confidence from a float64 softmax,
-  per row the most confident masked position of the block plus every other one >= the threshold, until the
-  block has no mask.
+  per row the first of ``torch.topk`` over all the block's masks (the row of the whole sequence) plus every
+  other one >= the threshold, until the block has no mask.
 
 Every loop runs on the global RNG: call ``torch.manual_seed(seed)`` first. The one addition, as in
 ``tests/unmasking_reference.py``: the mask token's logit is set to -inf (the package never chooses it).
@@ -68,6 +70,15 @@ def _dream_tokens(logits, alg, temperature, top_p, top_k):
     return conf, x0
 
 
+def dream_transfer_count(masked, ts, i, steps):
+    """Dream's ``number_transfer_tokens`` at step ``i``: the masks per row ``masked.sum() / B`` (a float32 tensor),
+    times ``1 - s / t`` of the float32 ``ts = torch.linspace(1, eps, steps + 1)`` (0-dim float32 tensors), made an
+    int; at the last step every mask."""
+    per_row = masked.sum() / masked.shape[0]
+    t, s = ts[i], ts[i + 1]
+    return int(per_row * (1 - s / t)) if i < steps - 1 else int(per_row)
+
+
 def dream_official(logits_of, prompt, gen_length, steps, alg, mask_id, *, temperature=0.0, top_p=None, top_k=None,
                    alg_temp=None, eps=1e-3):  # fmt: skip
     """Dream's loop; returns the response ``[B, gen_length]``."""
@@ -89,8 +100,7 @@ def dream_official(logits_of, prompt, gen_length, steps, alg, mask_id, *, temper
             x[masked] = new
             continue
         conf, x0 = _dream_tokens(ml, alg, temperature, top_p, top_k)
-        per_row = masked.sum() / masked.shape[0]
-        n = int(per_row * (1 - s / t)) if i < steps - 1 else int(per_row)
+        n = dream_transfer_count(masked, ts, i, steps)
         full = torch.full(x.shape, float("-inf"), dtype=logits.dtype)
         full[masked] = conf
         if n <= 0:

@@ -22,7 +22,8 @@ nothing from the device. Between steps the loop reads:
 - before the loop, whether ``resp`` is all masks; after it, the per-row step counts (``row_steps``).
 
 That budget is the default draw order's; the opt-in ``draw_order="official"`` (the official loops' draws,
-:mod:`dllm.decode.unmasking`) gathers a step's candidates by boolean indexing, one more read per step.
+:mod:`dllm.decode.unmasking`) gathers a step's candidates by boolean indexing and reads the per-row counts its
+``torch.topk`` calls take: a few more reads per step.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def denoise(
     module docstring); Dream's fixed-count rules reveal the rest at their last step. With
     ``draw_order="official"`` LLaDA's rules run every step of the budget when they draw (temperature > 0,
     ``random``), as the official loop does (its draws shift the next block's), and each step reads the
-    candidate count (boolean indexing of Dream's draws).
+    candidate count (boolean indexing of Dream's draws) and the reveal counts (``torch.topk``'s ``k``).
 
     Raises:
         ValueError: ``resp`` is not all ``mask_id``; a candidate position's distribution is NaN (a

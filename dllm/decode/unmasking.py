@@ -6,7 +6,8 @@ Dream (``Dream-org/Dream`` ``diffusion_generate``), linear schedule ``t_i = lins
   - ``origin``: every masked position is revealed independently with probability
     ``1 - t_{i+1}/t_i`` (1 at the last step), token sampled from its distribution.
   - ``maskgit_plus``: reveal ``int(n_mask * (1 - t_{i+1}/t_i))`` positions (all at the last
-    step) with the highest top-1 probability.
+    step) with the highest top-1 probability; the count in float32, as Dream computes it (``n_mask``, ``t``
+    and ``t_{i+1}`` float32 tensors; a float64 count differs by one at some steps from ~900 masks on).
   - ``topk_margin``: same count, confidence = top1 - top2 probability.
   - ``entropy``: same count, confidence = sum p log p (negative entropy).
   With ``alg_temp > 0`` the positions are sampled from ``softmax(confidence / alg_temp)``
@@ -27,15 +28,21 @@ Confidence (``confidence_from``): the distribution the rank of a position is rea
   - ``tempered``: the filtered ``softmax(logits / T)`` the token was drawn from. Dream's
     reference does this, so the default for its rules. At low temperature this distribution
     is nearly one-hot, every slot reports a confidence of about 1.0, and the order of
-    revealing falls to the tie rule (left to right).
+    revealing falls to the tie rule (below).
   - ``logits``: the model's own ``softmax(logits)``, untempered and unfiltered. LLaDA's and
     Fast-dLLM's references rank by it, so the default for ``low_confidence``, ``random`` and
     ``confidence_threshold``; an option for Dream's rules whose ranks should not depend on T.
   At temperature 0 without top-p / top-k both are the same distribution.
 
-Tie rule: positions of equal confidence are revealed leftmost first (a stable descending sort;
-``confidence_threshold``'s fallback takes the first maximum), so fully saturated confidences
-reveal left to right, like autoregressive decoding.
+Tie rule: in the default ``batched`` draw order, positions of equal confidence are revealed leftmost first
+(a stable descending sort; ``confidence_threshold``'s fallback takes the first maximum), so fully saturated
+confidences reveal left to right, like autoregressive decoding, on every device. The ``official`` order
+chooses as the official loops do: ``torch.topk`` on a row of the whole sequence (prompt + response) with
+``-inf`` off the candidates, in the references' dtype (Dream: one call over the ``[B, L_p + L_d]`` rows;
+LLaDA, Fast-dLLM: one per row), so ties go where theirs go on the same device (in general not leftmost:
+``torch.topk`` leaves the order of ties unspecified, and CPU and CUDA may order them differently). Ties are
+common: where top-p leaves one token per position (often, at Dream's demo settings T = 0.2, ``top_p=0.95``)
+every confidence is equal.
 
 The mask token is never a choice: its logit is set to ``-inf`` before anything else, so every
 distribution above is over the real tokens only and a revealed position never holds the mask id
@@ -47,6 +54,7 @@ are device tensors, so a step has fixed shapes, no Python loop over rows and no 
 synchronisation. A position is chosen by its rank among its row's candidates (a stable sort of the
 masked confidences, then ``rank < k``). Greedy decoding (temperature 0, no ``alg_temp``) chooses
 exactly what the per-row formulation chooses (tested against it, ``tests/unmasking_reference.py``).
+That is the ``batched`` draw order; the ``official`` one chooses by ``torch.topk`` (the tie rule above).
 
 Random draws, two orders (``UnmaskingConfig.draw_order``); same seed and shapes give the same output in both.
 
@@ -74,11 +82,11 @@ argmax, no draw, when ``Categorical``'s simplex check fails, as Dream's ``except
 of prompt + response. LLaDA's rules and ``confidence_threshold`` (``ML-GSAI/LLaDA``, ``NVlabs/Fast-dLLM``
 ``generate``): tokens at temperature > 0 as ``argmax(exp(logits) / (-log u) ** T)`` with float64 uniforms
 ``u`` for every position of prompt + response (``[B, L_p + L_d, V]`` per step), then for ``random`` one
-float32 ``torch.rand`` ``[B, L_p + L_d]``; LLaDA's loop runs every step of a block's budget. The gathering
-reads the candidate count (one host read per step). The arithmetic is the references' too: Dream's
-sampling and LLaDA's confidence in the logits' dtype (bf16 for a bf16 model), Fast-dLLM's confidence in
-float64. The mask-token exclusion and the leftmost tie rule (the references' ``torch.topk`` leaves ties
-unspecified) hold in both orders.
+float32 ``torch.rand`` ``[B, L_p + L_d]``; LLaDA's loop runs every step of a block's budget. Positions: the
+references' ``torch.topk`` (the tie rule above). The gathering reads the candidate count, and ``torch.topk``
+the per-row counts (host reads each step). The arithmetic is the references' too: Dream's
+sampling and confidence and LLaDA's confidence in the logits' dtype (bf16 for a bf16 model), Fast-dLLM's
+confidence in float64 (Dream's count is float32 in both orders). The mask-token exclusion holds in both orders.
 """
 
 from __future__ import annotations
@@ -353,21 +361,30 @@ def llada_schedule(n_masked: int, steps: int) -> list[int]:
     return [base + (1 if i < rem else 0) for i in range(steps)]
 
 
-def dream_ratio(step: int, steps: int, eps: float) -> float:
+def dream_timesteps(steps: int, eps: float, device=None) -> torch.Tensor:
+    """Dream's schedule ``torch.linspace(1, eps, steps + 1)``: float32, made on ``device`` (Dream makes it on
+    the model's device), as Dream's ``diffusion_generate`` does."""
+    return torch.linspace(1, eps, steps + 1, device=device)
+
+
+def dream_ratio(step: int, steps: int, eps: float, device=None) -> torch.Tensor:
     """Share of the masks Dream reveals at ``step`` of ``linspace(1, eps, steps+1)``: ``1 - t_{i+1}/t_i``
-    (1 at the last step)."""
+    (1 at the last step), a 0-dim float32 tensor on ``device`` as Dream computes it (:func:`dream_timesteps`);
+    no host read."""
     if step >= steps - 1:
-        return 1.0
-    t = 1 - step * (1 - eps) / steps
-    s = 1 - (step + 1) * (1 - eps) / steps
-    return 1 - s / t
+        return torch.ones((), device=device)
+    t = dream_timesteps(steps, eps, device)
+    return 1 - t[step + 1] / t[step]
 
 
 def dream_count(n_masked: int, step: int, steps: int, eps: float) -> int:
-    """Dream's reveal count at ``step`` of the linear schedule ``linspace(1, eps, steps+1)``."""
+    """Dream's reveal count at ``step`` of the linear schedule ``linspace(1, eps, steps+1)``, with Dream's
+    arithmetic: ``int(n * (1 - s / t))`` where ``n`` (Dream's masks per row, ``mask_index.sum() / B``), ``s`` and
+    ``t`` are float32 tensors (a float64 product differs from about 900 masks on); all of them at the last step.
+    On the CPU; :func:`unmask_batch` computes the same on the logits' device."""
     if step >= steps - 1:
         return n_masked
-    return int(n_masked * dream_ratio(step, steps, eps))
+    return int(torch.tensor(n_masked, dtype=torch.float32) * dream_ratio(step, steps, eps))
 
 
 class StepChoice(NamedTuple):
@@ -410,15 +427,16 @@ def unmask_batch(
         generator: torch.Generator for every random choice (draw order: the module docstring).
         seq_span: ``(start, length)``: the block's first position in the official loops' sequence
             (prompt + response) and that sequence's length; only read by ``draw_order="official"``,
-            whose LLaDA / Fast-dLLM token draws and ``random`` / Dream ``alg_temp`` position draws
-            cover the whole sequence (None: the block alone, ``(0, L)``).
+            whose LLaDA / Fast-dLLM token draws, ``random`` / Dream ``alg_temp`` position draws and
+            ``torch.topk`` rows cover the whole sequence (None: the block alone, ``(0, L)``).
 
     Returns:
         :class:`StepChoice`. Per row the rules of the module docstring: Dream's count
-        ``int(n * ratio)`` of the row's n candidates (in float64 on the device, as the host's
+        ``int(n * ratio)`` of the row's n candidates (float32 on the device, Dream's arithmetic, as
         :func:`dream_count`), LLaDA's quota, capped at n; ``confidence_threshold`` every candidate
         with confidence >= tau plus the most confident one; ``origin`` each candidate with
-        probability ``ratio``. No host-device synchronisation, no Python loop over rows.
+        probability ``ratio``. No host-device synchronisation, no Python loop over rows (the ``batched``
+        order; the ``official`` one reads counts on the host, see the module docstring).
 
     Raises:
         ValueError: a LLaDA rule without ``block_masks``.
@@ -428,7 +446,8 @@ def unmask_batch(
     x0, probs, invalid = choose_tokens(logits, cfg, generator, mask_id=mask_id)
     invalid = invalid & candidates
     if cfg.alg == "origin":
-        reveal = candidates & (_uniform(candidates.shape, probs, generator) < dream_ratio(step, steps, cfg.eps))
+        ratio = dream_ratio(step, steps, cfg.eps, probs.device)
+        reveal = candidates & (_uniform(candidates.shape, probs, generator) < ratio)
         return StepChoice(x0, reveal, invalid)
     conf = confidence_of(cfg.alg, probs, x0, generator)
     return _pick(conf, candidates, cfg, step, steps, block_masks, x0, invalid, generator)
@@ -443,19 +462,26 @@ def _reveal_counts(candidates, cfg: UnmaskingConfig, step: int, steps: int, bloc
         k = block_masks // steps + (step < block_masks % steps).long()
     elif step >= steps - 1:
         k = n
-    else:  # the host's int(n * ratio): an exact float64 product, truncated (n >= 0)
-        k = (n.to(torch.float64) * dream_ratio(step, steps, cfg.eps)).floor().long()
+    else:  # Dream's int(n * (1 - s / t)), all float32 (dream_count), on the device: no host read
+        k = (n.float() * dream_ratio(step, steps, cfg.eps, n.device)).long()  # truncated, as int() (n >= 0)
     return torch.minimum(k, n)
 
 
-def _pick(conf, candidates, cfg: UnmaskingConfig, step, steps, block_masks, x0, invalid, generator) -> StepChoice:
+def _pick(conf, candidates, cfg: UnmaskingConfig, step, steps, block_masks, x0, invalid, generator, span=None):
     """Positions from confidences ``[B, L]``: ``confidence_threshold``'s rule, or the schedule's count by rank
-    (Gumbel-top-k for Dream's ``alg_temp``: the batched order's position draw)."""
+    (Gumbel-top-k for Dream's ``alg_temp``: the batched order's position draw). ``span`` ``(start, total)``: the
+    official order's LLaDA / Fast-dLLM selection, ``torch.topk`` per row of the whole sequence
+    (:func:`_official_topk`); None: the batched order's, ties leftmost."""
     if cfg.alg == "confidence_threshold":
-        best = conf.masked_fill(~candidates, float("-inf")).argmax(dim=1, keepdim=True)  # first maximum
-        pick = (conf >= cfg.threshold).scatter(1, best, True)
+        if span is None:
+            best = conf.masked_fill(~candidates, float("-inf")).argmax(dim=1, keepdim=True)  # first maximum
+            pick = (conf >= cfg.threshold).scatter(1, best, True)
+        else:  # Fast-dLLM: the first of each row's topk over all its masks, and every other one >= tau
+            pick = (conf >= cfg.threshold) | _official_topk(conf, candidates, candidates.sum(dim=1), span, first=True)
         return StepChoice(x0, candidates & pick, invalid)
     k = _reveal_counts(candidates, cfg, step, steps, block_masks)
+    if span is not None:  # LLaDA's rules (Dream's take _official_dream_step)
+        return StepChoice(x0, _official_topk(conf, candidates, k, span), invalid)
     if cfg.alg in DREAM_ALGS and cfg.alg_temp:  # Gumbel-top-k on softmax(conf / alg_temp)
         gumbel = -_uniform(candidates.shape, conf, generator).log_().neg_().log_()
         key = conf / cfg.alg_temp + gumbel
@@ -467,9 +493,41 @@ def _pick(conf, candidates, cfg: UnmaskingConfig, step, steps, block_masks, x0, 
     return StepChoice(x0, top_ranked(conf, candidates, k), invalid)
 
 
+def _official_topk(conf, candidates, k, span, *, rows_at_once=False, first=False) -> torch.Tensor:
+    """The official loops' choice of the ``k[b]`` most confident candidates of each row, as a ``[B, L]`` mask.
+
+    As the references call it: the confidences ``conf`` (in the references' dtype, as given) laid on a row of
+    the whole sequence, ``span = (start, total)`` (prompt + response), ``-inf`` everywhere but the candidates,
+    then ``torch.topk``: per row (``row[b]``, LLaDA's and Fast-dLLM's loop over rows) or, ``rows_at_once``, over
+    the ``[B, total]`` rows with one count (Dream's; rows of other counts in other calls). So positions of equal
+    confidence are chosen as the official code chooses them on the same device (``torch.topk`` leaves that
+    order unspecified; in general not the leftmost). ``first``: only each row's first index (Fast-dLLM's
+    most-confident position). Reads ``k`` on the host. A pick off the candidates (``torch.topk`` takes a
+    ``-inf`` position when a candidate's confidence is ``-inf``; the official loops then write off the masks) is
+    not revealed: the rest of the row's count (``first``: one) goes to the most confident other candidates,
+    leftmost first."""
+    b, n_pos = candidates.shape
+    start, total = span
+    row = torch.full((b, total), float("-inf"), dtype=conf.dtype, device=conf.device)
+    row[:, start : start + n_pos] = conf.masked_fill(~candidates, float("-inf"))
+    counts = k.tolist()
+    chosen = torch.zeros(b, total, dtype=torch.bool, device=conf.device)
+    if rows_at_once:
+        for count in sorted(set(counts) - {0}):  # (Dream skips a count of 0)
+            rows = torch.tensor([r for r, c in enumerate(counts) if c == count], device=conf.device)
+            chosen[rows[:, None], torch.topk(row, count).indices[rows]] = True
+    else:
+        for r, count in enumerate(counts):
+            index = torch.topk(row[r], count).indices
+            chosen[r, index[:1] if first else index] = True
+    reveal = chosen[:, start : start + n_pos] & candidates
+    wanted = k.clamp(max=1) if first else k
+    return reveal | top_ranked(conf, candidates & ~reveal, wanted - reveal.sum(dim=1))
+
+
 def _official_step(logits, candidates, cfg: UnmaskingConfig, step, steps, block_masks, mask_id, generator, seq_span):
     """:func:`unmask_batch` with the official loops' random draws (``draw_order="official"``; the module
-    docstring lists them). Gathers the candidates with boolean indexing: one host read per step."""
+    docstring lists them). Gathers the candidates with boolean indexing and reads the counts: host reads each step."""
     b, n_pos, _ = logits.shape
     start, total = (0, n_pos) if seq_span is None else seq_span
     if cfg.alg in DREAM_ALGS:
@@ -491,7 +549,7 @@ def _official_step(logits, candidates, cfg: UnmaskingConfig, step, steps, block_
         conf = torch.rand((b, total), generator=generator, device=logits.device)[:, start : start + n_pos]
     else:
         conf = confidence_of(cfg.alg, _ranking_probs(lg, filtered, probs, cfg), x0)
-    return _pick(conf, candidates, cfg, step, steps, block_masks, x0, invalid, generator)
+    return _pick(conf, candidates, cfg, step, steps, block_masks, x0, invalid, generator, (start, total))
 
 
 def _official_dream_step(logits, candidates, cfg: UnmaskingConfig, step, steps, mask_id, generator, start, total):
@@ -503,9 +561,8 @@ def _official_dream_step(logits, candidates, cfg: UnmaskingConfig, step, steps, 
     sub = logits[idx]  # [N, V]
     tokens = torch.zeros(b, n_pos, dtype=torch.long, device=logits.device)
     if cfg.alg == "origin":
-        # Dream's p_transfer: 1 - s/t of float32 linspace(1, eps, steps + 1), 1 at the last step
-        t = torch.linspace(1, cfg.eps, steps + 1, device=logits.device)  # (on the device, as Dream)
-        ratio = 1.0 if step >= steps - 1 else float(1 - t[step + 1] / t[step])
+        # Dream's p_transfer: 1 - s/t of float32 linspace(1, eps, steps + 1) on the device, 1 at the last step
+        ratio = dream_ratio(step, steps, cfg.eps, logits.device)
         move = torch.rand(sub.shape[0], generator=generator, device=logits.device) < ratio
         x0, _, bad = _official_tokens(sub[move], cfg, mask_id, generator)
         reveal = torch.zeros_like(candidates)
@@ -518,11 +575,12 @@ def _official_dream_step(logits, candidates, cfg: UnmaskingConfig, step, steps, 
     tokens[idx] = x0
     invalid = torch.zeros_like(candidates)
     invalid[idx] = bad
-    conf = torch.full(candidates.shape, float("-inf"), device=logits.device)
-    conf[idx] = confidence_of(cfg.alg, ranking, x0).float()  # (bf16 -> fp32 is exact)
+    # in the logits' dtype, as Dream's full_confidence
+    conf = torch.full(candidates.shape, float("-inf"), dtype=logits.dtype, device=logits.device)
+    conf[idx] = confidence_of(cfg.alg, ranking, x0).to(logits.dtype)
     k = _reveal_counts(candidates, cfg, step, steps, None)
-    if not cfg.alg_temp:
-        return StepChoice(tokens, top_ranked(conf, candidates, k), invalid)
+    if not cfg.alg_temp:  # Dream: torch.topk over the [B, prompt + response] rows
+        return StepChoice(tokens, _official_topk(conf, candidates, k, (start, total), rows_at_once=True), invalid)
     k_max = int(k.max())
     reveal = torch.zeros_like(candidates)
     if k_max > 0:  # Dream: softmax(confidence / alg_temp) over the whole row, -inf outside the masks
