@@ -28,24 +28,12 @@ import torch
 
 import triton_kernels as tk
 from tests.fake_cuda_driver import WORKER, fake_cuda_driver, missing_toolchain, run_clean
+from tests.kernels._helpers import KERNELS  # every kernel the ops launch; the check below keeps it complete
 from triton_kernels import _launch, _validate
 from triton_kernels.plan import H200, assume_gpu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Every kernel the ops launch (the compile gate's list); the check below keeps it complete.
-KERNELS = {
-    "_split_s_partial_kernel",
-    "_merge_states_kernel",
-    "_row_lse_kernel",
-    "_column_mass_kernel",
-    "_row_mass_kernel",
-    "_select_topb_kernel",
-    "_gather_rows_kernel",
-    "_add_rms_norm_kernel",
-    "_rope_qk_kernel",
-    "_swiglu_kernel",
-}
 HQ, HKV, D = 4, 2, 64  # small heads: the kernels specialise on D, not on the head counts
 
 

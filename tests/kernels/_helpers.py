@@ -16,10 +16,26 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 LOW_DTYPES = [torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
+# Every kernel the ops launch: the compile gate compiles each (test_gpu_compile.py) and the direct launch
+# check launches each through the stand-in driver (tests/test_direct_launch_driver.py).
+KERNELS = {
+    "_split_s_partial_kernel",
+    "_merge_states_kernel",
+    "_row_lse_kernel",
+    "_column_mass_kernel",
+    "_row_mass_kernel",
+    "_select_topb_kernel",
+    "_gather_rows_kernel",
+    "_add_rms_norm_kernel",
+    "_rope_qk_kernel",
+    "_swiglu_kernel",
+}
+
 __all__ = [
     "DEVICE",
     "ON_GPU",
     "DTYPES",
+    "KERNELS",
     "LOW_DTYPES",
     "FLOOR",
     "gpu_only",

@@ -24,22 +24,10 @@ import pytest
 from bench.kernel_cases import cases
 from triton_kernels.plan import A100, H200
 
-from ._helpers import ON_GPU
+from ._helpers import KERNELS, ON_GPU
 
 ROOT = Path(__file__).resolve().parents[2]
 
-KERNELS = {
-    "_split_s_partial_kernel",
-    "_merge_states_kernel",
-    "_row_lse_kernel",
-    "_column_mass_kernel",
-    "_row_mass_kernel",
-    "_select_topb_kernel",
-    "_gather_rows_kernel",
-    "_add_rms_norm_kernel",
-    "_rope_qk_kernel",
-    "_swiglu_kernel",
-}
 DOT_KERNELS = {"_split_s_partial_kernel", "_row_lse_kernel", "_column_mass_kernel", "_row_mass_kernel"}
 
 

@@ -29,33 +29,8 @@ def _plain(x_ptr, n):
     pass
 
 
-class _FakeCompiled:
-    function = 7
-    packed_metadata = ("packed",)
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, *args):
-        self.calls.append(args)
-
-
-@pytest.fixture
-def recorder(monkeypatch):
-    """The direct path on, a fake device and stream, and kernel[grid] replaced by a recorder."""
-    compiled = _FakeCompiled()
-    jit_calls = []
-    monkeypatch.setattr(_launch, "_DIRECT", True)
-    monkeypatch.setattr(_launch, "_CURRENT", [lambda: 0, lambda device: 1000 + device])
-    monkeypatch.setattr(_launch, "_jit_launch", lambda k, grid, args, nw, ns: jit_calls.append(args) or compiled)
-    monkeypatch.delenv("PREFILLING_DLLM_DIRECT_LAUNCH", raising=False)
-    _launch.clear_launch_cache()
-    yield compiled, jit_calls
-    _launch.clear_launch_cache()
-
-
-def test_float_constexprs_are_keyed_plain_floats_are_not(recorder):
-    compiled, jit_calls = recorder
+def test_float_constexprs_are_keyed_plain_floats_are_not(fake_launcher):
+    compiled, jit_calls = fake_launcher
     scaled, plain = JITFunction(_scaled), JITFunction(_plain)
     x = torch.zeros(4)
     _launch.launch(scaled, (1,), (x, 4, 0.5), 4)
@@ -68,9 +43,9 @@ def test_float_constexprs_are_keyed_plain_floats_are_not(recorder):
     assert len(jit_calls) == 3 and compiled.calls[-1][-1] == 0.25
 
 
-def test_argument_types_never_share_a_compiled_kernel(recorder):
+def test_argument_types_never_share_a_compiled_kernel(fake_launcher):
     """``True`` and ``1`` are equal and hash alike, an int and a float too; Triton keeps them apart."""
-    compiled, jit_calls = recorder
+    compiled, jit_calls = fake_launcher
     plain = JITFunction(_plain)
     x = torch.zeros(4)
     for n in (1, True, 1.0):
@@ -80,8 +55,8 @@ def test_argument_types_never_share_a_compiled_kernel(recorder):
     assert len(jit_calls) == 3 and compiled.calls[-1][-1] is True
 
 
-def test_none_where_a_tensor_was_and_back(recorder):
-    compiled, jit_calls = recorder
+def test_none_where_a_tensor_was_and_back(fake_launcher):
+    compiled, jit_calls = fake_launcher
     plain = JITFunction(_plain)
     x = torch.zeros(4)
     _launch.launch(plain, (1,), (x, 4), 4)
@@ -109,8 +84,8 @@ class _DescriptorLike:
         return 0
 
 
-def test_unknown_argument_kinds_go_through_kernel_grid_every_time(recorder):
-    compiled, jit_calls = recorder
+def test_unknown_argument_kinds_go_through_kernel_grid_every_time(fake_launcher):
+    compiled, jit_calls = fake_launcher
     plain = JITFunction(_plain)
     desc = _DescriptorLike()
     probe = weakref.ref(desc)
@@ -123,8 +98,8 @@ def test_unknown_argument_kinds_go_through_kernel_grid_every_time(recorder):
     assert probe() is None
 
 
-def test_every_entry_checks_its_arity(recorder):
-    compiled, jit_calls = recorder
+def test_every_entry_checks_its_arity(fake_launcher):
+    compiled, jit_calls = fake_launcher
     plain = JITFunction(_plain)
     x = torch.zeros(4)
     _launch.launch(plain, (1,), (x, 4), 4)
@@ -140,8 +115,8 @@ def test_every_entry_checks_its_arity(recorder):
         prepared((x, x), True)  # not the kept kernel's arity: through launch(), which refuses it
 
 
-def test_the_cache_is_bounded(recorder, monkeypatch):
-    compiled, jit_calls = recorder
+def test_the_cache_is_bounded(fake_launcher, monkeypatch):
+    compiled, jit_calls = fake_launcher
     monkeypatch.setattr(_launch, "MAX_KEYS", 3)
     monkeypatch.setattr(_launch, "MAX_ENTRIES", 2)
     plain = JITFunction(_plain)
@@ -158,8 +133,8 @@ def test_the_cache_is_bounded(recorder, monkeypatch):
     assert len(_launch._ENTRIES) == 2
 
 
-def test_direct_launch_switch_is_read_on_every_launch(recorder, monkeypatch):
-    compiled, jit_calls = recorder
+def test_direct_launch_switch_is_read_on_every_launch(fake_launcher, monkeypatch):
+    compiled, jit_calls = fake_launcher
     plain = JITFunction(_plain)
     x = torch.zeros(4)
     _launch.launch(plain, (1,), (x, 4), 4)
@@ -198,9 +173,9 @@ class _Driver:
 
 
 @pytest.mark.parametrize("backend, direct", [("hip", False), ("cuda", True)])
-def test_direct_path_on_the_cuda_backend_only(recorder, monkeypatch, backend, direct):
+def test_direct_path_on_the_cuda_backend_only(fake_launcher, monkeypatch, backend, direct):
     """ROCm specialises a tensor on its storage size (32-bit buffer offsets), which the key does not hold."""
-    compiled, jit_calls = recorder
+    compiled, jit_calls = fake_launcher
     monkeypatch.setattr(_launch, "_CURRENT", [])
     monkeypatch.setattr(triton.runtime.driver, "_active", _Driver(backend), raising=False)
     monkeypatch.setattr(type(triton.runtime.driver), "active", property(lambda self: self._active))

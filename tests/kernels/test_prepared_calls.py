@@ -286,35 +286,16 @@ def test_prepared_launch_grid_follows_the_shapes(stubbed):
     assert grids[1] == (want, 1, 1)
 
 
-class _FakeCompiled:
-    """Stands in for Triton's CompiledKernel: records the calls of its launcher."""
-
-    function, packed_metadata = 7, ("packed",)
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, *args):
-        self.calls.append(args)
-
-
 @pytest.fixture
-def fake_triton(monkeypatch):
+def fake_triton(fake_launcher):
     """A real JITFunction (never compiled), the direct path on, a fake device/stream, and a kernel[grid]
-    that returns a recording stand-in for the compiled kernel."""
+    that returns a recording stand-in for the compiled kernel (conftest.py)."""
 
     def body(x_ptr, n, BLOCK: int):  # the kernel is never run: only its JITFunction wrapper is used
         pass
 
-    kernel = JITFunction(body)
-    compiled = _FakeCompiled()
-    jit_calls = []
-    monkeypatch.setattr(_launch, "_DIRECT", True)
-    monkeypatch.setattr(_launch, "_CURRENT", [lambda: 0, lambda device: 1000 + device])
-    monkeypatch.setattr(
-        _launch, "_jit_launch", lambda k, grid, args, nw, ns: jit_calls.append((grid, args)) or compiled
-    )
-    return kernel, compiled, jit_calls
+    compiled, jit_calls = fake_launcher
+    return JITFunction(body), compiled, jit_calls
 
 
 def test_prepared_launch_calls_the_compiled_kernel_as_jit_run_does(fake_triton, monkeypatch):
