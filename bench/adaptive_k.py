@@ -1,4 +1,4 @@
-"""Adaptive K against fixed K on the held-out registers (issue 36 item 3), rules tuned on other documents.
+"""Adaptive K against fixed K on the held-out registers, rules tuned on other documents.
 
     python -m bench.adaptive_k collect --seed-offset 100 --out DIR_TUNE      # documents for tuning
     python -m bench.adaptive_k collect --seed-offset 0 --out DIR_TEST        # heldout_eval's 48 questions
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     best_fixed_test, _ = choose(res_test)
     marks = {"best fixed K on tuning": best_fixed, "chosen on tuning": chosen}
     text = (
-        f"# Adaptive K rules (issue 36 item 3)\n\nCommand: `{cmd}`  \n{machine_line('cpu')}\n\n"
+        f"# Adaptive K rules\n\nCommand: `{cmd}`  \n{machine_line('cpu')}\n\n"
         f"Chosen on the tuning documents ({len(tune)} questions): {rule_name(chosen) if chosen else 'none'}; "
         f"best fixed K there: {rule_name(best_fixed)}. On the test questions ({len(test)}), best fixed K: "
         f"{rule_name(best_fixed_test)} {res_test[best_fixed_test][0]}/{len(test)}, "

@@ -37,7 +37,7 @@ from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
 from dllm.model.loader import load_model
 
-BLOCK = 32  # tokens per block in the speed table (the setup; LLaDA's and Fast-dLLM's default)
+BLOCK = 32  # tokens per block in the speed table (LLaDA's and Fast-dLLM's default)
 PASSKEY_BLOCK, PASSKEY_GEN = 4, 16  # the accuracy rows: four blocks per answer (the tiny model answers in ~8)
 MODES = ("off", "block")
 

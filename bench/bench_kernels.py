@@ -26,7 +26,7 @@ Every method's output is checked before it is timed, with the rule of
 :mod:`triton_kernels.testing` (error <= 2 x plain torch's error in the same dtype + a
 floor; top-B: exact). A method that fails its check is timed but ranks nowhere.
 
-Timing (issue 35.1, primitives in ``bench/gpu_timing.py``). On a GPU, per method:
+Timing (primitives in ``bench/gpu_timing.py``). On a GPU, per method:
 
 * ``eager_us``: synchronise, call, synchronise (median of 30) with the default settings:
   the latency a caller who waits for the result sees, host work and any sync included;
@@ -73,7 +73,7 @@ from triton_kernels.testing import check_rule, lowp_attention
 def time_fn(fn, device: torch.device, rep_ms: int = 100) -> dict:
     """CPU: median and 20/80 % quantiles in ms of repeated calls (about a second at most).
 
-    On a GPU :func:`time_gpu` gives the three numbers of issue 35 instead.
+    On a GPU :func:`time_gpu` gives three numbers instead: eager latency, CUDA-graph time and host time.
     """
     fn()  # warm-up (compile caches, allocator)
     times = []
@@ -311,7 +311,7 @@ def split_s_bench(case: Case, dtype, device, flex_cache) -> Bench:
 
 def _split_s_block_m128(op_keys) -> Method:
     """Ours with 128-row query tiles (two warpgroups, 8 warps) instead of the plan's 64, split as the
-    plan's cost model splits them: a variant timed for the record (issue 35.4: which wgmma tile the
+    plan's cost model splits them: a variant timed for the record (which wgmma tile the
     H200 prefers), not a rival."""
     from triton_kernels.split_s import split_s_launch
 
@@ -475,7 +475,7 @@ def topb_bench(case: Case, dtype, device) -> Bench:
     for m in methods:  # exact check: same indices, same gathered rows
         m.reads = keys
         m.check = "exact" if all(torch.equal(x, y) for x, y in zip(m.fn(a), ref, strict=True)) else "FAIL"
-    if device.type == "cuda":  # the copy alone, from the same indices: our kernel vs torch.gather (issue 35.5)
+    if device.type == "cuda":  # the copy alone, from the same indices: our kernel vs torch.gather
         from triton_kernels.topb import gather_rows_launch
 
         a["idx"] = ref[2]

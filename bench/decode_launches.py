@@ -2,7 +2,7 @@
 
     python -m bench.decode_launches [--out DIR] [--layers 28] [--gen 32] [--chunk 1024]
 
-Issue 35.6: in a CUDA graph a short kernel still costs its launch latency and drain (3-4 us), so the
+In a CUDA graph a short kernel still costs its launch latency and drain (3-4 us), so the
 step's kernel count decides much of its time. This counts, without a GPU, the launches a CUDA step
 would issue: the model (Dream-v0-7B's 28 layers and 28 / 4 heads at tiny widths,
 :func:`bench.e2e_dream_shape.host_config`) runs one prefilling step's forward

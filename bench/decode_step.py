@@ -2,7 +2,7 @@
 
     python -m bench.decode_step [--out DIR] [--layers 28] [--repeats 20] [--fused both|on|off] [--dry-run]
 
-Issue 35.1 / 35.6 (measurement half). A Dream-v0-7B-shaped model (28 layers, hidden 3584, 28 / 4
+A Dream-v0-7B-shaped model (28 layers, hidden 3584, 28 / 4
 heads of D = 128, vocabulary 152064, random bf16 weights) decodes one row over a random static
 cache of the paper's selection (a 16-token prefix + K = 4 chunks of C = 1024 tokens + anchor), 32
 masked response tokens. One denoising step's forward (``PrefillingPolicy.logits``) gets:
@@ -12,7 +12,7 @@ masked response tokens. One denoising step's forward (``PrefillingPolicy.logits`
   the eager time when the step synchronises inside);
 * ``graph ms``: the same step replayed from its CUDA graph (``cuda_graph=True``), median;
 * the weight-streaming bound: every bf16 weight read once at the H200's 4.8 TB/s, and the graph
-  time over it (issue 35.6's target: at most 1.5x).
+  time over it (the target: at most 1.5x).
 
 ``--fused both`` (the default) measures the two paths of the model side by side in one run, on the
 same weights, cache and tokens: ``torch`` (``model.fused_ops = False``: the torch elementwise ops) and
@@ -45,7 +45,7 @@ from bench import gpu_timing as T
 from bench.provenance import machine_line, write_csv
 
 H200_HBM_BYTES_S = 4.8e12
-TARGET_OVER_BOUND = 1.5  # issue 35.6
+TARGET_OVER_BOUND = 1.5  # the graph step's target: at most 1.5x the weight-streaming bound
 
 # (kind, regex over the kernel name), first match wins; names from cuBLAS / cuBLASLt / CUTLASS,
 # torch's native kernels and this package's Triton kernels.

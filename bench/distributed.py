@@ -79,11 +79,11 @@ SEED, DEPTH = 2027, 0.5
 START_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 # How the recorded figure is made: both cores free, real-time priority for the bench and its ranks
 RECORD_COMMAND = "OMP_NUM_THREADS=1 chrt --fifo 50 .venv/bin/python -m bench.distributed --record"
-TARGET_RATIO = 1.6  # issue 27: 2 processes encode >= 1.6x faster than 1 on this machine, one thread each
+TARGET_RATIO = 1.6  # the target: 2 processes encode >= 1.6x faster than 1 on this machine, one thread each
 QUIET_LOAD = 0.3  # a 1-minute load average above this at the start marks the run as made on a loaded machine
 # The bundled model's configuration with a fixed prefill batch, so that one process and each rank run
 # forwards of the same shape (the default batch follows the free memory, which differs between them).
-# fixed chunks, as the recorded figure was measured (the sharded path snaps boundaries too since issue 36: with
+# fixed chunks, as the recorded figure was measured (the sharded path snaps boundaries too: with
 # snapping the chunk count, and so the shares, follow the text; the needle-chunk arithmetic below assumes C-token cuts)
 CONFIG = dataclasses.replace(TINY_PREFILLING, prefill_batch=32, boundary_snap=0)
 
@@ -523,7 +523,7 @@ def summarize(results: list[dict], pred: list[dict]) -> str:
         f"| 1 | {s['single_s']:.2f} | 1.00x |",
         f"| {world} | {s['sharded_s']:.2f} | **{s['ratio']:.2f}x** |",
         "",
-        f"Issue 27 asks for >= {TARGET_RATIO}x with 2 processes on this 2-core CPU: "
+        f"The target is >= {TARGET_RATIO}x with 2 processes on this 2-core CPU: "
         f"**{'met' if s['ratio'] >= TARGET_RATIO else 'not met'}** in this run ({s['ratio']:.3f}x).",
         "",
         f"Every round (1 process / {world} processes): {per_round}. Untimed warm-up (both paths, "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 35.7): compiled kernel tests (in parallel), the kernel benchmarks that tell host from
+# GPU check: compiled kernel tests (in parallel), the kernel benchmarks that tell host from
 # GPU, the Dream-7B-shape decode step with its per-kernel profile, the CUDA-graph step vs eager, the
 # model on the kernels and the paper's headline at the Dream-7B shape; one summary table at the end.
 #
@@ -162,7 +162,7 @@ stage tests "${TEST_TIMEOUT_S:-$(pick 120 120)}" "$WORK_DIR/tests.log" \
     "$PYTHON" -m pytest "${TEST_PATHS[@]}" "${XDIST[@]}" -q -o addopts="-ra" -p no:cacheprovider \
     --ignore=tests/kernels/test_gpu_compile.py --junitxml="$WORK_DIR/tests.xml" --durations=15
 
-# Stage 2: kernel microbenchmarks (issue 35.1): per method the eager latency with the default settings,
+# Stage 2: kernel microbenchmarks: per method the eager latency with the default settings,
 # the CUDA-graph time with a cold L2, the host time per call, and the graph time as a share of the H200
 # bound (bench/roofline.py); FlexAttention and SDPA baselines ranked graph vs graph. It re-checks every
 # output itself. Dry run: a few seconds of CPU cases, no FlexAttention compile.
@@ -172,7 +172,7 @@ BENCH_BUDGET_S=$(min "${BENCH_BUDGET_S:-$(pick 120 5)}" $(($(left_s) - BENCH_MAR
 stage bench "$((BENCH_BUDGET_S + BENCH_MARGIN_S))" "$WORK_DIR/bench.log" \
     "$PYTHON" -m bench.bench_kernels --out "$WORK_DIR" --budget-s "$BENCH_BUDGET_S" $(pick "" --no-flex)
 
-# Stage 3: the decode step at the Dream-7B shape, 28 layers, one row (issue 35.1 / 35.6): eager, graph
+# Stage 3: the decode step at the Dream-7B shape, 28 layers, one row: eager, graph
 # and host ms per step against the weight-streaming bound, and torch.profiler's per-kernel breakdown,
 # for the model's torch elementwise path and its fused Triton path side by side (--fused both, the
 # default: about twice one path's GPU work, predicted 30-45 s with the model build; the timeout stays 75 s).

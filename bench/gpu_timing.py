@@ -1,4 +1,4 @@
-"""Timing primitives that tell host time from GPU time (issue 35.1).
+"""Timing primitives that tell host time from GPU time.
 
 Three numbers per call, each answering a different question:
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-# L2 size the cold-L2 rotation must beat when the device does not say: the figure issue 35 gives for
+# L2 size the cold-L2 rotation must beat when the device does not say: the figure for
 # the H200 (the H100/H200 die has 50 MB of L2; 60 MB leaves a margin).
 L2_BYTES_DEFAULT = 60 * 10**6
 COLD_L2_FACTOR = 2  # bytes touched between two uses of one copy >= this many L2s: LRU keeps none of it

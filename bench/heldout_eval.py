@@ -1,4 +1,4 @@
-"""Selection in documents full of competing numbers, on sources no training phase saw (issue 36 items 1, 3).
+"""Selection in documents full of competing numbers, on sources no training phase saw.
 
     python -m bench.heldout_eval [--lengths 4096 16384 65536 131072] [--out bench/results/heldout_eval]
 

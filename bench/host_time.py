@@ -1,4 +1,4 @@
-"""Host time of one op call on its CUDA branch, measured without a GPU (issue 35.3).
+"""Host time of one op call on its CUDA branch, measured without a GPU.
 
 Runs each public op the way it runs on CUDA tensors (backend ``triton``, the CUDA value-check
 policy: no host read of index values) on CPU tensors, with the kernel launch stubbed
@@ -28,7 +28,7 @@ from bench.outputs import write_report
 from triton_kernels import _dispatch, _launch
 from triton_kernels.plan import H200, assume_gpu
 
-LIMITS_US = {"split_s_attention": 25.0}  # issue 35.3; every other op: 15 us
+LIMITS_US = {"split_s_attention": 25.0}  # host-time budget per call in us; every other op: 15 us
 LAUNCH_LIMITS = {"split_s_attention": 2}
 
 

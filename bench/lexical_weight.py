@@ -1,8 +1,8 @@
-"""The lexical chunk-score term against the bundled defaults on the recorded bundled studies (issue 36 item 1).
+"""The lexical chunk-score term against the bundled defaults on the recorded bundled studies.
 
     python -m bench.lexical_weight [--weights 0 1] [--adaptive-k 0 1.5] [--sets demo lost_in_middle] [--out DIR]
 
-Prefilling only, every case decoded once per ``lexical_weight`` (0: the bundled defaults before issue 36,
+Prefilling only, every case decoded once per ``lexical_weight`` (0: the bundled defaults without the lexical term,
 :data:`bench.tiny_defaults.TINY_PREFILLING`) and per ``adaptive_k`` margin (0: off, a fixed K), side by side in
 one process: the pass keys of :mod:`bench.demo`
 (4K-32K tokens, 5 depths, seeds 0-4) and the passkey and needle cases of :mod:`bench.lost_in_middle` (4K-16K,

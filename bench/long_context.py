@@ -13,7 +13,7 @@ chunk holds the needle, whether the answer is exact, encode seconds, seconds per
 resident memory of the process.
 
 ``--config today`` is the bundled model's tuned configuration (:data:`bench.demo.TINY_PREFILLING`,
-32 chunks per forward); ``--config scale`` adds the issue-23 knobs (:data:`SCALE`: boundaries snapped to
+32 chunks per forward); ``--config scale`` adds the selection knobs (:data:`SCALE`: boundaries snapped to
 sentence ends, redundancy-aware top-K, the first stage with 32 candidates; bench/results/selection_scale.md
 measures each). ``--model`` takes any checkpoint directory (with its tokenizer: lengths are then in its
 tokens), so the study can be rerun on natural prose with a model that reads it.

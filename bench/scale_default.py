@@ -1,4 +1,4 @@
-"""Scale by default (issue 36 item 2): the bundled defaults against scoring every chunk, side by side.
+"""Scale by default: the bundled defaults against scoring every chunk, side by side.
 
     python -m bench.scale_default [--out DIR] [--cache-lengths 131072] [--depths 0.1 0.5 0.9] [--questions 2]
                                   [--every-questions 2] [--fresh-lengths 100000] [--fresh-depths 0.5]
@@ -115,7 +115,7 @@ def fresh(model, cfgs, length, depth, haystack) -> list:
 
 
 def heldout(model, cfgs, length, seed) -> list:
-    """Item 1's held-out documents (:mod:`dllm.eval.tasks.reports`, branch s-eval: registers full of section
+    """The held-out register documents (:mod:`dllm.eval.tasks.reports`, branch s-eval: registers full of section
     numbers, dates, amounts and codes around an excerpt of a source no training phase saw): one document with
     a pass key, a number string and a word fact, encoded once, each question asked from the cache with each
     configuration (greedy, one token per step, the answer's tokens + 4)."""
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
         type=int,
         nargs="*",
         default=[],
-        help="item 1's held-out register documents of these lengths (needs dllm.eval.tasks.reports)",
+        help="held-out register documents of these lengths (needs dllm.eval.tasks.reports)",
     )
     p.add_argument("--heldout-seeds", type=int, nargs="+", default=[1, 2])
     p.add_argument("--threads", type=int, default=1)

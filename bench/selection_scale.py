@@ -1,5 +1,5 @@
 """Selection at scale on the bundled tiny model: facts across chunk boundaries, near-duplicate chunks,
-a cheap first stage (issue 23, items 1-3).
+a cheap first stage.
 
     python -m bench.selection_scale [--out DIR | --record] [--long-length 131072]
                                     [--depths 0.1 0.3 0.5 0.7 0.9] [--straddle-length 16384]

@@ -20,9 +20,9 @@ EXPONENT = {"dense": 2.0, "prefix_cache": 2.0, "prefilling": 1.0}
 # chunks with the phase-7 weights that chose this; with today's (phase 9) it ranks the needle chunk as well
 # or better at fixed cuts, and s_C - s_P stays the default because every accuracy study is recorded with it
 # (bench/results/score_terms*.md and bench/results/README.md).
-# The first stage engages by itself on long documents (candidates="auto" in layer 0, issue 36 item 2:
+# The first stage engages by itself on long documents (candidates="auto" in layer 0,
 # bench/results/scale_default.md); below 65 chunks (16K tokens) every chunk is scored as before.
-# The chunk score adds the query's words (lexical_weight=1: z(s_C - s_P) + z(lexical), issue 36 item 1): in
+# The chunk score adds the query's words (lexical_weight=1: z(s_C - s_P) + z(lexical)): in
 # held-out documents full of other numbers the needle chunk is kept 90% at K=4 instead of 10-17%, pass keys of
 # the demo and lost-in-the-middle lose nothing (bench/results/heldout_eval.md, lexical_weight.md).
 TINY_PREFILLING = PrefillingConfig(

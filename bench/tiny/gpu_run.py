@@ -5,19 +5,19 @@ bound by the GPU, resumable across calls, every output in at most 8 files of at 
         --steps 6000 --budget-s 510 [--resume STATE_DIR]
     python -m bench.tiny.gpu_run export --state OUT --model MODEL_DIR     # HF checkpoint from the state
 
-The step (issue 37.1): ``--workers`` processes draw and mask whole batches ahead (``--prefetch`` per
+The step: ``--workers`` processes draw and mask whole batches ahead (``--prefetch`` per
 worker) as compact numpy arrays (uint8 ids, int8 segments, float32 loss weights); the main process only
 copies them to the device (pinned, non-blocking), builds the segment-local attention mask there, runs
 forward/backward under bf16 autocast (CUDA) and a fused AdamW step. No scalar is read per step: loss,
 gradient norm and masked-token cross-entropy go into a device accumulator read once every ``--log-every``
 steps. The batch of step s is a pure function of (``--seed``, s), so the data position is the step.
 
-The data (issue 37.2): :data:`STAGES` over the packed corpus (``bench.tiny.corpus``: manual pages, code
+The data: :data:`STAGES` over the packed corpus (``bench.tiny.corpus``: manual pages, code
 comments, package docs, licences, quotations, number-dense reports, tables) and the evaluation tasks'
 own generators on their filler haystacks; never essays, pydoc or another held-out source
 (``bench.tiny.sources.HELD_OUT_SOURCES``).
 
-Outputs in ``--out`` (issue 37.3): ``state-0000k-of-0000n.safetensors`` (fp32 weights ``model/*`` and
+Outputs in ``--out``: ``state-0000k-of-0000n.safetensors`` (fp32 weights ``model/*`` and
 AdamW moments ``exp_avg/*``, ``exp_avg_sq/*`` in bf16, shards of at most :data:`SHARD_BYTES`),
 ``run.json`` (step, sizes, flags, AdamW step count, seconds and machine per call) and ``loss.csv``; at most 6
 shards, so a size past ~12M parameters is refused before training. The default size is :data:`GPU_SIZE`. The

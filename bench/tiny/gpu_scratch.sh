@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tiny model from scratch in one short GPU run (issue 37), one command per device call:
+# The tiny model from scratch in one short GPU run, one command per device call:
 #
 #     OUT=$OUT bash bench/tiny/gpu_scratch.sh [bench.tiny.gpu_run flags]              # first call
 #     OUT=$OUT RESUME=1 bash bench/tiny/gpu_scratch.sh [the same flags]               # later calls

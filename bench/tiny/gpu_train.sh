@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Phase 9 of bench/tiny/train.py (the trial prose fine-tune of issue 22) on a GPU, one command:
+# Phase 9 of bench/tiny/train.py (the trial prose fine-tune) on a GPU, one command:
 #
 #     OUT=/some/folder bash bench/tiny/gpu_train.sh [more train.py flags]
 #
@@ -13,7 +13,7 @@
 # On this project's 2-core CPU a phase-9 step takes 2.2 s (fp32, quiet cores; 1200 steps in 49 min),
 # several times more with other jobs beside it; a GPU step is well under a second.
 #
-# A larger model from scratch (issue 22: the 2.9M-parameter model does not copy word facts or 10-digit
+# A larger model from scratch (the 2.9M-parameter model does not copy word facts or 10-digit
 # strings): phases 1-7 with train.py's size flags, then this script from those weights (INIT):
 #     python -m bench.tiny.train --device cuda --out $OUT/base --work /tmp/tiny-base \
 #         --hidden-size 384 --layers 6 --heads 6 --kv-heads 2 --intermediate-size 1024

@@ -1,8 +1,8 @@
 """The text sources of the tiny model's training corpus, and the sources held out of it for evaluation.
 
 Every source is whole: a held-out source gives no document, sentence or file to training (not a split of a
-source the model trains on). :data:`HELD_OUT_SOURCES` is the declared list for the evaluation of the
-selection issue: text of another kind than anything trained on. The training sources are what this
+source the model trains on). :data:`HELD_OUT_SOURCES` is the declared list for the held-out evaluation of
+chunk selection: text of another kind than anything trained on. The training sources are what this
 machine's package managers installed (Debian packages, the Python standard library, installed PyPI
 distributions) plus seeded synthetic documents; a source whose files are absent gives no documents and
 the corpus manifest says so (``bench.tiny.corpus``).

@@ -1,4 +1,4 @@
-"""What a GPU training step of ``bench.tiny.gpu_run`` costs the host, measured on this CPU (issue 37.1).
+"""What a GPU training step of ``bench.tiny.gpu_run`` costs the host, measured on this CPU.
 
     OMP_NUM_THREADS=1 python -m bench.tiny.step_cost --seconds 20
 

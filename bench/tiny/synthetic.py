@@ -1,6 +1,6 @@
 """Seeded synthetic documents full of numbers: reports (numbered sections, dates, amounts, codes) and tables.
 
-They give the corpus the number-dense text that the selection issue found the model distracted by
+They give the corpus the number-dense text that the held-out selection studies found the model distracted by
 (section headings, dates and amounts around the needle); the needle is inserted later
 (``bench.tiny.corpus_tasks``), so a number near it is as likely as anywhere else.
 """

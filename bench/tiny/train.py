@@ -349,7 +349,7 @@ PHASES: tuple[Phase, ...] = (
           "stops at 12000"),
     Phase(14000, 14000 + PROSE_STEPS, (4e-4, 50), (256, 512, 768, 1024, 1280, 1536),
           mix=prose_tune(), tasks=None, trial=True,
-          why="the prose fine-tune of the bundled model (issue 22), run with --phase 9 --init <phase-7 "
+          why="the prose fine-tune of the bundled model, run with --phase 9 --init <phase-7 "
           "checkpoint>: from the "
           "phase-7 weights (not phase 8's) with a fresh optimizer, it brings pass keys, number strings and "
           "word facts into natural prose (training essays, training pydoc topics, generated text; the "
@@ -359,14 +359,14 @@ PHASES: tuple[Phase, ...] = (
           "copy strings as in phases 5-7"),
     Phase(14000 + PROSE_STEPS, 14000 + PROSE_STEPS + COPY_STEPS, (3e-4, 50), (256, 512, 768, 1024, 1280, 1536),
           mix=copy_tune(), tasks=None, trial=True,
-          why="the copy fine-tune of the bundled model (issue 22), run with --phase 10 --init <phase-9 "
+          why="the copy fine-tune of the bundled model, run with --phase 10 --init <phase-9 "
           "checkpoint>: phase 9 found the needle chunk in held-out prose (99%) but copied from it badly "
           "(exact 51%: pass keys and number strings one or two digits off, word facts 0%); from the phase-9 "
           "weights with a fresh optimizer and a lower peak, more chunked answers (the static-KV layout of "
           "the decode) on number strings and word facts, 30% query-only masking kept for the selection signal"),
     Phase(14000 + PROSE_STEPS + COPY_STEPS, 14000 + PROSE_STEPS + COPY_STEPS + WORD_STEPS, (7e-4, 50),
           (192, 256, 384, 512), mix=word_tune(), tasks=None, trial=True,
-          why="the word-fact fine-tune (issue 22), run with --phase 11 --init <phase-9 checkpoint>: phases 9-10 "
+          why="the word-fact fine-tune, run with --phase 11 --init <phase-9 checkpoint>: phases 9-10 "
           "left word facts at 0% even dense at 1K (2.5 nats per answer character with every answer character "
           "masked, on training cases: the model never learned to find a word after its anchor phrase). The "
           "recipe that formed the digit lookup in phase 1: short contexts (the needle near the query), a "

@@ -4,7 +4,7 @@ A prefilling denoising step is one model forward over fixed addresses: the live 
 positions, RoPE tables and live lengths (:class:`dllm.decode.policies.LiveBlock`, allocated once per
 generation) and a static KV cache built before the loop. Eagerly, each step pays the host cost of
 launching about 40 kernels per layer (for Dream-7B, estimated at 12-15 ms of host time against
-about 3.5 ms of GPU work per step by the GPU-readiness review of issue 16; predicted, not measured). A CUDA graph
+about 3.5 ms of GPU work per step; predicted, not measured). A CUDA graph
 records those launches once and replays them with one call (the technique of gpt-fast's
 ``torch.compile(mode="reduce-overhead")`` and of vLLM's decode graphs, done here with
 ``torch.cuda.CUDAGraph`` directly).

@@ -1,7 +1,7 @@
 """Held-out documents full of competing numbers: registers with numbered sections, dates, amounts and codes.
 
 A new user's documents are not the filler a model was trained on: headings "1." to "8.", dates, money amounts,
-docket numbers and access codes compete with the needle for the selector's attention (issue 36). This module
+docket numbers and access codes compete with the needle for the selector's attention. This module
 generates such documents from two sources that no training phase of the bundled model saw, and that the
 corpus of ``bench/tiny`` holds out as whole sources (not a split of a trained source):
 
