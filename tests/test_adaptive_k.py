@@ -1,4 +1,4 @@
-"""Adaptive K (issue 36 item 3): the chunks above the first drop of at least `margin` robust spreads, between a
+"""Adaptive K: the chunks above the first drop of at least `margin` robust spreads, between a
 floor and a ceiling (dllm.prefilling.selection.adaptive_top_k, PrefillingConfig.adaptive_k)."""
 
 import math
@@ -57,7 +57,7 @@ CASES = [
     # all scores equal: no spread, the ceiling
     ([1.0] * 6, 1, 3, 2.0, [0, 1, 2]),
     # most chunks tie (repeated filler) and one stands out: MAD 0, the mean deviation ((12.97 + 0.82 + 0.52) / 41
-    # x 1.2533 = 0.44) finds its drop of 12.15; before, MAD 0 meant the ceiling (a breaker kept 41 of 41 chunks)
+    # x 1.2533 = 0.44) finds its drop of 12.15; before, MAD 0 meant the ceiling (41 of 41 chunks kept)
     ([-0.3181] * 38 + [12.65, 0.5, 0.2], 1, 41, 1.5, [38]),
     # two chunks: MAD is always 0; the mean deviation is half their gap x 1.2533, so margin 1.5 keeps the best
     ([7.07, -0.43], 1, 2, 1.5, [0]),

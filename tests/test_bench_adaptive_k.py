@@ -1,4 +1,4 @@
-"""bench.adaptive_k (issue 36 item 3): the K rules applied to stored scores, the choice on tuning documents,
+"""bench.adaptive_k: the K rules applied to stored scores, the choice on tuning documents,
 and other seeds for those documents. Expected values are worked by hand from the scores."""
 
 import argparse
@@ -127,7 +127,7 @@ def test_rules_command_user_errors_are_one_line_exit_2(tmp_path, capsys):
 
 
 def test_bench_cli_user_errors(tmp_path, capsys):
-    """A breaker's tracebacks, now argparse errors (exit 2): a ceiling below 1, a ceiling past the collected
+    """Tracebacks that are now argparse errors (exit 2): a ceiling below 1, a ceiling past the collected
     top_k, --set of an unknown field or of top_k."""
     path = tmp_path / "c4.jsonl"
     path.write_text(json.dumps({**_row([1.0, 0.0], [0]), "ceiling": 4}) + "\n")

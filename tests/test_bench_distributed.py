@@ -43,7 +43,7 @@ def test_prediction_equals_a_hand_computation():
         assert p["comm_s"] == pytest.approx(sent / (0.8 * 450e9) + (0 if world == 1 else 8 * COLL), rel=1e-12)
         assert p["scores_bytes"] == 3 * 4 * 1024
     one = bd.predict_h200(cfg, 1 << 20, 1)
-    assert 1.3e16 < one["encode_flops_per_rank"] < 1.5e16  # the "~15 PFLOP of prefill" at 1M tokens
+    assert 1.3e16 < one["encode_flops_per_rank"] < 1.5e16  # the expected "~15 PFLOP of prefill" at 1M tokens
     rows = bd.prediction_rows(1 << 20, 8)
     assert [r["gpus"] for r in rows] == list(range(1, 9)) and rows[0]["encode_speedup"] == 1.0
     assert 7.9 < rows[-1]["encode_speedup"] <= 8.0  # 128 chunks each: almost W, the host time is shared too

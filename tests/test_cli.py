@@ -175,7 +175,7 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     "context without slot": ("generate --prompt-file noslot.txt --context-file doc.txt", "exactly one {context} slot"),
     "top_k above the chunks": (
         "generate --prompt-file prompt.txt --context-file doc.txt --method prefilling --chunk-size 256 --top-k 14",
-        "--top-k 14 exceeds the 13 chunk",  # snapped chunks (issue 38 item 4)
+        "--top-k 14 exceeds the 13 chunk",  # K is checked against the snapped chunk count
     ),
     "chunk size 0": ("eval passkey --method prefilling --chunk-size 0", "integer >= 1, got '0'"),
     "unknown score term": ("eval passkey --method prefilling --score-terms s_X", "invalid choice"),
@@ -191,7 +191,7 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
         "generate --prompt-file prompt.txt --context-file doc.txt --method dense --no-cuda-graph",
         "--no-cuda-graph: option(s) of --method prefilling",
     ),
-    "repeated score term": (  # it would count twice in the chunk score (as issue 38 item 12 found in the harness)
+    "repeated score term": (  # it would count twice in the chunk score (the harness refuses it too)
         "eval passkey --score-terms self_info pseudo_label self_info",
         "--score-terms: self_info given more than once",
     ),
@@ -272,7 +272,7 @@ BAD_INPUTS = {  # name: (command line after "python -m dllm", what its error lin
     ),
     "longbench file not UTF-8": ("eval longbench --data latin1.jsonl", "latin1.jsonl: not UTF-8 text"),
     "longbench line nested too deeply": ("eval longbench --data deep.jsonl", "deep.jsonl:1 is not valid JSON (nested"),
-    "longbench context empty": (  # issue 38 item 13: the error named no line
+    "longbench context empty": (  # the error names the line
         "eval longbench --data empty_context.jsonl",
         "--data empty_context.jsonl:2: the context is empty: --method prefilling has nothing to chunk",
     ),
@@ -454,7 +454,7 @@ def test_prefilling_past_the_window_through_its_kept_chunks_gets_a_note(files, c
     )
     assert rc == 0, err
     assert "note: prefix, kept chunks, query and --gen-length 600 reach position" in err
-    # --stats json: every stderr line is JSON, the note too (issue 38 item 9)
+    # --stats json: every stderr line is JSON, the note too
     rc, out, err = run_cli(
         capsys, *shlex.split(f"generate --prompt-file prompt.txt {TUNED} --gen-length 600 --steps 1 --stats json")
     )
@@ -485,8 +485,8 @@ def port() -> str:
 
 
 def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatch):
-    """b38 item 11: under torchrun ``--stats json`` the past-the-window note was plain text (the one-process
-    CLI's note is a JSON line since issue 38 item 9). One gloo rank in this process, the environment torchrun
+    """Under torchrun ``--stats json`` the past-the-window note is a JSON line, as in the one-process CLI (it was
+    plain text). One gloo rank in this process, the environment torchrun
     sets; the same document and prompt as the test above."""
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -507,8 +507,8 @@ def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatc
 
 
 def test_torchrun_decodes_exactly_the_adaptive_selection(tmp_path, capsys, monkeypatch):
-    """A breaker found that the root decoded its kept chunks with top_k=None and adaptive_k still set, which
-    (since adaptive K applies at K = N) scored and cut them again: another answer and 2 more forwards than one
+    """The root decoded its kept chunks with top_k=None and adaptive_k still set, which (since adaptive K
+    applies at K = N) scored and cut them again: another answer and 2 more forwards than one
     process, under the same stats line. One gloo rank in this process (the environment torchrun sets) against
     the one-process CLI on the same cache settings: the same answer, kept chunks and forwards."""
     from dllm.eval.tasks import make_case
@@ -565,10 +565,10 @@ def test_torchrun_notes_unencodable_characters_once(files, capsys, monkeypatch):
 
 
 def test_kept_positions_bound_every_snapped_cut():
-    """b38 item 10: the window check counted ceil(L / C) fixed chunks; with snapped boundaries there can be more
-    (each at most C tokens), and K of them take up to the K largest sizes plus K anchors. L = 768 = 3 x 256 cut
-    into 5 snapped chunks with K = 5: main said 3 x 257 = 771 positions, the five chunks and their anchors take
-    768 + 5 = 773."""
+    """The window check counts the snapped chunks, not ceil(L / C) fixed ones: with snapped boundaries there can
+    be more (each at most C tokens), and K of them take up to the K largest sizes plus K anchors. L = 768 =
+    3 x 256 cut into 5 snapped chunks with K = 5: counting fixed chunks gives 3 x 257 = 771 positions, the five
+    chunks and their anchors take 768 + 5 = 773."""
     import random
 
     from dllm.cli.options import kept_positions
@@ -694,8 +694,8 @@ def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, ca
 
 
 def test_eval_says_which_cases_reach_past_the_trained_window(files, capsys):
-    """Issue 38 item 13: a dense LongBench case past the window runs (as generate runs that prompt) with a note,
-    and the CSV says which case it was; prefilling refuses it by its line (test_user_errors_... above)."""
+    """A dense LongBench case past the window runs (as generate runs that prompt) with a note, and the CSV
+    says which case it was; prefilling refuses it by its line (test_user_errors_... above)."""
     cmd = "eval longbench --data long_question.jsonl --method dense --gen-length 4 --steps 1 --out window.csv"
     rc, out, err = run_cli(capsys, *shlex.split(cmd))
     assert rc == 0, err

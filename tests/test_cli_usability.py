@@ -1,4 +1,4 @@
-"""The command line as a new user meets it (issue 25 part 2): help with the chosen model's defaults,
+"""The command line as a new user meets it: help with the chosen model's defaults,
 questions from a file or stdin with labelled answers, the one-line stats summary, progress bars only on a
 terminal, eval CSVs that never overwrite and carry provenance, characters per token in info."""
 
@@ -85,7 +85,7 @@ def test_help_shows_the_defaults_of_the_chosen_model(tmp_path, capsys, monkeypat
 
 
 def test_a_candidate_layer_without_candidates_in_the_checkpoint_is_one_error_line(files, capsys):
-    """b38 item 7: a prefilling_config.json with candidate_layer and no candidates ran the paper's selection
+    """A prefilling_config.json with candidate_layer and no candidates ran the paper's selection
     (the layer of a first stage that does not run, silently ignored); now one error line naming the file."""
     bare = files / "ckpt"
     bare.mkdir()
@@ -173,7 +173,7 @@ def test_questions_from_stdin(asked, capsys, monkeypatch):
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_question(asked, capsys, monkeypatch):
-    """Issue 38 item 13: a questions file saved with a UTF-8 BOM (from a file or stdin) asks the same first
+    """A questions file saved with a UTF-8 BOM (from a file or stdin) asks the same first
     question as one without, as the JSON reader skips it."""
     cmd = "generate --prompt-file ask.txt --context-file doc.txt --gen-length 4 --stats none --questions-file"
     (asked / "q.txt").write_text(QUESTIONS[0] + "\n")
@@ -209,7 +209,7 @@ QUESTION_ERRORS = {
         "question 1 holds a {context} or {question} slot",
     ),
     "no prompt and no question": ("generate --context-file doc.txt", "needs --prompt-file, --question or"),
-    "question slot without a question": (  # issue 38 item 13: the literal "{question}" was decoded
+    "question slot without a question": (  # the literal "{question}" was decoded
         "generate --prompt-file ask.txt --context-file doc.txt",
         "--prompt-file ask.txt holds a {question} slot but no question was given",
     ),
@@ -330,7 +330,7 @@ def test_eval_csv_names_are_unique_and_rows_carry_provenance_and_settings(files,
 
 
 def test_eval_csv_carries_every_prefilling_setting_it_ran_with(files, capsys):
-    """Issue 38 item 19: the boundary snap, redundancy threshold and candidates (and every other field of
+    """The boundary snap, redundancy threshold and candidates (and every other field of
     PrefillingConfig) are columns; None is written as what it means."""
     import dataclasses
 
@@ -531,7 +531,7 @@ def test_dropped_characters_get_one_note(files, capsys):
 
 
 def test_the_prompt_is_counted_once_and_the_questions_apart(files, capsys):
-    """A breaker's tab in the prompt file was counted once per question (x3 for three questions)."""
+    """A tab in the prompt file was counted once per question (x3 for three questions)."""
     (files / "tab.txt").write_text("There is a pass key.\t\n\n{context}\n\n{question} The pass key is ")
     (files / "q3.txt").write_text("What is the pass key?\nWhich number?\nWhat is the key\u00e9?\n")
     cmd = "generate --prompt-file tab.txt --context-file doc.txt --questions-file q3.txt --gen-length 2 --steps 1"
@@ -555,7 +555,7 @@ def test_a_question_that_is_not_utf8_is_one_error_line(files, capsys):
 
 
 def test_eval_note_with_adaptive_k_on_short_contexts(files, capsys):
-    """The note said short contexts 'keep every chunk' while adaptive K cut them (a breaker's find)."""
+    """The note said short contexts 'keep every chunk' while adaptive K cut them."""
     cmd = "eval passkey --lengths 600 --samples 1 --depths 0.5 --adaptive-k 1.5 --gen-length 6 --out e.csv"
     rc, out, err = run_cli(capsys, *shlex.split(cmd))
     assert rc == 0, err

@@ -1,5 +1,5 @@
 """``bench/decode_step.py`` without a GPU: the kernel classification, the per-kernel and per-kind tables, the
-report, and the skip of a run without CUDA (issue 35.6's measurement half runs on the GPU)."""
+report, and the skip of a run without CUDA (the measurement itself runs on the GPU)."""
 
 from __future__ import annotations
 

@@ -372,7 +372,7 @@ def test_a_rank_that_dies_does_not_hang_its_peers(runs):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
-    """Issue 36: the bundled defaults snap chunk boundaries to sentence ends; 2 and 3 ranks cut the same chunks
+    """The bundled defaults snap chunk boundaries to sentence ends; 2 and 3 ranks cut the same chunks
     as one process, hold the same K/V, keep the same chunks and decode the same tokens, with the defaults and
     with a first stage (candidates) and redundancy-aware selection."""
     got = runs[f"defaults{world}"]
@@ -397,7 +397,7 @@ def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
     # adaptive K at top_k None: scored and cut below N, on every rank count as in one process
     w = ref["extra_all_adaptive"]
     assert len(w["all_chunk_scores"]) == w["num_chunks"] and 1 <= len(w["selected_chunks"]) < w["num_chunks"]
-    # candidates="auto" (issue 36 item 2): the same rule across ranks as in one (fresh, two-pass) process
+    # candidates="auto": the same rule across ranks as in one (fresh, two-pass) process
     e, w = got[0]["extra_auto"], ref["extra_auto"]
     n = w["num_chunks"]
     least = auto_candidates(n, 1)  # + the two neighbours of the best and the lexical best (K=1, lexical_weight)
@@ -414,7 +414,7 @@ def test_torchrun_equals_one_process_at_the_defaults(runs, ref, world):
 
 
 def test_snapped_index_read_in_one_process(runs, ref):
-    """Issue 38: the sharded index of a snapped document, read by one process (its shards re-split onto it),
+    """The sharded index of a snapped document, read by one process (its shards re-split onto it),
     is the single-process document; one shard alone is refused, naming its index."""
     model = _load()
     idx = os.path.join(runs["dir"], "snapped3.idx")

@@ -1,6 +1,6 @@
 """``torchrun ... -m dllm encode / generate`` on 2 gloo ranks started by the test (fork, one thread each), with
 the environment torchrun sets: a FIFO ``--context-file`` and ``--questions-file -`` are read by rank 0 only and
-broadcast (issue 38: every rank read them; the second rank waited forever on the FIFO, and one rank read stdin
+broadcast (before, every rank read them: the second rank waited forever on the FIFO, and one rank read stdin
 empty). The answers equal one process's from the same index."""
 
 import os

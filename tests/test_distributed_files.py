@@ -51,7 +51,7 @@ def _index_text(saved) -> str:
 
 
 def test_save_replaces_planted_symlinks_and_never_writes_through_them(tmp_path):
-    """Issue 38: a symlink planted at a shard's name (which the user never typed) or at the old predictable
+    """A symlink planted at a shard's name (which the user never typed) or at the old predictable
     temporary name ``<idx>.tmp<pid>`` must not make the save overwrite the file it points to."""
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -83,7 +83,7 @@ def test_an_existing_index_keeps_its_permission_bits(saved):
 
 @pytest.mark.parametrize("case", ["deep", "long_int", "bom"])
 def test_index_is_read_by_the_package_json_reader(saved, case):
-    """Issue 38: nesting past the recursion limit and a 5000-digit integer are one ValueError naming the file
+    """Nesting past the recursion limit and a 5000-digit integer are one ValueError naming the file
     (not a RecursionError, not a message without the file); a UTF-8 BOM is skipped."""
     text = _index_text(saved)
     if case == "bom":
@@ -109,7 +109,8 @@ def test_index_format_must_be_a_known_integer(saved, value):
 
 
 def test_document_cache_format_must_be_an_integer(tmp_path):
-    """Issue 38: a document cache header with ``format: 3.0`` was accepted (and so would ``4.0`` be today)."""
+    """A document cache header's ``format`` must be an integer: ``format: 3.0`` was accepted (and so would a
+    later ``4.0`` have been)."""
     path = tmp_path / "doc.cache"
     _doc().gather().save(path)
     with safe_open(str(path), framework="pt") as f:
@@ -123,7 +124,7 @@ def test_document_cache_format_must_be_an_integer(tmp_path):
 
 
 def test_a_directory_is_an_error_naming_it(tmp_path):
-    """Issue 38: loading a directory was 'No such device (os error 19)', naming no file."""
+    """Loading a directory names it (it was 'No such device (os error 19)', naming no file)."""
     for read in (
         lambda: dllm.DocumentCache.load(tmp_path, _model()),
         lambda: dllm.DocumentCache.read_header(tmp_path),
@@ -141,7 +142,7 @@ def test_one_shard_alone_is_refused_naming_its_index(saved):
 
 
 def test_cli_generate_from_an_index_in_one_process(saved, tmp_path, capsys, monkeypatch):
-    """Issue 38: ``generate --document book.idx`` without torchrun said 'not a safetensors file'; it now answers
+    """``generate --document book.idx`` without torchrun said 'not a safetensors file'; it now answers
     as from the same document saved as one cache file; one shard alone and a directory are one error line."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -172,7 +173,7 @@ def test_cli_generate_from_an_index_in_one_process(saved, tmp_path, capsys, monk
 
 @pytest.mark.parametrize("content", ['["kind", "dllm_sharded_document"]', "\ufeff  [1, 2]"])
 def test_an_index_holding_a_json_array_says_so(tmp_path, content):
-    """b38 item 9: a JSON array at --document read as 'not a safetensors file' in one process; the index reader
+    """A JSON array at --document read as 'not a safetensors file' in one process; the index reader
     says the index must hold a JSON object, naming the file."""
     from dllm.distributed.single_process import load_document, read_document_header
 

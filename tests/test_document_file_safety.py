@@ -124,7 +124,7 @@ def test_a_fifo_or_a_folder_given_as_the_cache_is_an_error_at_once(dream, tmp_pa
 
 
 def test_torchrun_encode_refuses_a_context_file_that_is_one_of_its_shards(tmp_path, monkeypatch):
-    """Breaker, second pass: under torchrun, ``--context-file y.idx.00001-of-00002.safetensors --out y.idx``
+    """Under torchrun, ``--context-file y.idx.00001-of-00002.safetensors --out y.idx``
     encoded and then replaced the user's text with a shard. The sharded encode passes its shard names to the
     same check as ``--out`` (dllm/cli/distributed.py); here that check alone, with the names it passes."""
     import argparse

@@ -1,7 +1,7 @@
 """A document cache's identity (weights and tokenizer) and the Python API around it, on the bundled model.
 
 The passkey document of the README: a cache accepted by a model whose weights or tokenizer differ from
-those that encoded it answers '17432' where a fresh run answers '71432' (issue 38, items 1, 2 and 17).
+those that encoded it answers '17432' where a fresh run answers '71432'.
 """
 
 import json
@@ -106,7 +106,7 @@ def test_a_cache_of_another_tokenizer_is_refused(saved, tmp_path):
 
 
 def test_a_tokenizer_changed_in_place_is_another_tokenizer(saved):
-    """Breaker, second pass: a normaliser replaced on the loaded tokenizer (same object, same length) maps
+    """A normaliser replaced on the loaded tokenizer (same object, same length) maps
     '7' to '1' while the cached digest stayed; the cache must be refused, as a fresh process would."""
     from tokenizers import normalizers
 
@@ -151,7 +151,7 @@ def test_the_readme_shows_the_model_argument_and_from_pretrained():
 
 
 def test_texts_seen_before_a_tokenizer_change_are_tokenized_again(saved, tmp_path):
-    """Hostile pass 3: the ids of texts encoded before a normaliser was replaced were served from the memo (a
+    """The ids of texts encoded before a normaliser was replaced were served from the memo (a
     cache built then carried the new digest over old ids), and a same-type, same-size model with another id
     mapping kept the old digest, so an old cache loaded."""
     from tokenizers import normalizers

@@ -1,7 +1,7 @@
 """``bash bench/gpu_check.sh OUT`` dry-runs on CPU through every stage (the plumbing a GPU run relies on is
 checked before a GPU is lent), packs its outputs into at most 8 files (the GPU machine hands back no more),
 its deadline skips stages instead of overrunning, and at GPU sizes every stage fits 9 minutes even when
-each one uses its whole timeout (issue 35.7)."""
+each one uses its whole timeout."""
 
 import csv
 import os

@@ -69,14 +69,14 @@ def test_model_args_defaults_are_the_checkpoints_prefilling_config():
 
 
 def test_model_args_draw_order_reaches_generate():
-    """b38 item 3: generate and the CLI had draw_order / --draw-order official, the harness no key for it."""
+    """The harness takes draw_order, as generate (draw_order) and the CLI (--draw-order official) do."""
     assert parse_model_args({}).generate_kwargs()["draw_order"] == "batched"
     assert parse_model_args({"draw_order": "official"}).generate_kwargs()["draw_order"] == "official"
     assert parse_model_args({"method": "dense", "draw_order": "official", "batch_size": 4}).draw_order == "official"
 
 
 def test_model_args_text_in_other_scripts_digits_is_refused():
-    """b38 item 8: lm-eval's own parser turns chunk_size=٣ into the int 3 before our model sees it: the text is
+    """lm-eval's own parser turns chunk_size=٣ into the int 3 before our model sees it: the text is
     checked first (python -m dllm.harness, create_from_arg_string); ASCII values and words pass."""
     from dllm.harness import cli
     from dllm.harness.args import check_model_args_text, non_ascii_number
@@ -127,19 +127,19 @@ def test_model_args_generate_kwargs():
         ({"token_budget": 999}, "token_budget (B) must be in [1, chunk_size=256]"),
         ({"top_p": 0}, "top_p=0: expected a number in (0, 1]"),
         ({"gen_length": 8, "block_length": 3}, "block_length=3 does not divide gen_length=8"),
-        # issue 38 item 12: found before the weights load, against the bundled config.json (4 layers, 1536
-        # positions, 100 tokens); a term twice would count twice in the chunk score
+        # found before the weights load, against the bundled config.json (4 layers, 1536 positions, 100 tokens);
+        # a term twice would count twice in the chunk score
         ({"chunk_size": 1536}, "chunk_size=1536: a chunk and its BOS anchor take 1537 positions, more than"),
         ({"candidate_layer": 99, "candidates": 8}, "candidate_layer=99: the model has 4 layers (0..3, or -4..-1 from"),
         ({"candidate_layer": -5, "candidates": 8}, "candidate_layer=-5: the model has 4 layers"),
-        # b38 item 7: main ignored the layer of a first stage that does not run
+        # the layer of a first stage that does not run is refused (it was ignored)
         ({"candidates": "all", "candidate_layer": 1}, "candidate_layer=1 needs candidates"),
-        # b38 item 3: the official draws need one prompt length per batch
+        # the official draws need one prompt length per batch
         ({"draw_order": "sideways"}, "draw_order='sideways': expected one of batched, official"),
         ({"draw_order": "official", "batch_size": 2}, "draw_order=official needs batch_size=1 with method=prefilling"),
-        # b38 item 1: a temperature whose 1/T overflows float32, before the weights load
+        # a temperature whose 1/T overflows float32, before the weights load
         ({"temperature": 1e-300}, "temperature must be a finite number >= 0, got 1e-300: 0 (greedy) or in [1.18e-38"),
-        # b38 item 8: int() and float() read other scripts' digits ('٣' is 3)
+        # int() and float() read other scripts' digits ('٣' is 3)
         ({"chunk_size": "٣"}, "chunk_size='٣': expected an integer >= 1"),
         ({"steps": "١٢"}, "steps='١٢': expected an integer >= 1"),
         ({"temperature": "٠.٥"}, "temperature='٠.٥': expected a finite number >= 0"),

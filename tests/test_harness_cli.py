@@ -1,5 +1,5 @@
 """``python -m dllm.harness`` without lm-eval: a package a task imports and lm-eval does not install is one
-``error:`` line naming the install command (issue 38 item 18), found before the weights load when the task
+``error:`` line naming the install command, found before the weights load when the task
 says so by its name. lm-eval is replaced by a stand-in whose run raises as LongBench's metrics module does.
 
 (The same with lm-eval itself: tests/test_harness_lm_eval.py, ``make test-harness``.)

@@ -60,8 +60,9 @@ def _samples(folder: Path, task: str) -> list[dict]:
 
 
 def test_harness_cli_on_the_local_passkey_task_equals_dllm_eval(tmp_path):
-    """The issue's command, offline on the bundled model: the harness prints its results table, and every
-    answer (batched 3 at a time) equals ``dllm eval passkey`` (one case at a time) on the same cases and config."""
+    """``python -m dllm.harness`` on a local task, offline on the bundled model: the harness prints its results
+    table, and every answer (batched 3 at a time) equals ``dllm eval passkey`` (one case at a time) on the same
+    cases and config."""
     args = ",".join(f"{k}={v}" for k, v in PREFILLING.items())
     cmd = [sys.executable, "-m", "dllm.harness", "--model", MODEL_NAME, "--model_args", args, "--tasks", "dllm_passkey"]
     cmd += ["--include_path", str(HARNESS_DIR), "--batch_size", "3", "--log_samples", "--output_path", str(tmp_path)]
@@ -237,7 +238,7 @@ def test_loglikelihood_caps_copies_per_forward_and_warns_past_the_window(monkeyp
         ("method=dense,top_k=2", "error: model_args: top_k (method=prefilling): not an option of method=dense"),
         ("pretrained=/no/such/dir", "error: model_args pretrained=/no/such/dir: no such directory"),
         ("chunk_size=4096", "error: model_args chunk_size=4096: a chunk and its BOS anchor take 4097 positions"),
-        # b38: lm-eval's parser reads '٣' as 3; the text is checked before it types it
+        # lm-eval's parser reads '٣' as 3; the text is checked before it types it
         ("method=dense,steps=٣", "error: model_args steps='٣': expected ASCII digits (0-9)"),
         ("draw_order=sideways", "error: model_args draw_order='sideways': expected one of batched, official"),
         ("candidates=all,candidate_layer=1", "error: model_args: candidate_layer=1 needs candidates"),
@@ -251,7 +252,7 @@ def test_model_args_errors_are_one_line_exit_2(capsys, model_args, expected):
 
 
 def test_create_from_arg_string_refuses_other_digits_and_takes_draw_order():
-    """b38: simple_evaluate(model_args="...") builds the model through create_from_arg_string, whose lm-eval
+    """simple_evaluate(model_args="...") builds the model through create_from_arg_string, whose lm-eval
     parser reads 'chunk_size=٣' as the int 3: refused first; draw_order reaches generate's keywords."""
     with pytest.raises(ModelArgsError, match="model_args chunk_size='٣': expected ASCII digits"):
         PrefillingDLLM.create_from_arg_string("method=prefilling,chunk_size=٣")
@@ -284,7 +285,7 @@ def test_chat_template_prompts_get_no_extra_bos():
 
 
 def test_longbench_without_its_packages_is_one_error_line(capsys, monkeypatch):
-    """Issue 38 item 18: the README's LongBench example without jieba/fuzzywuzzy/rouge was a 79-line ImportError
+    """The README's LongBench example without jieba/fuzzywuzzy/rouge was a 79-line ImportError
     traceback. Now one line naming the install command: found from the task's name before the weights load,
     and, when the name does not say (the check bypassed here), from lm-eval's own ImportError."""
     import dllm.harness.cli as harness_cli

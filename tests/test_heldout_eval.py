@@ -1,4 +1,4 @@
-"""bench.heldout_eval's grid and its lexical probe (issue 36): what the recorded evaluation asks."""
+"""bench.heldout_eval's grid and its lexical probe: what the recorded evaluation asks."""
 
 import torch
 

@@ -1,6 +1,7 @@
-"""Issue 23's knobs off reproduce the tokens of the code before they existed.
+"""The selection knobs (boundary snapping, redundancy-aware top-K, the first stage) off reproduce the tokens of
+the code before they existed.
 
-``tests/data/pre_issue23_tokens.json`` holds the tokens and kept chunks that the code at commit 86494fc (the
+``tests/data/tokens_before_selection_knobs.json`` holds the tokens and kept chunks that the code at commit 86494fc (the
 parent of the commit that added ``boundary_snap``, ``redundancy_threshold`` and ``candidates``) decoded with
 today's bundled weights, for two 6K-token passkey prompts (stored as text: the bundled tokenizer is
 character-level) under the paper's configuration (``PrefillingConfig()``), the paper's scores at C=256, and
@@ -23,7 +24,7 @@ from dllm.model.loader import default_model_dir
 from dllm.model.tokenization import encode_text
 from dllm.prefilling import PrefillingConfig, PromptParts
 
-DATA = json.loads((Path(__file__).parent / "data" / "pre_issue23_tokens.json").read_text())
+DATA = json.loads((Path(__file__).parent / "data" / "tokens_before_selection_knobs.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def tiny():
     weights = Path(default_model_dir()) / "model.safetensors"
     sha = hashlib.sha256(weights.read_bytes()).hexdigest()
     assert sha == DATA["weights_sha256"], (
-        "the bundled weights changed: regenerate tests/data/pre_issue23_tokens.json with the code of "
+        "the bundled weights changed: regenerate tests/data/tokens_before_selection_knobs.json with the code of "
         f"commit {DATA['code_commit']} and the new weights"
     )
     return dllm.load_model(device="cpu")
@@ -40,8 +41,8 @@ def tiny():
 def test_bundled_defaults_with_snap_off_are_the_recorded_configuration():
     bundled = PrefillingConfig.from_pretrained(default_model_dir())
     recorded = PrefillingConfig(**{**DATA["configs"]["bundled_snap_off"], "score_terms": ("draft_contrast",)})
-    # the first stage the bundled file turns on (issue 36: candidates="auto") is off in the recorded one too
-    # nor the lexical term (issue 36 item 1: lexical_weight)
+    # the first stage the bundled file turns on (candidates="auto") is off in the recorded one too,
+    # and so is the lexical term (lexical_weight)
     off = dataclasses.replace(bundled, boundary_snap=0, candidates=None, candidate_layer=None, lexical_weight=0.0)
     assert off == recorded
 

@@ -1,4 +1,4 @@
-"""A prefix shared by batch rows is stored once in the static KV cache (issue 26).
+"""A prefix shared by batch rows is stored once in the static KV cache.
 
 ``StaticKVCache.from_rows`` gives one slot to each distinct ``Segment`` object; the batched prefill
 hands the same prefix segment to every row with equal prefix ids, so 8 rows with one prefix hold one

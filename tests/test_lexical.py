@@ -1,4 +1,4 @@
-"""The lexical chunk-score term (issue 36 item 1): dllm.prefilling.lexical against a plain-Python n-gram count,
+"""The lexical chunk-score term: dllm.prefilling.lexical against a plain-Python n-gram count,
 PrefillingConfig.lexical_weight, and the fusion that ranks a needle chunk first where the predictive score alone
 does not."""
 
@@ -123,7 +123,7 @@ def test_config_field_is_validated(tmp_path):
 
 
 def test_fusion_ranks_the_needle_chunk_first_where_the_predictive_score_does_not(monkeypatch):
-    """Regression (issue 36 item 1): the bundled model on a pass-key case, its predictive score replaced by a
+    """The bundled model on a pass-key case, its predictive score replaced by a
     stub that ranks the needle chunk second (a distractor first): K=1 keeps the distractor, and with
     lexical_weight=1 the needle chunk, which holds the query's words "pass key"."""
     from dllm import load_model

@@ -33,7 +33,7 @@ def test_overrides_win(tmp_path):
 
 
 def test_a_none_keyword_means_what_it_means_to_the_dataclass(tmp_path):
-    """b38 item 2: main ignored None keywords, so top_k=None kept the file's K (2) where PrefillingConfig(
+    """None keywords were ignored, so top_k=None kept the file's K (2) where PrefillingConfig(
     top_k=None) keeps every chunk; None is now the field's None, and a field that cannot be None is refused."""
     (tmp_path / CONFIG_NAME).write_text(json.dumps({"chunk_size": 64, "top_k": 2, "token_budget": 8}))
     cfg = PrefillingConfig.from_pretrained(str(tmp_path), top_k=None, token_budget=None)
@@ -45,7 +45,8 @@ def test_a_none_keyword_means_what_it_means_to_the_dataclass(tmp_path):
 
 @pytest.mark.parametrize("with_file", [True, False])
 def test_a_bad_keyword_is_named_not_blamed_on_the_file(tmp_path, with_file):
-    """b38 item 2: main said "<dir>/prefilling_config.json: top_k (K) must be >= 1" for top_k=0."""
+    """A bad keyword is named as the keyword: for top_k=0 the error said "<dir>/prefilling_config.json: top_k (K)
+    must be >= 1", blaming the file."""
     if with_file:
         (tmp_path / CONFIG_NAME).write_text(json.dumps({"chunk_size": 64, "top_k": 2}))
     with pytest.raises(ValueError) as e:

@@ -1,4 +1,4 @@
-"""Issue 36 item 2: the first stage engages by itself (``candidates="auto"``, the bundled default) and a fresh
+"""The first stage engages by itself (``candidates="auto"``, the bundled default) and a fresh
 context with it is encoded in two passes (every chunk's layer-0 keys, then the candidates in full).
 
 The rule is checked against values computed by hand; the two-pass encoding against a full encoding of the

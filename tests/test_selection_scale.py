@@ -1,4 +1,4 @@
-"""Issue 23 items 1-3: chunk boundaries snapped to sentence ends, redundancy-aware top-K, a first stage.
+"""Chunk boundaries snapped to sentence ends, redundancy-aware top-K, a first stage.
 
 Each knob's off value must reproduce today's tokens; on, each is checked against hand-computed values
 or a naive reference.
@@ -51,7 +51,7 @@ def _parts(n_ctx=61, seed=0, ends_every=None):
 KW = dict(method="prefilling", gen_length=6, steps=6)
 
 
-# --- item 1: boundaries snapped to sentence ends -------------------------------------------------
+# --- boundaries snapped to sentence ends ----------------------------------------------------------
 
 
 def test_snapped_chunks_by_hand():
@@ -150,7 +150,7 @@ def test_a_snapped_cache_whose_boundaries_do_not_follow_its_sentences_is_damaged
         dllm.DocumentCache.load(tmp_path / "bad2.cache", dream)
 
 
-# --- item 2: redundancy-aware selection ----------------------------------------------------------
+# --- redundancy-aware selection -------------------------------------------------------------------
 
 
 def test_select_chunks_by_hand():
@@ -172,7 +172,7 @@ def test_select_chunks_by_hand():
 
 @pytest.mark.parametrize("threshold", [float("nan"), float("inf"), 0.0, -0.5, 1.5, True, "0.8"])
 def test_select_chunks_refuses_a_threshold_outside_0_1(threshold):
-    """b38 item 5: threshold=nan was accepted (every Jaccard >= nan is False: the redundancy rule off without
+    """threshold=nan was accepted (every Jaccard >= nan is False: the redundancy rule off without
     a word); inf, 0 and the rest are outside (0, 1] too."""
     ids = [torch.tensor([1, 2, 3])] * 3
     with pytest.raises(ValueError, match=r"threshold must be a real number in \(0, 1\]"):
@@ -189,7 +189,7 @@ def test_select_chunks_k_must_be_an_integer():
 
 
 def test_top_k_ties_go_to_the_earliest_chunk_and_nan_never_wins():
-    """Issue 38 item 15: ``select_chunks(zeros(20), 3)`` was [12, 13, 14] (torch.topk's order) and a NaN won."""
+    """``select_chunks(zeros(20), 3)`` was [12, 13, 14] (torch.topk's order) and a NaN won."""
     assert select_chunks(torch.zeros(20), 3) == [0, 1, 2]
     tied = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0, 1.0])
     assert select_chunks(tied, 2) == [1, 3]
@@ -240,7 +240,7 @@ def test_near_copies_no_longer_crowd_out_the_unique_chunk(dream):
     assert torch.equal(a.tokens, b.tokens) and a.stats.extra["selected_chunks"] == b.stats.extra["selected_chunks"]
 
 
-# --- item 3: the first stage ---------------------------------------------------------------------
+# --- the first stage ------------------------------------------------------------------------------
 
 
 def _naive_first_stage(model, chunks, query, m, layers):
@@ -346,8 +346,8 @@ def test_new_knobs_are_off_by_default_and_checked():
     bundled = PrefillingConfig.from_pretrained(default_model_dir())
     assert bundled.top_k == 4  # the file was read
     # the bundled model snaps its chunk boundaries (bench/results/tiny_prose_eval: what measured best in
-    # held-out prose) and engages the first stage by itself on long documents (issue 36 item 2:
-    # bench/results/scale_by_default.md); redundancy stays off
+    # held-out prose) and engages the first stage by itself on long documents
+    # (bench/results/scale_by_default.md); redundancy stays off
     assert bundled.boundary_snap == 64
     assert (bundled.candidates, bundled.candidate_layer) == ("auto", 0)
     assert "redundancy_threshold" not in bundled.changed_fields()
@@ -360,7 +360,7 @@ def test_new_knobs_are_off_by_default_and_checked():
         (dict(candidates=0), "candidates"),
         (dict(candidates="all"), "candidates"),
         (dict(candidate_layer=1.5), "candidate_layer"),
-        (dict(candidate_layer=1), "candidate_layer=1 needs candidates"),  # b38 item 7: main ignored it
+        (dict(candidate_layer=1), "candidate_layer=1 needs candidates"),  # a layer for a first stage that does not run
     ):
         with pytest.raises(ValueError, match=match):
             PrefillingConfig(**bad)

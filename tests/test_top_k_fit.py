@@ -1,4 +1,4 @@
-"""Issue 38 item 4: K is fitted against the real chunk count (the snapped one with ``boundary_snap``), by one
+"""K is fitted against the real chunk count (the snapped one with ``boundary_snap``), by one
 rule in the library (:meth:`PrefillingConfig.for_chunks`) that the CLI, ``dllm eval`` and the harness use.
 
 The bundled tokenizer is one token per character, so the snapped chunk count is computed from the text alone
@@ -94,7 +94,7 @@ def test_eval_checks_k_against_the_snapped_chunks(model, capsys):
 
 
 def test_batched_rows_name_the_row_whose_chunks_are_fewer_than_k(model):
-    """Breaker, second pass: in a batch, a row with fewer chunks than an explicit K was a TypeError from
+    """In a batch, a row with fewer chunks than an explicit K was a TypeError from
     rebuilding the TopKError with one argument; it is the same TopKError, naming the row."""
     long = PromptParts(
         torch.tensor([model.config.bos_token_id]), encode_text(model, FILLER * 20), encode_text(model, "Q?")

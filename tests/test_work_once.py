@@ -1,4 +1,4 @@
-"""Work done once (issue 26, item 5): one RoPE table per model, one tokenization per context.
+"""Work done once: one RoPE table per model, one tokenization per context.
 
 Expected values are independent of the code under test: RoPE frequencies from the formula
 ``theta^(-2i/D)`` evaluated with Python's ``math``; token ids from a direct call of the tokenizer made

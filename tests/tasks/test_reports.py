@@ -1,4 +1,4 @@
-"""The held-out register documents of issue 36 (dllm.eval.tasks.reports): seeded, one needle per task, its
+"""The held-out register documents (dllm.eval.tasks.reports): seeded, one needle per task, its
 answer nowhere else, distractors near and away from it, and a crop that holds it."""
 
 import re

@@ -1,5 +1,5 @@
-"""Regressions of the third hostile pass (issue 38's fixes, probed again): each input below was a traceback
-naming nothing, an error the docs promised and did not raise, or a crash one backend had and the other not."""
+"""Regressions for odd inputs: each input below was a traceback naming nothing, an error the docs promised and
+did not raise, or a crash one backend had and the other not."""
 
 import pytest
 import torch
