@@ -140,6 +140,17 @@ non_negative_float = _finite_float(0, strict=False)
 positive_float = _finite_float(0, strict=True)  # --adaptive-k's margin: 0 would cut at the first tie
 
 
+def top_p_arg(text: str) -> float:
+    """``--sampling-top-p``: a number in (0, 1] (1 keeps every token; NaN, 0 and anything outside are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:  # (False for NaN)
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits
 
 
@@ -315,12 +326,30 @@ def add_decode_args(p, gen_length_default: int | None, document: bool = False, m
     )
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy; > 0 samples tokens")
     p.add_argument(
+        "--sampling-top-p",
+        type=top_p_arg,
+        default=None,
+        metavar="P",
+        help="nucleus filter of the token distribution: keep the most likely tokens up to probability P, in (0, 1] "
+        "(Dream's top_p; its demo samples with --temperature 0.2 --sampling-top-p 0.95 --alg entropy) "
+        "(default: off)",
+    )
+    p.add_argument(
+        "--sampling-top-k",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="keep the N most likely tokens of the token distribution (Dream's top_k; not --top-k, prefilling's "
+        "chunks kept) (default: off, as Dream's generation_config.json)",
+    )
+    p.add_argument(
         "--confidence-from",
         default=None,
         choices=CONFIDENCE_SOURCES,
         help="research option: the distribution that ranks positions at temperature > 0: the tempered one the tokens "
         "are drawn from (Dream's reference) or softmax(logits) (LLaDA's, Fast-dLLM's); ties go to the leftmost "
-        "position (default: the rule's reference: tempered for Dream's rules, logits for the others)",
+        "position (--draw-order official: where the official loops' torch.topk puts them) (default: the rule's "
+        "reference: tempered for Dream's rules, logits for the others)",
     )
     p.add_argument("--threshold", type=float, default=0.9, help="tau of confidence_threshold, in (0, 1]")
     p.add_argument(

@@ -158,6 +158,8 @@ def _eval_columns(args, model, cfg: PrefillingConfig | None) -> dict:
         "block_cache": opt(args.block_cache),
         "alg": opt(args.alg),
         "temperature": args.temperature,
+        "sampling_top_p": opt(args.sampling_top_p),
+        "sampling_top_k": opt(args.sampling_top_k),
         "threshold": args.threshold,
         "confidence_from": opt(args.confidence_from),
         "draw_order": args.draw_order,

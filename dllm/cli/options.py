@@ -20,11 +20,22 @@ from dllm.cli.errors import UserError
 from dllm.decode.unmasking import UnmaskingConfig
 from dllm.prefilling.config import PrefillingConfig, with_overrides
 
+# UnmaskingConfig field -> CLI option (its top_k is the sampling filter, not prefilling's --top-k)
+DECODING_OPTIONS = {
+    "threshold": "--threshold",
+    "temperature": "--temperature",
+    "top_p": "--sampling-top-p",
+    "top_k": "--sampling-top-k",
+}
 
-def as_flags(exc: Exception) -> str:
-    """A config error in the words of the command line: field names become their flags, None 'all'."""
+
+def as_flags(exc: Exception, decoding: bool = False) -> str:
+    """A config error in the words of the command line: field names become their flags, None 'all'.
+    ``decoding``: an error of :class:`~dllm.decode.unmasking.UnmaskingConfig`, whose ``top_k`` is
+    ``--sampling-top-k`` (else a PrefillingConfig's, whose ``top_k`` is ``--top-k``)."""
     msg = str(exc)
-    for field, flag in {**PREFILLING_OPTIONS, "threshold": "--threshold", "temperature": "--temperature"}.items():
+    fields = {**PREFILLING_OPTIONS, **DECODING_OPTIONS} if decoding else {**DECODING_OPTIONS, **PREFILLING_OPTIONS}
+    for field, flag in fields.items():
         msg = re.sub(rf"(?<![\w-]){field}\b", flag, msg)  # not inside a flag already written
     return re.sub(r"\bor None\b", "or 'all'", msg)
 
@@ -35,11 +46,13 @@ def unmasking_check(args, gen_length: int | None) -> None:
         cfg = UnmaskingConfig(
             alg=args.alg or "maskgit_plus",
             temperature=args.temperature,
+            top_p=args.sampling_top_p,
+            top_k=args.sampling_top_k,
             threshold=args.threshold,
             confidence_from=args.confidence_from,
         )
     except ValueError as exc:
-        raise UserError(f"decoding options: {as_flags(exc)}") from exc
+        raise UserError(f"decoding options: {as_flags(exc, decoding=True)}") from exc
     if gen_length is None:
         if args.block_length is not None:
             raise UserError("--block-length needs --gen-length (the default gen length differs per case)")
@@ -276,6 +289,8 @@ def decode_kwargs(args, gen_length) -> dict:
         reselect=getattr(args, "reselect", None) or None,
         alg=args.alg,
         temperature=args.temperature,
+        top_p=args.sampling_top_p,
+        top_k=args.sampling_top_k,
         confidence_from=args.confidence_from,
         threshold=args.threshold,
         draw_order=args.draw_order,
