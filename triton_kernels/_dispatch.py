@@ -53,6 +53,7 @@ FakeTensor) they go through the registered ``torch.library`` op
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import triton.language as tl
@@ -304,6 +305,33 @@ def compute_dtype(kernel, dtype: torch.dtype):
     if dtype == torch.bfloat16:
         return tl.float32 if is_interpreted(kernel) else tl.bfloat16
     return {torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+
+
+def dot_tiles(kernel, dtype: torch.dtype, block_m: int, block_n: int, block_d: int) -> tuple:
+    """The constexprs the signature of a ``tl.dot`` kernel ends with: ``(BLOCK_M, BLOCK_N, BLOCK_D,
+    COMPUTE, DOT_PREC)``: the tile, its :func:`compute_dtype` and the dot's input precision (``"ieee"`` for
+    fp32 tiles, else ``"tf32"``, which fp16/bf16 tiles ignore)."""
+    comp = compute_dtype(kernel, dtype)
+    return block_m, block_n, block_d, comp, "ieee" if comp == tl.float32 else "tf32"
+
+
+def register_op(name: str, impl, check, fake, schema: str | None = None):
+    """Register ``impl(*args, backend)`` as the custom op ``prefilling_dllm::<name>``; returns ``(entry, op)``.
+
+    ``entry``, the op's body, runs ``check(*args)`` (the metadata checks, every argument but the last,
+    ``backend``) before ``impl``: a direct ``torch.ops`` call (e.g. opcheck) skips the public function's
+    checks, so a tensor on the wrong device is still named before any value is read. ``fake`` is the op's
+    fake (meta) implementation; the schema is inferred from ``impl``'s annotations unless given.
+    """
+
+    @functools.wraps(impl)
+    def entry(*args):  # the dispatcher passes every argument positionally
+        check(*args[:-1])
+        return impl(*args)
+
+    op = torch.library.custom_op(f"prefilling_dllm::{name}", entry, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    return entry, op
 
 
 def call_op(op, impl, *args):

@@ -22,6 +22,13 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 SUPPORTED_HEAD_DIMS = "any multiple of 16 from 16 to 256"
 
 
+def check_tensors(op: str, **tensors) -> None:
+    """Every named argument is a torch.Tensor (a TypeError names the first one that is not)."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
 def check_ndim(op: str, name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")

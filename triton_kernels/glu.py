@@ -110,8 +110,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, *, backend: str |
 
 def _validate(gate, up) -> None:
     op = "swiglu"
-    if not isinstance(gate, torch.Tensor):
-        raise TypeError(f"{op}: gate must be a torch.Tensor, got {type(gate).__name__}")
+    V.check_tensors(op, gate=gate)
     if gate.dim() < 1:
         raise ValueError(f"{op}: gate must be [..., I] (or [..., 2I] with up=None), got a 0-d tensor")
     V.check_float(op, gate=gate, up=up)

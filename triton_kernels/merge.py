@@ -34,20 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _launch
+from triton_kernels import _dispatch, _launch
 from triton_kernels import _validate as V
 from triton_kernels import plan as _plan
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
-from triton_kernels._dispatch import (
-    alloc,
-    alloc_spec,
-    call_op,
-    eager,
-    out_spec,
-    require_runnable,
-    resolve_backend,
-)
+from triton_kernels._dispatch import call_op, require_runnable  # per module: tests patch these
 from triton_kernels._launch import PreparedLaunch
 from triton_kernels.plan import gpu_spec, plan_merge
 
@@ -169,8 +161,8 @@ def _prepare(o, lse, out_dtype=None, plan=None, rows_shape=None, row_strides=Non
     if r == 0 or n == 0:
         return None
     call = _MergeCall()
-    call.out = out_spec(out_shape, o.dtype if out_dtype is None else out_dtype, o.device)
-    call.lse = out_spec(lse_shape, torch.float32, o.device)
+    call.out = _dispatch.out_spec(out_shape, o.dtype if out_dtype is None else out_dtype, o.device)
+    call.lse = _dispatch.out_spec(lse_shape, torch.float32, o.device)
     plan = plan_merge(n, r, d, gpu_spec(o.device)) if plan is None else plan
     call.launch = merge_prepared(n, r, d, o.stride(0), row_strides[0], lse.stride(0), row_strides[1], plan)
     call.device_type = o.device.type
@@ -181,7 +173,7 @@ def _prepare(o, lse, out_dtype=None, plan=None, rows_shape=None, row_strides=Non
 def _run(call: _MergeCall, o, lse):
     if not call.native and _launch._STUB is None:
         require_runnable(_merge_states_kernel, o.device, "merge_states")
-    out, out_lse = alloc_spec(call.out), alloc_spec(call.lse)
+    out, out_lse = _dispatch.alloc_spec(call.out), _dispatch.alloc_spec(call.lse)
     call.launch((o, lse, out, out_lse), not (o.data_ptr() | lse.data_ptr()) & 15)
     return out, out_lse
 
@@ -213,8 +205,8 @@ def merge_states_launch(
         out_shape, lse_shape = (o.shape[1], o.shape[2]), (o.shape[1],)
     else:
         out_shape, lse_shape = (*rows_shape, o.shape[-1]), tuple(rows_shape)
-    out = alloc(out_shape, out_dtype, o.device)
-    out_lse = alloc(lse_shape, torch.float32, o.device)
+    out = _dispatch.alloc(out_shape, out_dtype, o.device)
+    out_lse = _dispatch.alloc(lse_shape, torch.float32, o.device)
     if out_lse.numel() == 0:
         return out, out_lse
     return out.zero_(), out_lse.fill_(float("-inf"))  # no partial: no key
@@ -222,9 +214,7 @@ def merge_states_launch(
 
 def _validate(o, lse) -> None:
     op = "merge_states"
-    for name, t in (("o", o), ("lse", lse)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    V.check_tensors(op, o=o, lse=lse)
     if o.dim() < 3:
         raise ValueError(f"{op}: o must be [N, *, H, D] (at least 3-D), got shape {tuple(o.shape)}")
     V.check_shape(op, "lse", lse, tuple(o.shape[:-1]), "o.shape[:-1] = [N, *, H]")
@@ -273,18 +263,14 @@ def _row_stride(t: torch.Tensor, lo: int, hi: int) -> int | None:
     return stride[dims[-1]] if dims else 0
 
 
-def _merge_states_entry(o: torch.Tensor, lse: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The registered op: metadata checks first (a direct ``torch.ops`` call skips the public function's)."""
-    _validate(o, lse)
-    return _merge_states_impl(o, lse, backend)
-
-
-_merge_states_op = torch.library.custom_op("prefilling_dllm::merge_states", _merge_states_entry, mutates_args=())
-
-
-@_merge_states_op.register_fake
-def _(o, lse, backend):
+def _merge_states_fake(o, lse, backend):
     return o.new_empty(o.shape[1:]), lse.new_empty(lse.shape[1:], dtype=torch.float32)
+
+
+# the registered op; its body runs the metadata checks first (triton_kernels._dispatch.register_op)
+_merge_states_entry, _merge_states_op = _dispatch.register_op(
+    "merge_states", _merge_states_impl, _validate, _merge_states_fake
+)
 
 
 def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = None):
@@ -316,7 +302,7 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
     Algorithm: flash-decoding split-K reduction; FlashInfer ``merge_states`` math in
     natural log, folded in one pass with a running max (online softmax) in fp32.
     """
-    backend = resolve_backend(backend, o.device) if isinstance(o, torch.Tensor) else backend
+    backend = _dispatch.resolve_backend(backend, o.device) if isinstance(o, torch.Tensor) else backend
     sig = V.signature("merge_states", (o, lse), (backend, _plan.assumed_gpu()))
     call = V.recall(sig)
     if call is None or (type(call) is _MergeCall and call.launch.kernel is not _merge_states_kernel):
@@ -326,6 +312,6 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, backend: str | None = No
         if backend == "triton" and sig is not None:
             call = _prepare_public(o, lse)
         V.remember(sig, call)
-    if type(call) is _MergeCall and eager():  # the prepared call: allocate, launch
+    if type(call) is _MergeCall and _dispatch.eager():  # the prepared call: allocate, launch
         return _run(call, o, lse)
     return call_op(_merge_states_op, _merge_states_impl, o, lse, backend)

@@ -160,9 +160,7 @@ def add_rms_norm(
 
 def _validate(x, weight, eps, residual) -> None:
     op = "add_rms_norm"
-    for name, t in (("x", x), ("weight", weight)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    V.check_tensors(op, x=x, weight=weight)
     if x.dim() < 1:
         raise ValueError(f"{op}: x must be [..., H], got a 0-d tensor")
     V.check_float(op, x=x, residual=residual)

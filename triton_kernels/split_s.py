@@ -32,28 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _launch
+from triton_kernels import _dispatch, _launch
 from triton_kernels import _validate as V
 from triton_kernels import merge as _merge
 from triton_kernels import plan as _plan
 from triton_kernels import reference as _ref
 from triton_kernels._constants import LN2, LOG2E
-from triton_kernels._dispatch import (
-    ERR_LIVE_LEN,
-    ERR_SEG_LEN,
-    ERR_SEG_SLOT,
-    alloc,
-    alloc_spec,
-    call_op,
-    check_values_enabled,
-    compute_dtype,
-    eager,
-    error_word,
-    out_spec,
-    require_runnable,
-    resolve_backend,
-    values_checked,
-)
+from triton_kernels._dispatch import ERR_LIVE_LEN, ERR_SEG_LEN, ERR_SEG_SLOT, call_op, require_runnable
 from triton_kernels._launch import PreparedLaunch
 from triton_kernels.merge import merge_prepared
 from triton_kernels.plan import gpu_spec, plan_split_s
@@ -262,64 +247,29 @@ def _prepare(
     if n_parts == 0 or q.numel() == 0:
         return None
     call = _SplitSCall()
-    call.out = out_spec((bsz, m, hq, d), q.dtype, q.device)
-    call.lse = out_spec((bsz, m, hq), torch.float32, q.device)
+    call.out = _dispatch.out_spec((bsz, m, hq, d), q.dtype, q.device)
+    call.lse = _dispatch.out_spec((bsz, m, hq), torch.float32, q.device)
     if n_parts == 1:  # a single partial is already the answer: phase 1 writes the outputs, no merge
         call.o_part = call.lse_part = call.merge = None
         so, sx = (0, *call.out[1]), (0, *call.lse[1])  # partial 0 is the output (its stride is never used)
     else:
-        call.o_part = out_spec((n_parts, bsz, m, hq, d), torch.float32, q.device)
-        call.lse_part = out_spec((n_parts, bsz, m, hq), torch.float32, q.device)
+        call.o_part = _dispatch.out_spec((n_parts, bsz, m, hq, d), torch.float32, q.device)
+        call.lse_part = _dispatch.out_spec((n_parts, bsz, m, hq), torch.float32, q.device)
         so, sx = call.o_part[1], call.lse_part[1]
         # the partial buffers are contiguous: rows of (b, m, h) flatten to strides d (o) and 1 (lse)
         call.merge = merge_prepared(n_parts, bsz * m * hq, d, so[0], d, sx[0], 1, plan.merge)
     kl = k_live if has_live else k_pool
     vl = v_live if has_live else v_pool
-    comp = compute_dtype(_split_s_partial_kernel, q.dtype)
-    sq, skp, svp, skl, svl = q.stride(), k_pool.stride(), v_pool.stride(), kl.stride(), vl.stride()
-    tail = (
-        m,
-        s,
-        k_pool.shape[0],
-        t,
-        plan.split_len,
-        plan.n_splits,
-        plan.segs_per_prog,
-        n_parts,
-        float(sm_scale) * LOG2E.value,
-        sq[0],
-        sq[1],
-        sq[2],
-        skp[0],
-        skp[1],
-        skp[2],
-        svp[0],
-        svp[1],
-        svp[2],
-        skl[0],
-        skl[1],
-        skl[2],
-        svl[0],
-        svl[1],
-        svl[2],
-        *seg_slots.stride(),
-        *seg_lens.stride(),
-        *so[:4],
-        *sx,
-        hq // hkv,
-        d,
-        int(has_live),
-        live_lens is not None,
-        plan.block_m,
-        plan.block_n,
-        plan.block_d,
-        comp,
-        "ieee" if comp == tl.float32 else "tf32",
-    )  # the kernel's signature order after its 11 pointers (triton_kernels._launch.launch)
+    tiles = _dispatch.dot_tiles(_split_s_partial_kernel, q.dtype, plan.block_m, plan.block_n, plan.block_d)
+    strides = (*q.stride()[:3], *k_pool.stride()[:3], *v_pool.stride()[:3], *kl.stride()[:3], *vl.stride()[:3])
+    strides += (*seg_slots.stride(), *seg_lens.stride(), *so[:4], *sx)
+    # the kernel's signature order after its 11 pointers (triton_kernels._launch.launch)
+    tail = (m, s, k_pool.shape[0], t, plan.split_len, plan.n_splits, plan.segs_per_prog, n_parts)
+    tail += (float(sm_scale) * LOG2E.value, *strides, hq // hkv, d, int(has_live), live_lens is not None, *tiles)
     call.phase1 = PreparedLaunch(_split_s_partial_kernel, plan.grid, tail, plan.num_warps, plan.num_stages)
     call.device_type = q.device.type
     call.native = call.device_type == "cuda"  # else require_runnable per call
-    call.err = error_word(q.device)
+    call.err = _dispatch.error_word(q.device)
     return call
 
 
@@ -334,11 +284,9 @@ def _run(call: _SplitSCall, q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_li
     """Run a prepared call on tensors of the metadata it was prepared for: allocate, launch (1 or 2)."""
     if not call.native and _launch._STUB is None:
         require_runnable(_split_s_partial_kernel, q.device, "split_s_attention")
-    out, lse = alloc_spec(call.out), alloc_spec(call.lse)
-    if call.merge is None:
-        o_part, lse_part = out, lse
-    else:
-        o_part, lse_part = alloc_spec(call.o_part), alloc_spec(call.lse_part)
+    spec = _dispatch.alloc_spec
+    out, lse = spec(call.out), spec(call.lse)
+    o_part, lse_part = (out, lse) if call.merge is None else (spec(call.o_part), spec(call.lse_part))
     kl = k_pool if k_live is None else k_live
     vl = v_pool if v_live is None else v_live
     ll = q if live_lens is None else live_lens  # a dummy pointer when HAS_LIVE_LENS is False
@@ -369,8 +317,8 @@ def split_s_launch(
     )  # fmt: skip
     if call is not None:
         return _run(call, q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
-    out = alloc(q.shape, q.dtype, q.device)
-    lse = alloc(q.shape[:-1], torch.float32, q.device)
+    out = _dispatch.alloc(q.shape, q.dtype, q.device)
+    lse = _dispatch.alloc(q.shape[:-1], torch.float32, q.device)
     if out.numel() == 0:
         return out, lse
     return out.zero_(), lse.fill_(float("-inf"))  # no segment columns and no live block: nothing to attend to
@@ -391,23 +339,15 @@ def _sdpa_hint(q, k_pool, k_live) -> str:
     return V.SDPA_NOTE
 
 
-def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens) -> None:
+def _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale) -> None:
+    """The metadata checks of a call (the arguments of the registered op but ``backend``)."""
     try:
         _validate_shapes(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
     except ValueError as err:
         raise V.with_layout(err, SPLIT_S_LAYOUT, _sdpa_hint(q, k_pool, k_live)) from None
     op = "split_s_attention"
-    V.check_device(
-        op,
-        q=q,
-        k_pool=k_pool,
-        v_pool=v_pool,
-        seg_slots=seg_slots,
-        seg_lens=seg_lens,
-        k_live=k_live,
-        v_live=v_live,
-        live_lens=live_lens,
-    )
+    table = dict(seg_slots=seg_slots, seg_lens=seg_lens)
+    V.check_device(op, q=q, k_pool=k_pool, v_pool=v_pool, **table, k_live=k_live, v_live=v_live, live_lens=live_lens)
     V.check_last_dim_contiguous(op, q=q, k_pool=k_pool, v_pool=v_pool, k_live=k_live, v_live=v_live)
     V.check_scale(op, sm_scale)
 
@@ -457,7 +397,7 @@ def _split_s_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The torch paths index with the table's values: they are checked first, or guarded as the kernel does.
     p, t = k_pool.shape[0], k_pool.shape[1]
-    checked = check_values_enabled(q.device if backend == "triton" else None)
+    checked = _dispatch.check_values_enabled(q.device if backend == "triton" else None)
     if checked:
         V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
     if backend == "triton":
@@ -503,36 +443,18 @@ def _guard_table(seg_slots, seg_lens, live_lens, p: int, t: int, m: int):
     if bad_live is not None:
         bits = bits | bad_live.any().to(torch.int32) * ERR_LIVE_LEN
         live_lens = live_lens.masked_fill(bad, m)
-    error_word(seg_slots.device).bitwise_or_(bits)
+    _dispatch.error_word(seg_slots.device).bitwise_or_(bits)
     seg_slots = seg_slots.masked_fill(bad[:, None], -1)
     seg_lens = seg_lens.masked_fill(bad[:, None], 0)
     return seg_slots, seg_lens, live_lens, bad
 
 
-def _split_s_entry(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    seg_slots: torch.Tensor,
-    seg_lens: torch.Tensor,
-    k_live: torch.Tensor | None,
-    v_live: torch.Tensor | None,
-    live_lens: torch.Tensor | None,
-    sm_scale: float,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The registered op: the metadata checks first (a direct ``torch.ops`` call, e.g. opcheck, skips
-    the public function's), so a tensor on the wrong device is named before any value is read."""
-    _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
-    return _split_s_impl(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale, backend)
-
-
-_split_s_op = torch.library.custom_op("prefilling_dllm::split_s_attention", _split_s_entry, mutates_args=())
-
-
-@_split_s_op.register_fake
-def _(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale, backend):
+def _split_s_fake(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale, backend):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+# the registered op; its body runs the metadata checks first (triton_kernels._dispatch.register_op)
+_split_s_entry, _split_s_op = _dispatch.register_op("split_s_attention", _split_s_impl, _validate, _split_s_fake)
 
 
 def split_s_attention(
@@ -613,22 +535,22 @@ def split_s_attention(
     long segments; FlashInfer merge_states math. Partials are fp32; the partition of
     the keys into partials is planned per shape (:func:`triton_kernels.plan.plan_split_s`).
     """
-    backend = resolve_backend(backend, q.device) if isinstance(q, torch.Tensor) else backend
+    backend = _dispatch.resolve_backend(backend, q.device) if isinstance(q, torch.Tensor) else backend
     tensors = (q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)
     # type(sm_scale): 1 == True == 1.0 as keys, but a bool scale must still raise
     sig = V.signature("split_s_attention", tensors, (sm_scale, type(sm_scale), backend, _plan.assumed_gpu()))
     call = V.recall(sig)
     if call is None or (type(call) is _SplitSCall and not _current(call)):  # metadata checks, memoised per
         # metadata signature with the prepared call (made again when its kernels were swapped)
-        _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, sm_scale, live_lens)
+        _validate(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens, sm_scale)
         if backend == "triton":  # the torch reference takes any D
             V.check_head_dim("split_s_attention", q.shape[-1])
             if sig is not None:
                 scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
                 call = _prepare(q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, scale, live_lens)
         V.remember(sig, call)
-    if type(call) is _SplitSCall and eager():  # the prepared call: allocate, launch
-        if values_checked(call.device_type):
+    if type(call) is _SplitSCall and _dispatch.eager():  # the prepared call: allocate, launch
+        if _dispatch.values_checked(call.device_type):
             p, t = k_pool.shape[0], k_pool.shape[1]
             V.check_segment_table_values("split_s_attention", seg_slots, seg_lens, p, t, live_lens, q.shape[1])
         return _run(call, q, k_pool, v_pool, seg_slots, seg_lens, k_live, v_live, live_lens)

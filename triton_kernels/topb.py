@@ -44,22 +44,10 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _launch
+from triton_kernels import _dispatch, _launch
 from triton_kernels import _validate as V
 from triton_kernels import reference as _ref
-from triton_kernels._dispatch import (
-    ERR_TOPB,
-    alloc,
-    alloc_spec,
-    call_op,
-    check_values_enabled,
-    eager,
-    error_word,
-    out_spec,
-    require_runnable,
-    resolve_backend,
-    values_checked,
-)
+from triton_kernels._dispatch import ERR_TOPB, call_op, require_runnable  # per module: tests patch these
 from triton_kernels._launch import PreparedLaunch, launch
 from triton_kernels.plan import cdiv
 
@@ -299,11 +287,11 @@ def select_launch(scores, b, lens, pool_kernel, keep_first):
     require_runnable(_select_topb_kernel, scores.device, "topb_gather")
     n, h, t = scores.shape
     dev = scores.device
-    idx = alloc((n, h, b), torch.long, dev)
-    kept = alloc((n,), torch.int32, dev)
+    idx = _dispatch.alloc((n, h, b), torch.long, dev)
+    kept = _dispatch.alloc((n,), torch.int32, dev)
     tail = _select_tail(t, b, scores.stride(), h, pool_kernel, keep_first, lens is not None)
     # lens: kept stands in when there is none (not read without lens)
-    args = (scores, kept if lens is None else lens, idx, kept, error_word(dev), *tail)
+    args = (scores, kept if lens is None else lens, idx, kept, _dispatch.error_word(dev), *tail)
     launch(_select_topb_kernel, (n, h), args, select_warps(tail[-1]))
     return idx, kept
 
@@ -323,10 +311,10 @@ def _prepare(scores, k, v, b, lens, pool_kernel, keep_first):
         return None
     d, dev = k.shape[-1], k.device
     call = _TopbCall()
-    call.k_out = out_spec((n, b, h, d), k.dtype, dev)
-    call.v_out = out_spec((n, b, h, d), v.dtype, dev)
-    call.idx = out_spec((n, h, b), torch.long, dev)
-    call.kept = out_spec((n,), torch.int32, dev)
+    call.k_out = _dispatch.out_spec((n, b, h, d), k.dtype, dev)
+    call.v_out = _dispatch.out_spec((n, b, h, d), v.dtype, dev)
+    call.idx = _dispatch.out_spec((n, h, b), torch.long, dev)
+    call.kept = _dispatch.out_spec((n,), torch.int32, dev)
     has_lens = lens is not None
     tail = _select_tail(t, b, scores.stride(), h, pool_kernel, keep_first, has_lens)
     call.select = PreparedLaunch(_select_topb_kernel, (n, h), tail, select_warps(tail[-1]))
@@ -334,7 +322,7 @@ def _prepare(scores, k, v, b, lens, pool_kernel, keep_first):
     call.gather = PreparedLaunch(_gather_rows_kernel, grid, tail, warps)
     call.device_type = dev.type
     call.native = call.device_type == "cuda"  # else require_runnable per call
-    call.err = error_word(dev)
+    call.err = _dispatch.error_word(dev)
     call.kernels = (_select_topb_kernel, _gather_rows_kernel)  # what the launches above hold
     return call
 
@@ -349,8 +337,8 @@ def _run(call: _TopbCall, scores, k, v, lens):
     gather copies the rows and makes a chunk with a bad row keep nothing (idx -1, kept 0, K/V NaN)."""
     if not call.native and _launch._STUB is None:
         require_runnable(_select_topb_kernel, scores.device, "topb_gather")
-    k_out, v_out = alloc_spec(call.k_out), alloc_spec(call.v_out)
-    idx, kept = alloc_spec(call.idx), alloc_spec(call.kept)
+    spec = _dispatch.alloc_spec
+    k_out, v_out, idx, kept = spec(call.k_out), spec(call.v_out), spec(call.idx), spec(call.kept)
     if lens is None:  # dummy pointers in its place (not read without lens)
         aligned = not (scores.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
         call.select((scores, kept, idx, kept, call.err), aligned)
@@ -381,8 +369,8 @@ def gather_rows_launch(idx, k, v, kept=None, lens=None, t=0):
     require_runnable(_gather_rows_kernel, k.device, "topb_gather")
     n, h, b = idx.shape
     d = k.shape[-1]
-    k_out = alloc((n, b, h, d), k.dtype, k.device)
-    v_out = alloc((n, b, h, d), v.dtype, v.device)
+    k_out = _dispatch.alloc((n, b, h, d), k.dtype, k.device)
+    v_out = _dispatch.alloc((n, b, h, d), v.dtype, v.device)
     if n * h * b == 0:
         return k_out, v_out
     grid, tail, warps = _gather_plan(
@@ -455,7 +443,7 @@ def _topb_impl(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # The torch reference indexes with the values: it is always checked first (unless skipped).
-    checked = check_values_enabled(k.device if backend == "triton" else None)
+    checked = _dispatch.check_values_enabled(k.device if backend == "triton" else None)
     if checked:
         V.check_scores_values("topb_gather", scores, lens)
     if backend == "torch":
@@ -498,30 +486,11 @@ def _flag_bad_chunks(scores, lens, k_out, v_out, idx, kept) -> None:
         v_out.masked_fill_(bad[:, None, None, None], float("nan"))
     idx.masked_fill_(bad[:, None, None], -1)
     kept.masked_fill_(bad, 0)
-    word = error_word(scores.device)
+    word = _dispatch.error_word(scores.device)
     word.bitwise_or_(bad.any().to(torch.int32) * ERR_TOPB)
 
 
-def _topb_entry(
-    scores: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    b: int,
-    lens: torch.Tensor | None,
-    pool_kernel: int,
-    keep_first: bool,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The registered op: metadata checks first (a direct ``torch.ops`` call skips the public function's)."""
-    _validate(scores, k, v, b, lens, pool_kernel, keep_first)
-    return _topb_impl(scores, k, v, b, lens, pool_kernel, keep_first, backend)
-
-
-_topb_op = torch.library.custom_op("prefilling_dllm::topb_gather", _topb_entry, mutates_args=())
-
-
-@_topb_op.register_fake
-def _(scores, k, v, b, lens, pool_kernel, keep_first, backend):
+def _topb_fake(scores, k, v, b, lens, pool_kernel, keep_first, backend):
     n, h, _ = scores.shape
     d = k.shape[-1]
     return (
@@ -530,6 +499,10 @@ def _(scores, k, v, b, lens, pool_kernel, keep_first, backend):
         k.new_empty((n, h, b), dtype=torch.long),
         k.new_empty((n,), dtype=torch.int32),
     )
+
+
+# the registered op; its body runs the metadata checks first (triton_kernels._dispatch.register_op)
+_topb_entry, _topb_op = _dispatch.register_op("topb_gather", _topb_impl, _validate, _topb_fake)
 
 
 def topb_gather(
@@ -587,7 +560,7 @@ def topb_gather(
     with a prefix-sum compaction, gather by a second Triton kernel (see the module
     docstring); the torch backend is the naive stable-sort reference.
     """
-    backend = resolve_backend(backend, k.device) if isinstance(k, torch.Tensor) else backend
+    backend = _dispatch.resolve_backend(backend, k.device) if isinstance(k, torch.Tensor) else backend
     # MAX_SELECT_T: a record never outlives the limit it was prepared under (tests lower it)
     sig = V.signature("topb_gather", (scores, k, v, lens), (b, pool_kernel, keep_first, backend, MAX_SELECT_T))
     call = V.recall(sig)
@@ -604,8 +577,8 @@ def topb_gather(
         if backend == "triton" and sig is not None:
             call = _prepare(scores, k, v, b, lens, pool_kernel, keep_first)
         V.remember(sig, call)
-    if type(call) is _TopbCall and eager():  # the prepared call: allocate, launch
-        if values_checked(call.device_type):
+    if type(call) is _TopbCall and _dispatch.eager():  # the prepared call: allocate, launch
+        if _dispatch.values_checked(call.device_type):
             V.check_scores_values("topb_gather", scores, lens)
         return _run(call, scores, k, v, lens)
     return call_op(_topb_op, _topb_impl, scores, k, v, b, lens, pool_kernel, keep_first, backend)
