@@ -19,8 +19,8 @@ import torch
 import dllm
 import dllm.prefilling.chunks
 from dllm.cli import build_parser, main
-from dllm.cli.generate import _chunk_char_spans, _one_line_answer
-from dllm.prefilling import PrefillingConfig
+from dllm.cli.generate import _one_line_answer
+from dllm.prefilling import PrefillingConfig, chunk_char_spans
 from tests.test_cli import FILLER, PROMPT, run_cli, write_example_files
 from tests.tiny_checkpoints import DREAM_TOKENIZER, snapped_starts
 
@@ -99,6 +99,38 @@ def test_a_candidate_layer_without_candidates_in_the_checkpoint_is_one_error_lin
         f"error: {bare / 'prefilling_config.json'}: candidate_layer=1 needs candidates (the first stage it belongs "
         "to is off with candidates=None): give candidates too, or leave candidate_layer unset"
     ]
+
+
+def test_off_overrides_a_checkpoint_adaptive_k_and_redundancy_threshold(tmp_path, monkeypatch):
+    """The harness could turn off a checkpoint's adaptive_k or redundancy_threshold (None); the CLI had no word
+    for it (a margin must be > 0): ``off`` now, and the help shows the checkpoint's value."""
+    from dllm.cli.errors import UserError
+    from dllm.cli.options import prefilling_config
+
+    monkeypatch.chdir(tmp_path)
+    ckpt = Path("ckpt")
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text((ROOT / "dllm/assets/tiny-dream/config.json").read_text())
+    (ckpt / "prefilling_config.json").write_text(json.dumps({"adaptive_k": 1.5, "redundancy_threshold": 0.8}))
+    Path("p.txt").write_text("Q?")
+    parser = _subparser("generate", str(ckpt))
+    text = " ".join(parser.format_help().split())
+    assert f"(default: 1.5, {ckpt}'s; the library's and the paper's: off)" in text
+    assert f"(default: 0.8, {ckpt}'s; the library's and the paper's: off)" in text
+
+    def config(*flags):
+        argv = ["--prompt-file", "p.txt", "--model", str(ckpt), "--device", "cpu", "--method", "prefilling", *flags]
+        args = parser.parse_args(argv)
+        return prefilling_config(args, str(ckpt))
+
+    cfg = config()
+    assert (cfg.adaptive_k, cfg.redundancy_threshold) == (1.5, 0.8)
+    cfg = config("--adaptive-k", "off", "--redundancy-threshold", "OFF")
+    assert (cfg.adaptive_k, cfg.redundancy_threshold) == (None, None)
+    cfg = config("--adaptive-k", "2")
+    assert (cfg.adaptive_k, cfg.redundancy_threshold) == (2.0, 0.8)
+    with pytest.raises(UserError, match="argument --adaptive-k: expected a finite number > 0, got 'of', or off"):
+        parser.parse_args(["--prompt-file", "p.txt", "--adaptive-k", "of"])
 
 
 def test_help_marks_the_research_options():
@@ -283,7 +315,7 @@ def test_character_spans_with_a_bpe_tokenizer():
     fake = types.SimpleNamespace(tokenizer=tok, device=torch.device("cpu"))
     text = FILLER * 20 + "The pass key is 12345. Remember it. " + FILLER * 10
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    spans = _chunk_char_spans(fake, text, PrefillingConfig(chunk_size=16))
+    spans = chunk_char_spans(fake, text, PrefillingConfig(chunk_size=16))
     assert len(spans) == -(-len(ids) // 16) and spans[0][0] == 0 and spans[-1][1] == len(text)
     for j, (s, e) in enumerate(spans):
         assert tok.decode(ids[16 * j : 16 * (j + 1)]) == text[s:e]
@@ -408,7 +440,7 @@ def test_character_spans_follow_snapped_boundaries():
     model = dllm.load_model()
     text = "Short one. " * 40
     cfg = PrefillingConfig(chunk_size=64, boundary_snap=16)
-    spans = _chunk_char_spans(model, text, cfg)
+    spans = chunk_char_spans(model, text, cfg)
     cuts = chunk_spans(model, dllm.encode_text(model, text), 64, 16)
     assert [e - s for s, e in spans] == [n for _, n in cuts]  # one character per token
     assert all(text[e - 1] in ". " for s, e in spans[:-1]) and spans[-1][1] == len(text)
@@ -463,7 +495,7 @@ def test_character_spans_skip_characters_the_tokenizer_drops():
     ids = dllm.encode_text(model, text)
     kept = [c for c in text if c.isascii()]
     assert ids.numel() == len(kept)  # one token per ASCII character, the rest dropped
-    spans = _chunk_char_spans(model, text, PrefillingConfig(chunk_size=16))
+    spans = chunk_char_spans(model, text, PrefillingConfig(chunk_size=16))
     assert len(spans) == -(-len(kept) // 16)
     for j, (s, e) in enumerate(spans):
         assert "".join(c for c in text[s:e] if c.isascii()) == "".join(kept[16 * j : 16 * (j + 1)])
@@ -491,7 +523,7 @@ def test_character_spans_with_a_bpe_tokenizer_and_non_ascii_text():
     fake = types.SimpleNamespace(tokenizer=tok, device=torch.device("cpu"))
     text = "Krak\u00f3w\u2019s port \u2014 a quay. Caf\u00e9 open \U0001f600. " * 12
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    spans = _chunk_char_spans(fake, text, PrefillingConfig(chunk_size=16))
+    spans = chunk_char_spans(fake, text, PrefillingConfig(chunk_size=16))
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
     for j, (s, e) in enumerate(spans):
         assert j == 0 or s == spans[j - 1][1]

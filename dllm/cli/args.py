@@ -22,6 +22,7 @@ from dllm.generate import METHODS
 from dllm.prefilling.config import AUTO, CACHE_MODES, POSITION_MODES, SCORE_MODES, SCORE_TERMS, PrefillingConfig
 
 ALL = "all"  # --top-k all / --token-budget all: keep every chunk / every token (the library's None)
+OFF = "off"  # --adaptive-k off / --redundancy-threshold off: off even where the checkpoint turns it on (None)
 _PREFILLING_DEFAULTS = PrefillingConfig()
 # CLI option -> PrefillingConfig field; these options apply to --method prefilling only
 PREFILLING_OPTIONS = {
@@ -138,6 +139,20 @@ def _finite_float(low: float, strict: bool):
 
 non_negative_float = _finite_float(0, strict=False)
 positive_float = _finite_float(0, strict=True)  # --adaptive-k's margin: 0 would cut at the first tie
+
+
+def or_off(parse):
+    """An argparse type: ``off`` (any case: the library's None, overriding a checkpoint's setting) or ``parse``."""
+
+    def parse_or_off(text: str):
+        if text.strip().lower() == OFF:
+            return OFF
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}, or off") from None
+
+    return parse_or_off
 
 
 def top_p_arg(text: str) -> float:
@@ -387,10 +402,12 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
     add_prefill_batch_and_snap(g, model_dir)
     g.add_argument(
         "--redundancy-threshold",
-        type=non_negative_float,
+        type=or_off(non_negative_float),
         default=None,
+        metavar="J|off",
         help="Jaccard similarity of token 8-grams in (0, 1] at which a chunk counts as a near-copy of a kept one "
-        "and is passed over while others remain (default: off, the paper's top-K)",
+        "and is passed over while others remain; off: the paper's top-K even where the checkpoint sets it "
+        f"({default_help(model_dir, 'redundancy_threshold', lambda r: 'off' if r is None else r)})",
     )
     g.add_argument(
         "--candidates",
@@ -460,12 +477,13 @@ def _add_prefilling_args(p, model_dir: str | None) -> None:
     )
     r.add_argument(
         "--adaptive-k",
-        type=positive_float,
+        type=or_off(positive_float),
         default=None,
-        metavar="MARGIN",
+        metavar="MARGIN|off",
         help="choose K per question, from 1 up to the K set (up to every chunk when K is all): keep the chunks "
         "above the first drop between ranked scores of at least MARGIN robust spreads (> 0; 1.5 was tuned on "
-        "held-out documents: bench/results/adaptive_k.md; default: off, a fixed K)",
+        "held-out documents: bench/results/adaptive_k.md); off: a fixed K even where the checkpoint sets a margin "
+        f"({default_help(model_dir, 'adaptive_k', lambda m: 'off' if m is None else m)})",
     )
     r.add_argument(
         "--lexical-weight",

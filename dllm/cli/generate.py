@@ -35,6 +35,7 @@ from dllm.cli.options import (
     timed_load,
     window_check,
 )
+from dllm.prefilling.chunks import chunk_char_spans
 from dllm.prefilling.config import PrefillingConfig
 
 # Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
@@ -162,27 +163,10 @@ def print_answer(res, label: int | None, question: str | None) -> None:
     print(f"A{label}: {_one_line_answer(answer)}".rstrip(" "), flush=True)
 
 
-def _chunk_char_spans(model, context: str, cfg: PrefillingConfig) -> list | None:
-    """``[(start, end)]`` character offsets into ``context`` of each chunk ``cfg`` cuts it into (fixed or
-    snapped boundaries; end exclusive), from the tokenizer's offset mapping of the one tokenization of the
-    context (:func:`dllm.model.tokenization.token_offsets`); None when the tokenizer gives no offsets."""
-    from dllm.model.tokenization import encode_text, token_offsets
-    from dllm.prefilling.chunks import chunk_spans
-
-    offsets = token_offsets(model, context)
-    if offsets is None or offsets.shape[0] == 0:
-        return None
-    ids = encode_text(model, context)
-    return [
-        (int(offsets[s, 0]), int(offsets[s + n - 1, 1]))
-        for s, n in chunk_spans(model, ids, cfg.chunk_size, cfg.boundary_snap)
-    ]
-
-
-def _stats_dict(res, spans: tuple | None) -> dict:
+def _stats_dict(res, chars: list | None) -> dict:
     """The full stats of one answer (``--stats json``): forwards, steps, seconds per phase, tokens per second,
-    the prefilling details of ``res.stats.extra`` and, when known, the kept chunks' spans
-    (``selected_chunk_chars`` into the context text, else ``selected_chunk_tokens``; :func:`_stats_line`)."""
+    the prefilling details of ``res.stats.extra`` (the kept chunks' ``selected_chunk_tokens`` among them) and,
+    when the context text is known, their ``selected_chunk_chars`` (``chars``: every chunk's span in it)."""
     stats = {
         "nfe": res.stats.nfe,
         "steps": res.stats.steps,
@@ -190,26 +174,24 @@ def _stats_dict(res, spans: tuple | None) -> dict:
         "tokens_per_second": round(res.stats.tokens_per_second, 2),
         **{k: v for k, v in res.stats.extra.items() if k != "gen_tokens"},
     }
-    if spans is not None and "selected_chunks" in stats:
-        unit, where = spans
-        stats[f"selected_chunk_{unit}"] = [list(where[j]) for j in stats["selected_chunks"]]
+    if chars is not None and "selected_chunks" in stats:
+        stats["selected_chunk_chars"] = [list(chars[j]) for j in stats["selected_chunks"]]
     return stats
 
 
-def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
+def _stats_line(res, chars: list | None, chunk_size: int | None) -> str:
     """The one-line summary of ``--stats summary``: the kept chunks with their spans in the context
-    (``spans``: ``("chars", [(start, end)])`` into the context text, or ``("tokens", ...)`` when the text is
-    not known, as with --document; end exclusive), seconds per phase, steps, forwards and tokens per second, and
-    the block cache's mode and refreshes when one ran."""
+    (``chars``: every chunk's ``(start, end)`` in the context text; else the kept chunks' token spans of
+    ``stats.extra``, as with --document; end exclusive), seconds per phase, steps, forwards and tokens per
+    second, and the block cache's mode and refreshes when one ran."""
     extra = res.stats.extra
     parts = []
     if "selected_chunks" in extra:
         kept = extra["selected_chunks"]
-        if spans is not None:
-            unit, where = spans
-            where = [f"{j} [{unit} {where[j][0]}:{where[j][1]}]" for j in kept]
+        if chars is not None:
+            where = [f"{j} [chars {chars[j][0]}:{chars[j][1]}]" for j in kept]
         else:
-            where = [str(j) for j in kept]
+            where = [f"{j} [tokens {a}:{b}]" for j, (a, b) in zip(kept, extra["selected_chunk_tokens"])]
         size = f" of {chunk_size} tokens" if chunk_size else ""
         parts.append(f"kept {len(kept)} of {extra['num_chunks']} chunks{size}: {', '.join(where)}")
     parts.append(", ".join(f"{k} {v:.2f} s" for k, v in res.stats.seconds.items()))
@@ -224,7 +206,7 @@ def _stats_line(res, spans: tuple | None, chunk_size: int | None) -> str:
     return "; ".join(parts)
 
 
-def print_stats(args, res, label: int | None, spans: tuple | None, chunk_size: int | None) -> None:
+def print_stats(args, res, label: int | None, spans: list | None, chunk_size: int | None) -> None:
     """``--stats``: one summary line (default), the full JSON line, or nothing, on stderr."""
     if args.stats == "none":
         return
@@ -411,18 +393,9 @@ def cmd_generate(args) -> int:
         document, context_tokens = load_document(args.document, model), header["num_tokens"]
     elif cfg is not None and context is not None and len(templates) > 1:
         document, cfg, context_tokens = _encode_context_once(model, args, context, cfg)
-    spans = None  # ("chars" | "tokens", [(start, end)] per chunk), for the stats
-    if cfg is not None and args.stats != "none":
-        if context is not None:
-            chars = _chunk_char_spans(model, context, cfg)
-            spans = ("chars", chars) if chars is not None else None
-        if spans is None and document is not None:  # the document's own chunks (fixed or snapped)
-            chunks = document.chunks  # lens count the BOS anchor
-            spans = ("tokens", [(s, s + int(n) - 1) for s, n in zip(chunks.starts, chunks.lens.tolist())])
-        elif spans is None and context_tokens is not None:
-            from dllm.prefilling import cut_chunks
-
-            spans = ("tokens", [(s, s + n) for s, n in cut_chunks(context_tokens, cfg.chunk_size)])
+    spans = None  # every chunk's (start, end) in the context text, for the stats (else their token spans)
+    if cfg is not None and args.stats != "none" and context is not None:
+        spans = chunk_char_spans(model, context, cfg)
     for i, template in enumerate(templates):
         if document is not None:
             res = _answer_from_document(model, args, template, document, cfg, context_tokens, kw)

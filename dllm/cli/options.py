@@ -15,7 +15,7 @@ import re
 import sys
 import time
 
-from dllm.cli.args import ALL, PREFILLING_OPTIONS
+from dllm.cli.args import ALL, OFF, PREFILLING_OPTIONS
 from dllm.cli.errors import UserError
 from dllm.decode.unmasking import UnmaskingConfig
 from dllm.prefilling.config import PrefillingConfig, with_overrides
@@ -124,7 +124,7 @@ def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
             names = ", ".join(PREFILLING_OPTIONS.get(f) or extra[f] for f in given)
             raise UserError(f"{names}: option(s) of --method prefilling, not of --method {args.method}")
         return None
-    given = {f: None if v == ALL else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
+    given = {f: None if v in (ALL, OFF) else tuple(v) if isinstance(v, list) else v for f, v in given.items()}
     terms = given.get("score_terms", ())
     twice = sorted({t for t in terms if terms.count(t) > 1})
     if twice:  # the chunk score sums its terms: a repeated one would count twice

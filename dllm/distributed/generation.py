@@ -111,7 +111,7 @@ def _restate_selection(
     """Stats of the whole document in ``res.stats`` (the root decoded over the kept chunks only)."""
     extra = res.stats.extra
     extra["num_chunks"] = doc.num_chunks
-    sel.write_stats(extra)
+    sel.write_stats(extra, doc.spans)
     if sel.scores is not None:  # the root's draft, first stage and scoring passes
         res.stats.nfe += 1 + (sel.scores.candidates is not None) + scoring_nfe[root]
     elt = kept.k[0].element_size()

@@ -7,7 +7,7 @@ A long answer can re-select the chunks at block starts, against the question plu
 """
 
 from dllm.decode.policies import PrefillingPolicy
-from dllm.prefilling.chunks import ChunkCache, cut_chunks, encode_chunks
+from dllm.prefilling.chunks import ChunkCache, chunk_char_spans, cut_chunks, encode_chunks
 from dllm.prefilling.config import PrefillingConfig, resolve_anchor_token_id
 from dllm.prefilling.document import DocumentCache, encode_document
 from dllm.prefilling.pipeline import (
@@ -37,6 +37,7 @@ __all__ = [
     "Selection",
     "build_cache",
     "build_prefilling_policy",
+    "chunk_char_spans",
     "chunk_offsets",
     "cut_chunks",
     "draft_pseudo_labels",

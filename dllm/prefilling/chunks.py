@@ -186,6 +186,32 @@ def chunk_spans(model, context: torch.Tensor, chunk_size: int, boundary_snap: in
     return snapped_chunks(table[context.cpu()], chunk_size, boundary_snap)
 
 
+def chunk_char_spans(model, context: str, cfg) -> list | None:
+    """Where each chunk lies in the context text: ``[(start, end)]`` character offsets (end exclusive) of the
+    chunks ``cfg`` (a :class:`PrefillingConfig`: its ``chunk_size`` and ``boundary_snap``) cuts ``context`` into,
+    in chunk order, so ``spans[j]`` for ``j`` in ``stats.extra["selected_chunks"]`` is a kept chunk's text.
+
+    From the tokenizer's offset mapping of the one tokenization of ``context``
+    (:func:`dllm.model.tokenization.token_offsets`, the ids :func:`dllm.encode_text` gives).
+
+    Returns:
+        the spans, or None when the tokenizer reports no offsets (a slow tokenizer) or the text has no token.
+
+    Raises:
+        ValueError: a chunk size or snap that :func:`cut_chunks` / :func:`snapped_chunks` refuse.
+    """
+    from dllm.model.tokenization import encode_text, token_offsets
+
+    offsets = token_offsets(model, context)
+    if offsets is None or offsets.shape[0] == 0:
+        return None
+    ids = encode_text(model, context)
+    return [
+        (int(offsets[s, 0]), int(offsets[s + n - 1, 1]))
+        for s, n in chunk_spans(model, ids, cfg.chunk_size, cfg.boundary_snap)
+    ]
+
+
 def count_chunks(model, context: torch.Tensor, cfg) -> int:
     """N, the chunks ``context`` is cut into under ``cfg`` (a :class:`PrefillingConfig`): the snapped ones
     when ``cfg.boundary_snap`` (what :meth:`PrefillingConfig.for_chunks` fits K against).

@@ -93,10 +93,12 @@ class Selection:
     pseudo_labels: list[int] | None
     nfe: int
 
-    def write_stats(self, extra: dict) -> None:
+    def write_stats(self, extra: dict, spans: list) -> None:
         """Put this selection's entries of ``stats.extra`` into ``extra`` (a request's, or the sharded run's).
 
-        ``pseudo_labels`` (when drafted), ``selected_chunks``; when chunks were scored, the kept chunks'
+        ``pseudo_labels`` (when drafted), ``selected_chunks`` and ``selected_chunk_tokens`` (each kept chunk's
+        ``[start, end)`` in context tokens, from ``spans``: ``(start, size)`` of every chunk; characters:
+        :func:`dllm.prefilling.chunk_char_spans`); when chunks were scored, the kept chunks'
         ``chunk_scores``, the score terms that were computed (``s_I``, ``s_P``, ``s_C``, lexical ``s_L``; one not is
         removed from ``extra``), ``all_chunk_scores`` (None for the chunks a first stage left out, which were
         not scored) and then ``candidate_chunks``.
@@ -104,6 +106,7 @@ class Selection:
         if self.pseudo_labels is not None:
             extra["pseudo_labels"] = self.pseudo_labels
         extra["selected_chunks"] = self.kept
+        extra["selected_chunk_tokens"] = [[spans[j][0], spans[j][0] + spans[j][1]] for j in self.kept]
         if self.scores is None:
             return
         s = self.scores
@@ -155,8 +158,8 @@ class RowSetup:
 
     def stats(self, cached_tokens: int) -> dict:
         """This row's ``stats.extra``: ``num_chunks``, ``anchor_token_id`` and ``anchor_source``,
-        ``pseudo_labels``, ``selected_chunks``, the kept chunks' ``chunk_scores`` and the score terms
-        that were computed (``s_I``, ``s_P``, ``s_C``), ``all_chunk_scores``, ``cached_tokens``,
+        ``pseudo_labels``, ``selected_chunks``, ``selected_chunk_tokens``, the kept chunks' ``chunk_scores`` and
+        the score terms that were computed (``s_I``, ``s_P``, ``s_C``), ``all_chunk_scores``, ``cached_tokens``,
         ``document`` (answered from a document)."""
         sel, pre = self.selection, self.prefill
         extra = {
@@ -164,7 +167,8 @@ class RowSetup:
             "anchor_token_id": pre.anchor_token_id,
             "anchor_source": pre.anchor_source,
         }
-        sel.write_stats(extra)
+        chunks = pre.chunks  # lens count each chunk's BOS anchor
+        sel.write_stats(extra, [(start, n - 1) for start, n in zip(chunks.starts, chunks.lens.tolist())])
         extra["cached_tokens"] = cached_tokens
         if pre.from_document:
             extra["document"] = True
