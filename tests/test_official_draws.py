@@ -25,9 +25,9 @@ def _logits_of(model):
 
 
 DREAM_CASES = [
-    ("origin", {}),  # the issue's case: T = 0, only the positions are random
+    ("origin", {}),  # T = 0: only the positions are random
     ("origin", {"temperature": 0.7, "top_k": 50}),
-    ("maskgit_plus", {"temperature": 0.7, "top_k": 50}),  # the issue's case: 3/32 equal in the batched order
+    ("maskgit_plus", {"temperature": 0.7, "top_k": 50}),  # 3 of 32 runs equal in the batched order
     ("topk_margin", {"temperature": 1.0, "top_p": 0.9}),
     ("entropy", {"temperature": 0.5, "alg_temp": 0.3}),
     ("maskgit_plus", {"alg_temp": 0.2}),  # greedy tokens, sampled positions
@@ -45,7 +45,7 @@ def test_dream_rules_equal_the_official_loop(dream, alg, kw):
         assert torch.equal(got.tokens, want), (seed, got.tokens, want)
         batched = dllm.generate(dream, p, gen_length=12, steps=6, alg=alg, seed=seed, **kw)
         differs += not torch.equal(batched.tokens, want)
-    assert differs  # the default order draws otherwise (what the issue measured)
+    assert differs  # the default order draws otherwise
 
 
 LLADA_CASES = [

@@ -336,7 +336,7 @@ def test_gumbel_top_k_positions_follow_softmax_of_confidence():
     assert (freq - want).abs().max() < 0.015
 
 
-# --- issue 24 items 4 and 5: the mask token is never chosen, NaN logits are an error -----------------
+# --- the mask token is never chosen, NaN logits are an error ------------------------------------------
 
 
 class _MaskTopModel(StubModel):
@@ -382,7 +382,7 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         )
 
 
-# --- issue 38 item 14: every argument of generate is checked up front, naming the argument --------------
+# --- every argument of generate is checked up front, naming the argument -------------------------------
 
 
 @pytest.mark.parametrize(
@@ -409,7 +409,7 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         ({"alg_temp": -1}, ValueError, "alg_temp must be a finite number >= 0"),  # main accepted it
         ({"alg_temp": math.inf}, ValueError, "alg_temp must be a finite number >= 0"),
         ({"alg_temp": math.nan}, ValueError, "alg_temp must be a finite number >= 0"),
-        # b38 item 1: T or 1/T overflows float32 (main: a "NaN logits" error blaming the model / a torch error)
+        # T or 1/T overflows float32 (once a "NaN logits" error blaming the model, or a torch error)
         (
             {"temperature": 1e39},
             ValueError,
@@ -426,7 +426,7 @@ def test_nan_logits_are_an_error_naming_step_and_position():
         ({"seed": 1.0}, TypeError, "seed must be an integer, got float"),
         ({"seed": True}, TypeError, "seed must be an integer, got bool"),
         ({"cuda_graph": 1}, TypeError, "cuda_graph must be bool or NoneType"),
-        # b38 item 6: typos of prefix_cache's options passed unseen with method="dense" (the default)
+        # typos of prefix_cache's options once passed unseen with method="dense" (the default)
         ({"cache_refresh": "blok"}, ValueError, r"cache_refresh must be one of \('block', 'step'\), got 'blok'"),
         ({"cache_scope": "seq"}, ValueError, r"cache_scope must be one of \('sequence', 'prompt'\), got 'seq'"),
         ({"cache_scope": None}, ValueError, "cache_scope must be one of"),
@@ -464,7 +464,7 @@ def test_generate_takes_numpy_integers_and_reals():
     "alg,family", [("maskgit_plus", "dream"), ("low_confidence", "llada"), ("confidence_threshold", "dream")]
 )
 def test_tiny_temperature_is_the_greedy_limit_not_nan(alg, family, draw_order):
-    """b38 item 1: logits of about 50 over T = 1e-37 (or the smallest accepted, 2**-126) overflowed
+    """Logits of about 50 over T = 1e-37 (or the smallest accepted, 2**-126) overflowed
     logits / T to inf in float32: main raised "NaN logits" blaming the model. The tempered logits are
     shifted by their maximum first (the official order: in the rows where its own division overflows):
     the limit, the argmax one-hot (the table's maxima are unique), so the greedy tokens."""
@@ -479,7 +479,7 @@ def test_tiny_temperature_is_the_greedy_limit_not_nan(alg, family, draw_order):
 
 
 def test_tiny_alg_temp_official_is_the_top_k_limit():
-    """b38 item 1: alg_temp = 1e-30 with the official order: softmax(conf / alg_temp) was NaN and
+    """alg_temp = 1e-30 with the official order: softmax(conf / alg_temp) was NaN and
     torch.multinomial raised (T = 1e-30 in float32: weights one-hot, so the last step's second draw had
     zero weight, fell off the masks and main returned the mask token); now the most confident positions
     (the top-k order of alg_temp 0), every mask revealed."""
@@ -491,7 +491,7 @@ def test_tiny_alg_temp_official_is_the_top_k_limit():
 
 
 def test_huge_temperature_samples_every_real_token():
-    """b38 item 1: T = 8e37 (in range): every real token about equally likely, never the mask (whose
+    """T = 8e37 (in range): every real token about equally likely, never the mask (whose
     -inf logit made -inf / inf = NaN with an unshifted division in float32 for T past its range)."""
     from dllm.decode.unmasking import choose_tokens
 
@@ -505,7 +505,7 @@ def test_huge_temperature_samples_every_real_token():
 
 
 def test_entropy_alg_temp_near_the_lower_bound_ranks_by_confidence():
-    """Probing b38 item 1: entropy's confidences are negative (to -log V): over alg_temp = 2**-126 the flat
+    """Entropy's confidences are negative (to -log V): over alg_temp = 2**-126 the flat
     positions' conf / alg_temp overflowed to -inf, tied, and the batched Gumbel-top-k took the leftmost (position
     0, the flattest) where the limit is the top-k by confidence; ties of the key now go by confidence."""
     from dllm.decode.unmasking import unmask_batch
