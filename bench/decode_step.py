@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench import gpu_timing as T
+from bench.kernels import gpu_timing as T
 from bench.provenance import machine_line, write_csv
 
 H200_HBM_BYTES_S = 4.8e12
@@ -219,7 +219,7 @@ def run(layers: int, repeats: int, profile_steps: int, gen: int = 32, paths: tup
     ``summary["accuracy"]`` compares their graph logits; ``tables["<path>: graph replay" | "<path>: eager"]``.
     ``on_path(summary, tables)``, if given, runs after each path (``main`` writes its files there, so a run
     cut short by its stage timeout keeps the paths it finished)."""
-    from bench.cuda_graph_check import _random_cache, dream_model
+    from bench.kernels.cuda_graph_check import _random_cache, dream_model
     from dllm.decode.policies import PrefillingPolicy
 
     model = dream_model(layers)

@@ -65,9 +65,9 @@ import dllm.distributed as dd
 from bench import flop_model
 from bench.demo import TINY_PREFILLING
 from bench.e2e_dream_shape import HBM_EFFICIENCY, HOST_S_PER_LAYER, MMA_EFFICIENCY, dream7b_config, n_params
+from bench.kernels.roofline import H200_PEAK
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
-from bench.roofline import H200_PEAK
 from dllm.eval.tasks import make_case, score
 
 LENGTH = 262144  # 256K tokens: 1024 chunks of the bundled model's C = 256

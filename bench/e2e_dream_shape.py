@@ -55,9 +55,9 @@ import torch
 
 from bench import flop_model
 from bench.budget import TimeBudget
+from bench.kernels.roofline import H200_PEAK
 from bench.outputs import REPO_ROOT
 from bench.provenance import machine_line, write_csv
-from bench.roofline import H200_PEAK
 from dllm import DiffusionLM, ModelConfig, PrefillingConfig, PromptParts, generate, load_config
 
 DREAM_CONFIG_DIR = REPO_ROOT / "tests" / "data" / "reference" / "dream-v0-7b"  # Dream-v0-Instruct-7B's config.json
@@ -66,7 +66,7 @@ TABLE_ORDER = ("dense", "prefix_cache", "prefilling")
 PAPER_ANCHOR = "9.1-28.0x"  # arXiv 2606.10537: Prefilling-dLLM vs a transformers baseline, end to end, 8K-32K
 PREFIX_TOKENS, QUERY_TOKENS = 16, 48  # prompt = BOS + 15 prefix tokens, context, a 48-token question
 
-# Roofline assumptions of the prediction (H200 SXM figures of bench/roofline.py).
+# Roofline assumptions of the prediction (H200 SXM figures of bench/kernels/roofline.py).
 MMA_EFFICIENCY = 0.5  # of the 989 TFLOPS bf16 dense tensor peak (large GEMMs and FlashAttention reach 50-70%)
 HBM_EFFICIENCY = 0.8  # of 4.8 TB/s, for the weight / KV reads of the short decode forwards
 HOST_S_PER_LAYER = 100e-6  # eager launches (~20 kernels per layer) and the per-step synchronisation

@@ -139,12 +139,12 @@ PY
 } > "$WORK_DIR/env.txt" 2>&1
 sed 's/^/    [env] /' "$WORK_DIR/env.txt"
 
-# Stage 0: the direct launch path against kernel[grid], op by op (bench/launch_check.py): bit-equal outputs on a
+# Stage 0: the direct launch path against kernel[grid], op by op (bench/kernels/launch_check.py): bit-equal outputs on a
 # launch-cache miss, hit and prepared call, misaligned inputs after aligned ones, a side stream, a CUDA graph
 # replayed before and after new inputs are copied in, and a launch hook handing back to kernel[grid]. One FAIL
 # line per finding in its log and launch_check.txt. Without CUDA it says so and passes (nothing to launch).
 stage launch "${LAUNCH_TIMEOUT_S:-$(pick 40 30)}" "$WORK_DIR/launch.log" \
-    "$PYTHON" -m bench.launch_check --out "$WORK_DIR"
+    "$PYTHON" -m bench.kernels.launch_check --out "$WORK_DIR"
 
 # Stage 1: kernel tests, compiled, in parallel (pytest-xdist, -n TEST_WORKERS; serially they did not
 # finish in 180 s on the H200). addopts is overridden because pyproject's --benchmark-disable needs
@@ -164,13 +164,13 @@ stage tests "${TEST_TIMEOUT_S:-$(pick 120 120)}" "$WORK_DIR/tests.log" \
 
 # Stage 2: kernel microbenchmarks: per method the eager latency with the default settings,
 # the CUDA-graph time with a cold L2, the host time per call, and the graph time as a share of the H200
-# bound (bench/roofline.py); FlexAttention and SDPA baselines ranked graph vs graph. It re-checks every
+# bound (bench/kernels/roofline.py); FlexAttention and SDPA baselines ranked graph vs graph. It re-checks every
 # output itself. Dry run: a few seconds of CPU cases, no FlexAttention compile.
 BENCH_MARGIN_S=30   # bench stops starting new cases at its budget; the last case and the CSV need the rest
 BENCH_BUDGET_S=$(min "${BENCH_BUDGET_S:-$(pick 120 5)}" $(($(left_s) - BENCH_MARGIN_S - 5)))
 [ "$BENCH_BUDGET_S" -lt 1 ] && BENCH_BUDGET_S=1
 stage bench "$((BENCH_BUDGET_S + BENCH_MARGIN_S))" "$WORK_DIR/bench.log" \
-    "$PYTHON" -m bench.bench_kernels --out "$WORK_DIR" --budget-s "$BENCH_BUDGET_S" $(pick "" --no-flex)
+    "$PYTHON" -m bench.kernels.bench_kernels --out "$WORK_DIR" --budget-s "$BENCH_BUDGET_S" $(pick "" --no-flex)
 
 # Stage 3: the decode step at the Dream-7B shape, 28 layers, one row: eager, graph
 # and host ms per step against the weight-streaming bound, and torch.profiler's per-kernel breakdown,
@@ -183,7 +183,7 @@ stage decode_step "${DECODE_STEP_TIMEOUT_S:-$(pick 75 30)}" "$WORK_DIR/decode_st
 # bundled model on single prompts and a ragged batch; a Dream-7B-wide random model of CUDA_GRAPH_LAYERS
 # layers over a random K=4 x C=1024 cache, 1 and 8 rows) and the time per step both ways.
 stage cuda_graph "${CUDA_GRAPH_TIMEOUT_S:-$(pick 45 60)}" "$WORK_DIR/cuda_graph.log" \
-    "$PYTHON" -m bench.cuda_graph_check --out "$WORK_DIR" --layers "${CUDA_GRAPH_LAYERS:-8}" $(pick "" --dry-run)
+    "$PYTHON" -m bench.kernels.cuda_graph_check --out "$WORK_DIR" --layers "${CUDA_GRAPH_LAYERS:-8}" $(pick "" --dry-run)
 
 # Stage 5: the model layer on the kernels: prefilling decode of the bundled model on CUDA (bf16),
 # split-S attention, chunk scores and top-B gather all dispatched to Triton.
@@ -208,7 +208,7 @@ stage e2e_dream "$((DREAM_BUDGET_S + 30))" "$WORK_DIR/e2e_dream_shape.log" \
     printf '%s\n' "${STAGE_ROWS[@]}"
     if [ -f "$WORK_DIR/cuda_graph.md" ]; then
         echo
-        echo "CUDA-graph step vs eager (bench/cuda_graph_check.py):"
+        echo "CUDA-graph step vs eager (bench/kernels/cuda_graph_check.py):"
         echo
         sed -n '/^| part\|^Skipped/,$p' "$WORK_DIR/cuda_graph.md"
     fi

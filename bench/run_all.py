@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         cmd = [
             sys.executable,
             "-m",
-            "bench.bench_kernels",
+            "bench.kernels.bench_kernels",
             "--out",
             out,
             "--device",

@@ -1,10 +1,10 @@
-"""bench/decode_launches.py: the launch audit of one prefilling denoising step, on this CPU (2 layers, tiny)."""
+"""bench/kernels/decode_launches.py: the launch audit of one prefilling denoising step, on this CPU (2 layers, tiny)."""
 
 from __future__ import annotations
 
 import torch
 
-from bench import decode_launches as D
+from bench.kernels import decode_launches as D
 
 
 def test_launch_audit_counts_the_fused_and_torch_paths():

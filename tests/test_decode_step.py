@@ -86,8 +86,8 @@ def test_run_measures_both_paths_side_by_side(monkeypatch, one_thread):
     import torch
 
     import triton_kernels as tk
-    from bench import cuda_graph_check as cg
-    from bench import gpu_timing as T
+    from bench.kernels import cuda_graph_check as cg
+    from bench.kernels import gpu_timing as T
     from dllm.decode import policies
     from dllm.model.config import ModelConfig
     from dllm.model.modeling import DiffusionLM

@@ -96,7 +96,7 @@ IN_WORKER = os.environ.get(WORKER) == "1"
 
 def _unusable() -> str | None:
     if torch.cuda.is_available():
-        return "a real CUDA driver is loaded: bench/launch_check.py checks the direct path on the GPU"
+        return "a real CUDA driver is loaded: bench/kernels/launch_check.py checks the direct path on the GPU"
     return missing_toolchain()
 
 

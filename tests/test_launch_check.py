@@ -1,12 +1,12 @@
-"""``bench/launch_check.py`` (stage ``launch`` of ``bench/gpu_check.sh``): its comparisons, on CPU tensors.
+"""``bench/kernels/launch_check.py`` (stage ``launch`` of ``bench/gpu_check.sh``): its comparisons, on CPU tensors.
 
 The checks themselves need compiled kernels on a GPU; here the helpers they rest on are held to independent
 expectations, and the script's CPU behaviour (a clean skip) is checked."""
 
 import torch
 
-from bench import launch_check as lc
 from bench.kernel_cases import ELEMENTWISE_OPS, OPS
+from bench.kernels import launch_check as lc
 
 
 def test_same_bits_tells_bit_patterns_apart():

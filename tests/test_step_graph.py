@@ -334,7 +334,7 @@ def test_graph_tokens_equal_eager_tokens_on_cuda():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run is bench/gpu_check.sh's")
 def test_cuda_graph_check_skips_cleanly_without_a_gpu(tmp_path, capsys):
-    from bench import cuda_graph_check
+    from bench.kernels import cuda_graph_check
 
     assert cuda_graph_check.main(["--out", str(tmp_path)]) == 0
     assert "cuda_graph_check skipped: no CUDA device here" in capsys.readouterr().out
@@ -358,7 +358,7 @@ class _EagerGraph:
 
 def test_cuda_graph_check_parts_run_on_cpu_with_an_eager_stand_in(dream, monkeypatch):
     """The GPU check's two parts on CPU, the graph replaced by an eager call: rows equal, every field there."""
-    from bench import cuda_graph_check
+    from bench.kernels import cuda_graph_check
 
     monkeypatch.setattr("dllm.decode.policies.GraphedStep", _EagerGraph)
     monkeypatch.setattr(sys.modules["dllm.generate"], "cuda_graph_support", lambda device: (True, ""))

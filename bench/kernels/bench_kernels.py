@@ -1,6 +1,6 @@
 """Kernel microbenchmarks: every op of ``triton_kernels`` against the strongest torch baselines we know.
 
-    python -m bench.bench_kernels --out DIR [--device cuda|cpu] [--budget-s 240] [--no-flex]
+    python -m bench.kernels.bench_kernels --out DIR [--device cuda|cpu] [--budget-s 240] [--no-flex]
 
 Cases come from the registry ``bench/kernel_cases.py`` (``gpu`` cases in bf16 on a GPU,
 ``cpu`` cases in fp32 elsewhere), in priority order: the time budget cuts from the end.
@@ -26,7 +26,7 @@ Every method's output is checked before it is timed, with the rule of
 :mod:`triton_kernels.testing` (error <= 2 x plain torch's error in the same dtype + a
 floor; top-B: exact). A method that fails its check is timed but ranks nowhere.
 
-Timing (primitives in ``bench/gpu_timing.py``). On a GPU, per method:
+Timing (primitives in ``bench/kernels/gpu_timing.py``). On a GPU, per method:
 
 * ``eager_us``: synchronise, call, synchronise (median of 30) with the default settings:
   the latency a caller who waits for the result sees, host work and any sync included;
@@ -34,7 +34,7 @@ Timing (primitives in ``bench/gpu_timing.py``). On a GPU, per method:
   through enough copies of the inputs the method reads (``copies``) that together they move
   more than twice the L2 (``cold_l2`` = 1), as FlashInfer's benchmark does;
 * ``host_us``: 50 calls back to back without a sync, wall time / 50: the CPU's cost per call;
-* ``pct_of_h200_bound``: the H200 lower bound (``bench/roofline.py``) over ``graph_us``;
+* ``pct_of_h200_bound``: the H200 lower bound (``bench/kernels/roofline.py``) over ``graph_us``;
 * ``speedup_vs_best``: the fastest passing baseline's graph time over ours (> 1: ours is
   faster), naming that baseline; ``time_over_ours`` per baseline.
 
@@ -60,9 +60,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench import gpu_timing as T
-from bench import roofline
 from bench.kernel_cases import HEAD_DIM, Case, cases, make_inputs
+from bench.kernels import gpu_timing as T
+from bench.kernels import roofline
 from bench.provenance import provenance, write_csv
 from triton_kernels import reference as R
 from triton_kernels.testing import check_rule, lowp_attention
@@ -87,9 +87,10 @@ def time_fn(fn, device: torch.device, rep_ms: int = 100) -> dict:
 
 
 def time_gpu(method, inputs: dict, device: torch.device) -> dict:
-    """Eager latency and host time with the default settings, graph time with a cold L2 (``bench/gpu_timing.py``).
+    """Eager latency and host time with the default settings, graph time with a cold L2
+    (``bench/kernels/gpu_timing.py``).
 
-    The graph cycles through :func:`bench.gpu_timing.rotation_count` copies of the inputs the
+    The graph cycles through :func:`bench.kernels.gpu_timing.rotation_count` copies of the inputs the
     method reads (its ``reads``, default all), each captured call on its own copy; it is
     captured with the value checks off (a host sync cannot be captured).
     """
@@ -527,7 +528,7 @@ def summarise(rows: list[dict], device: torch.device) -> str:
         f"[{label}] speedup_vs_best = fastest passing baseline's time / ours (> 1: ours is faster; on a GPU "
         "graph time vs graph time); time_over_ours = that method's time / ours; eager_us = sync, call, sync with "
         "the default settings; graph_us = CUDA-graph replay, cold L2; host_us = back-to-back calls, no sync; "
-        "pct_of_h200_bound = H200 lower bound / graph time (bench/roofline.py)"
+        "pct_of_h200_bound = H200 lower bound / graph time (bench/kernels/roofline.py)"
     )
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Roofline of every benchmarked kernel case on an H200: bytes, FLOPs, exp count and the lower bound.
 
-    python -m bench.roofline [--out bench/results/roofline.md]
+    python -m bench.kernels.roofline [--out bench/results/roofline.md]
 
 Derived numbers, not timings. For each ``gpu`` case of ``bench/kernel_cases.py`` in bf16:
 
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         [
             "# Roofline of the benchmarked kernel cases on an H200 (bf16)",
             "",
-            "Derived numbers, not timings (`python -m bench.roofline --out bench/results/roofline.md`; the",
+            "Derived numbers, not timings (`python -m bench.kernels.roofline --out bench/results/roofline.md`; the",
             "cases are the `gpu` cases of `bench/kernel_cases.py`). bound = max(mem, MMA, SIMT, exp) time of the",
             "minimal work; kernel bound = the same for the work our kernels do (split-S fp32 partials of the",
             "H200 plan; chunk scores' two Q K^T passes). Launch latency (a few us per kernel) is not included:",

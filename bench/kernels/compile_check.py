@@ -18,7 +18,7 @@ CTAs per SM they allow, and the MMA instructions, and checks:
 * ``wgmma`` on sm_90 wherever a ``tl.dot`` kernel has BLOCK_M >= 64;
 * occupancy >= what the planner assumes (:data:`triton_kernels.plan.CTAS_PER_SM`).
 
-    python -m bench.compile_check [--arch 90 80] [--dtype bf16 fp16] [--jobs 2]
+    python -m bench.kernels.compile_check [--arch 90 80] [--dtype bf16 fp16] [--jobs 2]
                                   [--json FILE] [--out bench/results/compile_sm90.md]
 
 Exit code 1 if any check fails. Every run compiles into a fresh Triton cache (the
@@ -251,7 +251,7 @@ def write_md(path: Path, rows: list[dict]) -> None:
     section = [
         f"## Triton {version}",
         "",
-        f"`python -m bench.compile_check --out {path.as_posix()}` (torch {torch.__version__}).",
+        f"`python -m bench.kernels.compile_check --out {path.as_posix()}` (torch {torch.__version__}).",
         "",
     ]
     for arch in sorted({r["arch"] for r in rows}, reverse=True):
@@ -264,7 +264,7 @@ def write_md(path: Path, rows: list[dict]) -> None:
         "",
         "Derived figures, not timings: each launch the launchers make for the `gate` cases of",
         "`bench/kernel_cases.py` on a fake 132-SM H200 (and 108-SM A100 for sm_80) is compiled",
-        "ahead of time with the ptxas of the Triton wheel (`bench/compile_check.py`). Columns: grid",
+        "ahead of time with the ptxas of the Triton wheel (`bench/kernels/compile_check.py`). Columns: grid",
         "(query tiles x KV heads, partials, rows or the kernel's own), registers and spill bytes",
         "from `ptxas -v`, static shared memory, the CTAs per SM those allow (CUDA occupancy rule),",
         "the MMA instruction in the PTX and whether it uses `cp.async`. The gate",

@@ -12,7 +12,7 @@ The tensors are small (the host path does not depend on their size): shapes are 
 Hkv = 4, D = 128) with few tokens. Prints and records, per op, the minimum over repeats of the
 mean host time per call, and the kernel launches per call.
 
-Usage: ``python -m bench.host_time [--calls N] [--repeats R] [--out bench/results/host_time_cpu.md]``
+Usage: ``python -m bench.kernels.host_time [--calls N] [--repeats R] [--out bench/results/host_time_cpu.md]``
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         f"Load average (1 min) at the start: {load:.1f} on this machine's cores (other processes).",
     ]
     if args.out:
-        write_report(args.out, "Host time per op call (CUDA branch, launch stubbed)", "bench.host_time", argv,
+        write_report(args.out, "Host time per op call (CUDA branch, launch stubbed)", "bench.kernels.host_time", argv,
                      "cpu", time.time() - t0, paragraphs)  # fmt: skip
     else:
         print(paragraphs[0])

@@ -1,6 +1,6 @@
 """CUDA-graph decode step vs eager: token for token, and the time per denoising step both ways (GPU only).
 
-    python -m bench.cuda_graph_check [--out DIR] [--layers 28] [--steps 32] [--repeats 20] [--dry-run]
+    python -m bench.kernels.cuda_graph_check [--out DIR] [--layers 28] [--steps 32] [--repeats 20] [--dry-run]
 
 The prefilling loop replays each denoising step's forward from a CUDA graph
 (:class:`dllm.decode.step_graph.GraphedStep`; ``generate(cuda_graph=None)`` turns it on where supported). This
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="skip (gpu_check.sh's dry run): say so and exit 0")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    cmd = " ".join(["python -m bench.cuda_graph_check", *(sys.argv[1:] if argv is None else argv)])
+    cmd = " ".join(["python -m bench.kernels.cuda_graph_check", *(sys.argv[1:] if argv is None else argv)])
     head = ["# CUDA-graph decode step vs eager", "", f"Command: `{cmd}`  "]
     ok, why = cuda_graph_support("cuda") if torch.cuda.is_available() else (False, "no CUDA device here")
     if args.dry_run:

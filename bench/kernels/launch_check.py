@@ -1,6 +1,6 @@
 """The direct launch path (``triton_kernels/_launch.py``) checked against ``kernel[grid]`` on a GPU, op by op.
 
-    python -m bench.launch_check [--out DIR]
+    python -m bench.kernels.launch_check [--out DIR]
 
 For one bf16 case of every op (:mod:`bench.kernel_cases`, the first compile-gate case of each), with the direct
 path off (every launch through ``kernel[grid]``) for reference bits, then on:

@@ -1,6 +1,6 @@
 """Kernel launches and host reads of one prefilling denoising step at Dream-7B's layout, counted on a CPU.
 
-    python -m bench.decode_launches [--out DIR] [--layers 28] [--gen 32] [--chunk 1024]
+    python -m bench.kernels.decode_launches [--out DIR] [--layers 28] [--gen 32] [--chunk 1024]
 
 In a CUDA graph a short kernel still costs its launch latency and drain (3-4 us), so the
 step's kernel count decides much of its time. This counts, without a GPU, the launches a CUDA step
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     r = run(args.layers, args.gen, args.chunk)
-    cmd = " ".join(["python -m bench.decode_launches", *(sys.argv[1:] if argv is None else argv)])
+    cmd = " ".join(["python -m bench.kernels.decode_launches", *(sys.argv[1:] if argv is None else argv)])
     machine = f"{machine_line('cpu')}; {time.perf_counter() - t0:.0f} s"
     text = report(r, command=cmd, machine=machine)
     out = Path(args.out)
