@@ -134,7 +134,7 @@ def _entry(kernel, kinds: tuple) -> _Entry:
 _ENTRIES: dict[tuple, _Entry] = {}  # (id(kernel), argument types) -> entry
 _CURRENT: list = []  # [get_current_device, get_current_stream] of Triton's active driver, bound once
 _STUB: list | None = None  # inside stub_launches: the record list
-COUNTS = {"direct": 0, "jit": 0}  # launches per path since import (tests and bench/host_time.py read them)
+COUNTS = {"direct": 0, "jit": 0}  # launches per path since import (tests and bench/kernels/host_time.py read them)
 
 
 _GENERATION = [0]  # bumped by clear_launch_cache: PreparedLaunch records drop their kernel

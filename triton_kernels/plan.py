@@ -3,7 +3,7 @@
 Every plan is a pure function of the problem's shapes, the element size and a
 :class:`GpuSpec` (SM count, architecture), memoised per argument tuple. So a
 decode loop that calls an op 28 times a step with the same shapes plans once,
-and the AOT compile gate (``bench/compile_check.py``) can plan for a 132-SM
+and the AOT compile gate (``bench/kernels/compile_check.py``) can plan for a 132-SM
 H200 or a 108-SM A100 on a machine without a GPU (:func:`assume_gpu`), compiling
 exactly the specialisations a real launch would choose. Integer arithmetic only
 (no ``triton.cdiv`` on the hot path: it costs microseconds per call on Triton 3.5+).

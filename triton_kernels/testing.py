@@ -1,4 +1,4 @@
-"""Accuracy oracle shared by the kernel tests and ``bench/bench_kernels.py``.
+"""Accuracy oracle shared by the kernel tests and ``bench/kernels/bench_kernels.py``.
 
 One definition of "close enough", flash-attention's test rule: a kernel's error
 against an fp32 reference may be at most twice the error that plain torch makes

@@ -1,6 +1,6 @@
 """Shared helpers of the kernel tests: device choice and inputs. The accuracy rule, the error
 measure and the low-precision attention live in :mod:`triton_kernels.testing` (shared with
-``bench/bench_kernels.py``) and are re-exported here."""
+``bench/kernels/bench_kernels.py``) and are re-exported here."""
 
 from __future__ import annotations
 

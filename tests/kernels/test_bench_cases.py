@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import bench_kernels as bk
-from bench import gpu_timing as T
-from bench import roofline
 from bench.kernel_cases import CASES, ELEMENTWISE_OPS, OPS, Case, cases, make_inputs
+from bench.kernels import bench_kernels as bk
+from bench.kernels import gpu_timing as T
+from bench.kernels import roofline
 
 
 def test_registry_names_every_op_for_gpu_cpu_and_gate():

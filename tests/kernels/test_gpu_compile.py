@@ -1,7 +1,7 @@
 """AOT compile gate: every kernel launch of the H200 / A100 plans compiles for sm_90 / sm_80 within the limits.
 
 The interpreter accepts programs the compiler rejects and says nothing about registers,
-spills or shared memory, so on CPU-only machines this runs ``bench/compile_check.py`` in a
+spills or shared memory, so on CPU-only machines this runs ``bench/kernels/compile_check.py`` in a
 subprocess without TRITON_INTERPRET: the launchers plan every ``gate`` case of
 ``bench/kernel_cases.py`` (Dream-7B and LLaDA-8B decode, ragged batch, scoring batch of 16,
 joint scoring N=1 T=4096, top-B gather, merge; the decode step's add + RMSNorm, RoPE,
@@ -37,7 +37,7 @@ def gate(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.compile_check", "--jobs", "2", "--json", str(out)],
+        [sys.executable, "-m", "bench.kernels.compile_check", "--jobs", "2", "--json", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
