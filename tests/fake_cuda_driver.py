@@ -122,19 +122,10 @@ class FakeCuda:
                     params.append(data[off : off + size])
                     off += size
                 params = tuple(params)
-            out.append(
-                Record(
-                    name=raw.name.decode(),
-                    grid=tuple(raw.grid),
-                    block=tuple(raw.block),
-                    shared_mem=raw.shared_mem,
-                    stream=raw.stream,
-                    function=raw.function,
-                    extra=raw.extra,
-                    attrs=tuple((raw.attr_ids[j], bytes(raw.attr_values[j])) for j in range(min(raw.num_attrs, 8))),
-                    params=params,
-                )
-            )
+            scalars = {f: getattr(raw, f) for f in ("shared_mem", "stream", "function", "extra")}
+            attrs = tuple((raw.attr_ids[j], bytes(raw.attr_values[j])) for j in range(min(raw.num_attrs, 8)))
+            grid, block = tuple(raw.grid), tuple(raw.block)
+            out.append(Record(raw.name.decode(), grid, block, **scalars, attrs=attrs, params=params))
         return out
 
     def register(self, compiled) -> tuple:
@@ -190,20 +181,15 @@ def _load_library() -> tuple[ctypes.CDLL, str]:
     return _LIB[0], _LIB[1]
 
 
+# JITFunction's options that it keeps under their own names (repr, the one other, as _repr)
+_JIT_OPTIONS = "version do_not_specialize do_not_specialize_on_alignment debug noinline launch_metadata".split()
+
+
 def _rejit(obj):
     """A fresh JITFunction of the same Python function and options as the JITFunction ``obj``."""
     from triton.runtime.jit import JITFunction
 
-    return JITFunction(
-        obj.fn,
-        version=obj.version,
-        do_not_specialize=obj.do_not_specialize,
-        do_not_specialize_on_alignment=obj.do_not_specialize_on_alignment,
-        debug=obj.debug,
-        noinline=obj.noinline,
-        repr=obj._repr,
-        launch_metadata=obj.launch_metadata,
-    )
+    return JITFunction(obj.fn, repr=obj._repr, **{name: getattr(obj, name) for name in _JIT_OPTIONS})
 
 
 def run_clean(test_file: Path, timeout: float = 600) -> subprocess.CompletedProcess:
