@@ -5,7 +5,7 @@ cost law (seconds x (size / measured size) ** exponent: 2 for attention over the
 prompt, 1 for Prefilling-dLLM's chunked prefill). A cell whose prediction exceeds the
 time left is skipped, with the reason recorded for the results table.
 
-A benchmark with a cost model of its own (e.g. :func:`bench.e2e_dream_shape.predict_cell_s`) uses
+A benchmark with a cost model of its own (e.g. :func:`bench.speed.e2e_dream_shape.predict_cell_s`) uses
 :meth:`TimeBudget.calibrate` / :meth:`TimeBudget.predict` instead: the model's seconds for a cell,
 scaled by measured / modelled seconds of the method's last measured cell, then
 :meth:`TimeBudget.skip_if_over`.

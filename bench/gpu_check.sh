@@ -177,7 +177,7 @@ stage bench "$((BENCH_BUDGET_S + BENCH_MARGIN_S))" "$WORK_DIR/bench.log" \
 # for the model's torch elementwise path and its fused Triton path side by side (--fused both, the
 # default: about twice one path's GPU work, predicted 30-45 s with the model build; the timeout stays 75 s).
 stage decode_step "${DECODE_STEP_TIMEOUT_S:-$(pick 75 30)}" "$WORK_DIR/decode_step.log" \
-    "$PYTHON" -m bench.decode_step --out "$WORK_DIR" --layers 28 $(pick "" --dry-run)
+    "$PYTHON" -m bench.speed.decode_step --out "$WORK_DIR" --layers 28 $(pick "" --dry-run)
 
 # Stage 4: the prefilling denoising step replayed from a CUDA graph vs run eagerly: the same tokens (the
 # bundled model on single prompts and a ragged batch; a Dream-7B-wide random model of CUDA_GRAPH_LAYERS
@@ -199,7 +199,7 @@ stage e2e "${E2E_TIMEOUT_S:-$(pick 40 120)}" "$WORK_DIR/e2e.log" \
 DREAM_BUDGET_S=$(min "${DREAM_BUDGET_S:-$(pick 200 90)}" $(($(left_s) - 30)))
 [ "$DREAM_BUDGET_S" -lt 1 ] && DREAM_BUDGET_S=1
 stage e2e_dream "$((DREAM_BUDGET_S + 30))" "$WORK_DIR/e2e_dream_shape.log" \
-    "$PYTHON" -m bench.e2e_dream_shape --shape "$(pick dream7b cpu)" --budget-s "$DREAM_BUDGET_S" --out "$WORK_DIR"
+    "$PYTHON" -m bench.speed.e2e_dream_shape --shape "$(pick dream7b cpu)" --budget-s "$DREAM_BUDGET_S" --out "$WORK_DIR"
 
 {
     echo
@@ -214,14 +214,14 @@ stage e2e_dream "$((DREAM_BUDGET_S + 30))" "$WORK_DIR/e2e_dream_shape.log" \
     fi
     if [ -f "$WORK_DIR/decode_step.md" ]; then
         echo
-        echo "Decode step at the Dream-7B shape (bench/decode_step.py):"
+        echo "Decode step at the Dream-7B shape (bench/speed/decode_step.py):"
         echo
         sed -n '/^| path | eager ms\|^Skipped/,/^$/p' "$WORK_DIR/decode_step.md"
         sed -n '/^Fused over torch/p' "$WORK_DIR/decode_step.md"
     fi
     if [ -f "$WORK_DIR/e2e_dream_shape.md" ]; then
         echo
-        echo "End to end at the $(pick "Dream-7B" "small CPU (dry run)") shape (bench/e2e_dream_shape.py):"
+        echo "End to end at the $(pick "Dream-7B" "small CPU (dry run)") shape (bench/speed/e2e_dream_shape.py):"
         echo
         cat "$WORK_DIR/e2e_dream_shape.md"
     fi

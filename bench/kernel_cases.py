@@ -7,7 +7,7 @@ A case is an op, a model's head layout (Dream-7B: 28 query / 4 KV heads; LLaDA-8
 which compiles every launch of the case for sm_90 and sm_80 in bf16 and fp16). The decode
 step's fused elementwise ops (:data:`ELEMENTWISE_OPS`: residual add + RMSNorm, RoPE of q and k,
 SwiGLU) have ``gate`` cases only, at the models' decode shapes; their GPU timing is the decode
-step's (``bench/decode_step.py --fused both``).
+step's (``bench/speed/decode_step.py --fused both``).
 
 :func:`make_inputs` builds the op's arguments for a case (random, or uninitialised
 with ``empty=True`` for the compile gate, which never launches); :func:`call` runs

@@ -7,7 +7,7 @@
 For every length and depth a passkey case is generated in the ``--haystack`` (the task's own filler
 by default, or a natural-prose haystack of :mod:`dllm.eval.tasks.prose`), its context is encoded once as a
 :class:`dllm.DocumentCache` (timed: encode seconds) and asked ``--questions`` wordings of the question
-from the cache (timed: seconds per question; the four of :data:`bench.document_cache.QUESTIONS`, the
+from the cache (timed: seconds per question; the four of :data:`bench.speed.document_cache.QUESTIONS`, the
 canonical one first). Reported per cell: whether a kept
 chunk holds the needle, whether the answer is exact, encode seconds, seconds per question, and the peak
 resident memory of the process.
@@ -34,10 +34,10 @@ import time
 import torch
 
 from bench.demo import TINY_PREFILLING
-from bench.document_cache import QUESTIONS
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.plotting import save_figure
 from bench.provenance import write_csv
+from bench.speed.document_cache import QUESTIONS
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
 from dllm.eval.tasks.prose import HAYSTACKS
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
         [
             f"Model: {args.model or 'bundled tiny-dream'}; haystack: {args.haystack}; configuration `{args.config}`: "
             f"{cfg}; {GEN} response tokens, {STEPS} steps; {args.questions} question(s) per document (wordings of "
-            f"bench.document_cache.QUESTIONS, the canonical one first; depth cells: exact answers, the answers, "
+            f"bench.speed.document_cache.QUESTIONS, the canonical one first; depth cells: exact answers, the answers, "
             f"the first question's kept chunks); "
             f"{args.threads} torch thread(s) on a shared, loaded 2-core machine: seconds are indicative.",
             summarize(rows),

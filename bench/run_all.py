@@ -26,18 +26,10 @@ import time
 
 import torch
 
-from bench import (
-    answer_length,
-    batching,
-    chunk_tradeoff,
-    distributed,
-    document_cache,
-    e2e_speed,
-    long_context,
-    lost_in_middle,
-)
+from bench import chunk_tradeoff, long_context, lost_in_middle
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
+from bench.speed import answer_length, batching, distributed, document_cache, e2e_speed
 
 STUDIES = (
     "kernels",
@@ -115,13 +107,13 @@ def main(argv=None) -> int:
         # a fresh process: its ranks are forked from it, one torch thread each, not from this 2-thread one
         shrink = min(1.0, args.scale)
         length = max(8192, int(distributed.LENGTH * shrink))
-        cmd = [sys.executable, "-m", "bench.distributed", "--out", out, "--length", str(length)]
+        cmd = [sys.executable, "-m", "bench.speed.distributed", "--out", out, "--length", str(length)]
         cmd += ["--rounds", "1"] if shrink < 1 else []
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
         done.append("distributed.md")
     if "answer_length" in args.only:
-        # 32 and 512 tokens (~1.5 min); the recorded study adds 1024 and 2048 (python -m bench.answer_length)
+        # 32 and 512 tokens (~1.5 min); the recorded study adds 1024 and 2048 (python -m bench.speed.answer_length)
         lengths = ["32", "512"] if args.scale >= 1 else ["32", "64"]
         resel = ["16384"] if args.scale >= 1 else ["4096"]
         answer_length.main(

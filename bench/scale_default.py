@@ -10,7 +10,7 @@ Two configurations of the bundled tiny model: ``defaults`` (its ``prefilling_con
 
 - From a cache: for each ``--cache-lengths`` x ``--depths`` a passkey document is encoded once
   (:func:`dllm.encode_document`, timed) and asked ``--questions`` wordings of the question
-  (:data:`bench.document_cache.QUESTIONS`) with each configuration, one after the other (``every`` only for
+  (:data:`bench.speed.document_cache.QUESTIONS`) with each configuration, one after the other (``every`` only for
   the first ``--every-questions``: at 1M tokens it costs a minute a question).
 - Fresh: for each ``--fresh-lengths`` x ``--fresh-depths`` one question with the context in the prompt
   (chunked prefill + selection + decoding), each configuration; ``defaults`` encodes it in two passes
@@ -35,10 +35,10 @@ import time
 
 import torch
 
-from bench.document_cache import QUESTIONS
 from bench.long_context import _needle_chunks
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
+from bench.speed.document_cache import QUESTIONS
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
 from dllm.eval.tasks.prose import HAYSTACKS

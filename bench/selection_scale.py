@@ -33,9 +33,9 @@ import time
 
 import torch
 
-from bench.document_cache import CONFIG, QUESTIONS, SEED
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
+from bench.speed.document_cache import CONFIG, QUESTIONS, SEED
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
 from dllm.generate import generate

@@ -1,12 +1,12 @@
-"""``bench.answer_length`` runs end to end at toy sizes and its tables hold what its rows say."""
+"""``bench.speed.answer_length`` runs end to end at toy sizes and its tables hold what its rows say."""
 
 import csv
 
 import pytest
 import torch
 
-from bench import answer_length, flop_model
-from bench.e2e_dream_shape import dream7b_config
+from bench.speed import answer_length, flop_model
+from bench.speed.e2e_dream_shape import dream7b_config
 
 
 def test_answer_length_smoke(tmp_path):

@@ -1,4 +1,4 @@
-"""bench.batching: a small run writes its two files with every row equal to its single run; output folders."""
+"""bench.speed.batching: a small run writes its two files with every row equal to its single run; output folders."""
 
 import csv
 import re
@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-import bench.batching
+import bench.speed.batching
 from bench.outputs import RESULTS_DIR, RUNS_DIR
 
 
 def test_small_batching_run_writes_equal_rows_and_phase_ratios(tmp_path):
-    assert bench.batching.main(["--out", str(tmp_path), "--lengths", "1100", "1500", "1200", "--rounds", "1"]) == 0
+    argv = ["--out", str(tmp_path), "--lengths", "1100", "1500", "1200", "--rounds", "1"]
+    assert bench.speed.batching.main(argv) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["batching.csv", "batching.md"]
     rows = list(csv.DictReader((tmp_path / "batching.csv").open()))
     requests = [r for r in rows if r["run"] == "request"]
@@ -30,10 +31,10 @@ def test_small_batching_run_writes_equal_rows_and_phase_ratios(tmp_path):
 @pytest.mark.parametrize("record", [False, True])
 def test_batching_writes_to_runs_unless_recording(record, monkeypatch):
     seen = []
-    monkeypatch.setattr(bench.batching, "load_model", lambda *a, **k: None)
-    monkeypatch.setattr(bench.batching, "run", lambda *a, **k: seen.append(a[-1]) or exit(0))
+    monkeypatch.setattr(bench.speed.batching, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr(bench.speed.batching, "run", lambda *a, **k: seen.append(a[-1]) or exit(0))
     with pytest.raises(SystemExit):
-        bench.batching.main(["--record"] if record else [])
+        bench.speed.batching.main(["--record"] if record else [])
     assert Path(seen[0]) == (RESULTS_DIR if record else RUNS_DIR / "bench")
 
 
@@ -45,7 +46,7 @@ def test_decode_cpu_mode_reports_phase_attention_and_bound(tmp_path):
     n_threads = torch.get_num_threads()
     try:
         args = ["--decode-cpu", "--out", str(tmp_path), "--lengths", "1100", "1500", "--rounds", "1"]
-        assert bench.batching.main(args) == 0
+        assert bench.speed.batching.main(args) == 0
     finally:
         torch.set_num_threads(n_threads)
     md = (tmp_path / "batching_decode_cpu.md").read_text()

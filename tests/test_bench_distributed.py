@@ -1,4 +1,5 @@
-"""bench.distributed: a tiny 2-process run writes its files with every check passing; the H200 prediction by hand."""
+"""bench.speed.distributed: a tiny 2-process run writes its files with every check passing; the H200 prediction
+by hand."""
 
 import csv
 import math
@@ -6,13 +7,13 @@ import time
 
 import pytest
 
-import bench.distributed as bd
-from bench.e2e_dream_shape import dream7b_config
+import bench.speed.distributed as bd
+from bench.speed.e2e_dream_shape import dream7b_config
 
 # Dream-v0-Instruct-7B (tests/data/reference/dream-v0-7b/config.json), written out here so that the hand
 # computation below does not go through the model's config classes
 D, HQ, HKV, HD, INTER, LAYERS, VOCAB = 3584, 28, 4, 128, 18944, 28, 152064
-TENSOR, HOST = 0.5 * 989e12, 100e-6 * LAYERS  # FLOP/s reached, host seconds per forward (bench.e2e_dream_shape)
+TENSOR, HOST = 0.5 * 989e12, 100e-6 * LAYERS  # FLOP/s reached, host seconds per forward (bench.speed.e2e_dream_shape)
 COLL = 100e-6  # seconds per object collective (the bench's assumption)
 
 
@@ -98,14 +99,14 @@ def test_make_bench_runs_it_in_a_process_of_its_own(tmp_path, monkeypatch):
     real_run = bench.run_all.subprocess.run  # the module is shared: git (provenance) still runs
 
     def run(cmd, **kw):
-        if "bench.distributed" not in cmd:
+        if "bench.speed.distributed" not in cmd:
             return real_run(cmd, **kw)
         calls.append((cmd, kw))
 
     monkeypatch.setattr(bench.run_all.subprocess, "run", run)
     assert bench.run_all.main(["--out", str(tmp_path), "--only", "distributed", "--scale", "0.1"]) == 0
     ((cmd, kw),) = calls
-    assert cmd[1:3] == ["-m", "bench.distributed"] and cmd[cmd.index("--out") + 1] == str(tmp_path)
+    assert cmd[1:3] == ["-m", "bench.speed.distributed"] and cmd[cmd.index("--out") + 1] == str(tmp_path)
     assert cmd[cmd.index("--length") + 1] == str(int(bd.LENGTH * 0.1)) and cmd[-2:] == ["--rounds", "1"]
     assert kw["env"]["OMP_NUM_THREADS"] == "1"
     assert "## distributed.md" in (tmp_path / "SUMMARY.md").read_text()

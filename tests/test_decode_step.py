@@ -1,11 +1,11 @@
-"""``bench/decode_step.py`` without a GPU: the kernel classification, the per-kernel and per-kind tables, the
+"""``bench/speed/decode_step.py`` without a GPU: the kernel classification, the per-kernel and per-kind tables, the
 report, and the skip of a run without CUDA (the measurement itself runs on the GPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import decode_step as ds
+from bench.speed import decode_step as ds
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_report_carries_the_bound_ratio_and_both_modes():
     summary["paths"] = {"torch": dict(eager_ms=33.0, host_ms=20.0, graph_ms=11.5)}
     rows = ds.kernel_table([("gemm", 10, 100.0)], steps=1)
     tables = {"torch: graph replay": rows, "torch: eager": []}
-    text = ds.report(summary, tables, command="python -m bench.decode_step", machine="m")
+    text = ds.report(summary, tables, command="python -m bench.speed.decode_step", machine="m")
     assert "| torch | 33.000 | 20.000 | 11.500 | 3.170 | 3.63x | <= 1.5x |" in text
     assert "## torch: graph replay: 0.100 ms of kernel time per step, by kind" in text
     assert "## torch: eager: no kernels recorded by the profiler" in text

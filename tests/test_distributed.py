@@ -17,7 +17,7 @@ import torch
 
 import dllm
 import dllm.distributed as dd
-from bench.distributed import run_ranks
+from bench.speed.distributed import run_ranks
 from dllm.distributed.group import world as group_world
 from dllm.distributed.index_file import shard_path
 from dllm.eval.tasks import make_case

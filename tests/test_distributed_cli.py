@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from bench.distributed import run_ranks
+from bench.speed.distributed import run_ranks
 from dllm.cli.parser import main
 from dllm.eval.tasks import make_case
 

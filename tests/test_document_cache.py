@@ -251,10 +251,10 @@ def test_cli_encode_then_answer_several_questions_from_the_document(tmp_path, mo
 
 
 def test_bench_writes_both_parts_with_provenance(tmp_path):
-    """bench.document_cache on small documents: every row carries provenance, cached tokens equal fresh ones."""
+    """bench.speed.document_cache on small documents: every row carries provenance, cached tokens equal fresh ones."""
     import csv
 
-    from bench import document_cache
+    from bench.speed import document_cache
 
     argv = ["--out", str(tmp_path), "--length", "1024", "--long-length", "2048", "--long-depths", "0.2", "0.8"]
     assert document_cache.main(argv) == 0
@@ -276,7 +276,7 @@ def test_bench_writes_both_parts_with_provenance(tmp_path):
 
 
 def test_bench_rejects_a_depth_outside_0_1(capsys):
-    from bench import document_cache
+    from bench.speed import document_cache
 
     with pytest.raises(SystemExit) as e:
         document_cache.main(["--long-depths", "1.5"])

@@ -1,4 +1,4 @@
-"""The Dream-7B-shaped end-to-end speed run (bench/e2e_dream_shape.py) on its 2-layer CPU shape.
+"""The Dream-7B-shaped end-to-end speed run (bench/speed/e2e_dream_shape.py) on its 2-layer CPU shape.
 
 Checked against independent values: the vendored Dream config's numbers and a meta-built model's own
 parameter count, a hand count of FLOPs for the prediction, the number of forwards each method runs, and
@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from bench import e2e_dream_shape as E
 from bench.budget import TimeBudget
+from bench.speed import e2e_dream_shape as E
 from dllm import DiffusionLM, PrefillingConfig
 
 

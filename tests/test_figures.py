@@ -8,8 +8,8 @@ import pytest
 
 import bench.chunk_tradeoff
 import bench.demo
-import bench.e2e_speed
 import bench.lost_in_middle
+import bench.speed.e2e_speed
 from bench.figures import redraw
 from bench.outputs import RESULTS_DIR
 from bench.plotting import read_csv_rows, tokens_label
@@ -40,7 +40,7 @@ def captured(monkeypatch):
     def keep(fig, path, title=None, dpi=120, caption=None):
         figs.append((fig, title, caption))
 
-    for module in (bench.e2e_speed, bench.demo, bench.chunk_tradeoff, bench.lost_in_middle):
+    for module in (bench.speed.e2e_speed, bench.demo, bench.chunk_tradeoff, bench.lost_in_middle):
         monkeypatch.setattr(module, "save_figure", keep)
     return figs
 
@@ -59,7 +59,7 @@ def _check_axes(fig):
 
 def test_e2e_speed_figure(captured):
     rows = read_csv_rows(RESULTS_DIR / "e2e_speed.csv")
-    bench.e2e_speed.plot(rows, "unused.png")
+    bench.speed.e2e_speed.plot(rows, "unused.png")
     ((fig, title, caption),) = captured
     assert title and "one dense forward" in caption and "not run" in caption
     _check_axes(fig)

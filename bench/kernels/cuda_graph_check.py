@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from bench.e2e_dream_shape import _sync, build_random_model, dream7b_config
 from bench.outputs import REPO_ROOT
 from bench.provenance import machine_line, write_csv
+from bench.speed.e2e_dream_shape import _sync, build_random_model, dream7b_config
 from dllm.decode.step_graph import cuda_graph_support
 
 PASSKEY_LENGTHS = (4096, 8192, 6000)
@@ -82,7 +82,7 @@ def bundled_rows(gen: int, device="cuda") -> list[dict]:
 
 def dream_model(layers: int):
     """Dream-v0-7B's architecture with ``layers`` layers and random bf16 weights, on the GPU (built as
-    :func:`bench.e2e_dream_shape.build_random_model` does: never in fp32)."""
+    :func:`bench.speed.e2e_dream_shape.build_random_model` does: never in fp32)."""
     return build_random_model(dataclasses.replace(dream7b_config(), num_layers=layers), "cuda", torch.bfloat16).eval()
 
 

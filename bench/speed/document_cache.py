@@ -1,6 +1,6 @@
 """Document caches on the bundled tiny model: many questions over one document, and a 128K-token document.
 
-    python -m bench.document_cache [--out DIR | --record] [--length 16384] [--long-length 131072]
+    python -m bench.speed.document_cache [--out DIR | --record] [--length 16384] [--long-length 131072]
                                    [--long-depths 0.1 0.3 0.5 0.7 0.9] [--skip-long]
 
 Part 1 (``questions``): a passkey document of ``--length`` tokens is asked four questions (four
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
     write_report(
         os.path.join(out, "document_cache.md"),
         "Document cache: questions from a cached document vs fresh runs (bundled tiny model)",
-        "bench.document_cache",
+        "bench.speed.document_cache",
         argv,
         "cpu",
         time.perf_counter() - t0,

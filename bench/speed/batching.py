@@ -1,7 +1,7 @@
 """Batched ragged requests on the bundled tiny model: 8 passkey prompts one by one vs as one batch.
 
-    python -m bench.batching [--out DIR | --record] [--lengths 3072 10240 ...] [--rounds 2] [--token-budget B]
-    python -m bench.batching --decode-cpu [--rounds 4] [--out DIR]
+    python -m bench.speed.batching [--out DIR | --record] [--lengths 3072 10240 ...] [--rounds 2] [--token-budget B]
+    python -m bench.speed.batching --decode-cpu [--rounds 4] [--out DIR]
 
 Eight passkey prompts of 3K-10K tokens (ragged: each has its own context length, needle depth and
 chunk count) are answered with the demo's prefilling configuration, once one by one
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
     write_report(
         os.path.join(out, "batching.md"),
         f"Batched ragged requests: {len(args.lengths)} passkey prompts one by one vs one batch (bundled tiny model)",
-        "bench.batching",
+        "bench.speed.batching",
         argv,
         "cpu",
         time.perf_counter() - t0,
@@ -384,7 +384,7 @@ def decode_cpu_main(args, argv, cfg, out: str) -> int:
     write_report(
         os.path.join(out, "batching_decode_cpu.md"),
         f"Denoising phase in CPU time: {len(args.lengths)} passkey prompts one by one vs one batch (1 thread)",
-        "bench.batching",
+        "bench.speed.batching",
         argv,
         "cpu",
         time.perf_counter() - t0,

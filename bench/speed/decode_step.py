@@ -1,6 +1,6 @@
 """The prefilling decode step at the Dream-7B shape: eager, graph and host time, and where the GPU time goes.
 
-    python -m bench.decode_step [--out DIR] [--layers 28] [--repeats 20] [--fused both|on|off] [--dry-run]
+    python -m bench.speed.decode_step [--out DIR] [--layers 28] [--repeats 20] [--fused both|on|off] [--dry-run]
 
 A Dream-v0-7B-shaped model (28 layers, hidden 3584, 28 / 4
 heads of D = 128, vocabulary 152064, random bf16 weights) decodes one row over a random static
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = " ".join(["python -m bench.decode_step", *(sys.argv[1:] if argv is None else argv)])
+    cmd = " ".join(["python -m bench.speed.decode_step", *(sys.argv[1:] if argv is None else argv)])
     why = "dry run (--dry-run)" if args.dry_run else None if torch.cuda.is_available() else "no CUDA device here"
     if why is not None:
         (out / "decode_step.md").write_text(

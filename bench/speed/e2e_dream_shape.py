@@ -1,7 +1,7 @@
 """End-to-end speed at the shape of Dream-7B with random weights: the paper's headline, ready to measure.
 
-    python -m bench.e2e_dream_shape [--shape dream7b|cpu] [--out DIR] [--budget-s 200] [--predict-only]
-    python -m bench.e2e_dream_shape --host-time [--host-rounds 10] [--out DIR]
+    python -m bench.speed.e2e_dream_shape [--shape dream7b|cpu] [--out DIR] [--budget-s 200] [--predict-only]
+    python -m bench.speed.e2e_dream_shape --host-time [--host-rounds 10] [--out DIR]
 
 Decoding speed does not depend on the weights: every method runs a fixed number of denoising steps
 (Dream's ``maskgit_plus`` rule, one token per step by default) and the same shapes whatever the
@@ -24,7 +24,7 @@ transformers baseline).
 
 Time budget: a cell is skipped, with its predicted time in the table, when its prediction exceeds the
 time left (:class:`bench.budget.TimeBudget`). Predictions come from :func:`predict_cell_s`, a roofline
-of each forward the method runs on an H200 (FLOPs of :mod:`bench.flop_model`, weights and KV read
+of each forward the method runs on an H200 (FLOPs of :mod:`bench.speed.flop_model`, weights and KV read
 from HBM; stated efficiencies), scaled by the ratio of measured to modelled time of the method's last
 measured cell. ``--predict-only`` prints that a-priori table without running anything (predicted
 figures, not measurements).
@@ -53,11 +53,11 @@ from pathlib import Path
 
 import torch
 
-from bench import flop_model
 from bench.budget import TimeBudget
 from bench.kernels.roofline import H200_PEAK
 from bench.outputs import REPO_ROOT
 from bench.provenance import machine_line, write_csv
+from bench.speed import flop_model
 from dllm import DiffusionLM, ModelConfig, PrefillingConfig, PromptParts, generate, load_config
 
 DREAM_CONFIG_DIR = REPO_ROOT / "tests" / "data" / "reference" / "dream-v0-7b"  # Dream-v0-Instruct-7B's config.json
@@ -742,7 +742,7 @@ def host_time_main(args) -> int:
     m = measure_host_step(host_config(args.host_layers), rounds=args.host_rounds)
     gpu_s = predict_step_gpu_s(dream7b_config(), GPU_GEN, 1024, 4)
     load = "Load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    cmd = "python -m bench.e2e_dream_shape --host-time" + (
+    cmd = "python -m bench.speed.e2e_dream_shape --host-time" + (
         f" --host-layers {args.host_layers}" if args.host_layers != 28 else ""
     )
     cmd += f" --host-rounds {args.host_rounds}" if args.host_rounds != 10 else ""

@@ -1,11 +1,11 @@
 """End-to-end speed vs context length on the bundled tiny model, beside the FLOP model.
 
-    python -m bench.e2e_speed [--lengths 2048 4096 ... 65536] [--depths 0.1 0.5 0.9] [--budget 600]
+    python -m bench.speed.e2e_speed [--lengths 2048 4096 ... 65536] [--depths 0.1 0.5 0.9] [--budget 600]
 
 For every context length and method (dense, prefix_cache, prefilling) it decodes
 passkey cases (one per depth; accuracy reported beside every time) and records total
 time, prefill / scoring / decode time, per-step decode time and NFE, plus the FLOP
-model's prediction (:mod:`bench.flop_model`). Methods whose predicted time would
+model's prediction (:mod:`bench.speed.flop_model`). Methods whose predicted time would
 overrun the budget are skipped at that length (listed in the table). Dense's per-step
 cost is additionally probed with one forward at every length where it fits, so its
 growth can be read even where full decoding is skipped.
@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from bench import flop_model
 from bench.budget import TimeBudget
 from bench.outputs import parse_study, write_report
 from bench.plotting import dodge, mark_not_run, save_figure, token_axis
 from bench.provenance import write_csv
+from bench.speed import flop_model
 from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.eval.evaluation import case_inputs
@@ -244,7 +244,9 @@ def main(argv=None) -> int:
     ok = [r for r in rows if r["status"] == "ok" and r["method"] in METHODS]
     title = "End-to-end speed vs context length: passkey on the bundled tiny model, three methods side by side"
     paragraphs = [summarize(rows), f"{startup} {first_case_line(first_case_ratios(ok, seconds='total_s'))}"]
-    write_report(out / "e2e_speed.md", title, "bench.e2e_speed", argv, "cpu", time.perf_counter() - t0, paragraphs)
+    write_report(
+        out / "e2e_speed.md", title, "bench.speed.e2e_speed", argv, "cpu", time.perf_counter() - t0, paragraphs
+    )
     plot(rows, str(out / "e2e_speed.png"))
     return 0
 

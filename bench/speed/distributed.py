@@ -1,6 +1,6 @@
 """Chunk-parallel encoding over torch.distributed: 1 vs 2 processes on this CPU, and the H200 prediction.
 
-    python -m bench.distributed [--out DIR | --record] [--length 262144] [--rounds 3] [--world 2]
+    python -m bench.speed.distributed [--out DIR | --record] [--length 262144] [--rounds 3] [--world 2]
                                 [--gpu-tokens 1048576] [--max-gpus 8] [--timeout-s 1800]
 
 Part 1, measured (``cpu``): a passkey document of ``--length`` tokens (the package's InfiniteBench
@@ -28,8 +28,8 @@ CPU's, with the tiny model: only the ratio carries over.
 
 Part 2, predicted (``h200``): the encode time of a ``--gpu-tokens`` document (1M) on Dream-v0-7B
 (``tests/data/reference/dream-v0-7b/config.json``, C = 1024, K = 4: the paper's defaults) on 1 to
-``--max-gpus`` H200s, one rank each: :func:`predict_h200`, the roofline of :mod:`bench.e2e_dream_shape`
-(FLOPs of :mod:`bench.flop_model` at :data:`~bench.e2e_dream_shape.MMA_EFFICIENCY` of the bf16 tensor
+``--max-gpus`` H200s, one rank each: :func:`predict_h200`, the roofline of :mod:`bench.speed.e2e_dream_shape`
+(FLOPs of :mod:`bench.speed.flop_model` at :data:`~bench.speed.e2e_dream_shape.MMA_EFFICIENCY` of the bf16 tensor
 peak, weights and K/V through HBM, host time per layer) for the slowest rank's share, plus the
 communication: the collectives' latency, the scores all-gathered and the K kept chunks' K/V sent to rank 0
 over NVLink (:data:`NVLINK_BYTES_S`). Nothing of part 2 is measured.
@@ -62,12 +62,12 @@ import torch.multiprocessing as mp
 
 import dllm
 import dllm.distributed as dd
-from bench import flop_model
 from bench.demo import TINY_PREFILLING
-from bench.e2e_dream_shape import HBM_EFFICIENCY, HOST_S_PER_LAYER, MMA_EFFICIENCY, dream7b_config, n_params
 from bench.kernels.roofline import H200_PEAK
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
+from bench.speed import flop_model
+from bench.speed.e2e_dream_shape import HBM_EFFICIENCY, HOST_S_PER_LAYER, MMA_EFFICIENCY, dream7b_config, n_params
 from dllm.eval.tasks import make_case, score
 
 LENGTH = 262144  # 256K tokens: 1024 chunks of the bundled model's C = 256
@@ -78,7 +78,7 @@ SEED, DEPTH = 2027, 0.5
 # torch op before it forks, so no intra-op pool is inherited
 START_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 # How the recorded figure is made: both cores free, real-time priority for the bench and its ranks
-RECORD_COMMAND = "OMP_NUM_THREADS=1 chrt --fifo 50 .venv/bin/python -m bench.distributed --record"
+RECORD_COMMAND = "OMP_NUM_THREADS=1 chrt --fifo 50 .venv/bin/python -m bench.speed.distributed --record"
 TARGET_RATIO = 1.6  # the target: 2 processes encode >= 1.6x faster than 1 on this machine, one thread each
 QUIET_LOAD = 0.3  # a 1-minute load average above this at the start marks the run as made on a loaded machine
 # The bundled model's configuration with a fixed prefill batch, so that one process and each rank run
@@ -90,7 +90,7 @@ CONFIG = dataclasses.replace(TINY_PREFILLING, prefill_batch=32, boundary_snap=0)
 # --- the prediction's assumptions (H200 SXM, bf16) -----------------------------------------------------
 GPU_TOKENS = 1 << 20  # 1M tokens: 1024 chunks of C = 1024
 GPU_CHUNK, GPU_TOP_K, GPU_PREFILL_BATCH = 1024, 4, 32
-GPU_QUERY, GPU_DRAFT = 48, 4  # query tokens and draft slots of a scoring row (as bench.e2e_dream_shape)
+GPU_QUERY, GPU_DRAFT = 48, 4  # query tokens and draft slots of a scoring row (as bench.speed.e2e_dream_shape)
 SCORE_TERMS = 3  # s_I, s_P, s_C: at most three fp32 scores per chunk are all-gathered
 NVLINK_BYTES_S = 450e9  # per direction: NVIDIA H200 SXM datasheet, "NVLink 900 GB/s" counts both directions
 NVLINK_EFFICIENCY = 0.8  # of that, for large point-to-point NCCL sends (an assumption, not measured)
@@ -107,7 +107,7 @@ QUESTION_COLLECTIVES = 8
 
 
 def _forward_s(a: flop_model.Arch, weight_bytes: float, queries, keys, logits=0.0, kv_tokens=0.0, elt=2) -> float:
-    """Roofline seconds of one forward on an H200 (as :func:`bench.e2e_dream_shape.predict_cell_s`):
+    """Roofline seconds of one forward on an H200 (as :func:`bench.speed.e2e_dream_shape.predict_cell_s`):
     max(FLOPs at the stated tensor efficiency, weights + K/V bytes at the stated HBM efficiency) + host."""
     flops = a.forward(queries, keys, logits)
     kv_bytes = 2 * a.layers * a.hkv * a.head * kv_tokens * elt
@@ -132,11 +132,11 @@ def predict_h200(
 
     Encoding: rank r encodes its ``ceil(N / W)`` chunks (the slowest rank's share, N = ceil(tokens / C))
     in forwards of ``prefill_batch`` chunks of ``C + 1`` tokens (BOS + chunk), each a roofline
-    :func:`_forward_s` (FLOPs of :class:`bench.flop_model.Arch`: the projections and MLP per token, 4 Hq D
+    :func:`_forward_s` (FLOPs of :class:`bench.speed.flop_model.Arch`: the projections and MLP per token, 4 Hq D
     per query and key of its chunk; every forward reads the weights once and writes its chunks' K/V),
     plus :data:`ENCODE_COLLECTIVES` x :data:`COLLECTIVE_S`. Scoring one question: two passes per chunk of
     ``query + draft`` tokens over the chunk's ``C + 1`` keys and their own, logits of every row, the
-    chunk's K/V read (:func:`bench.e2e_dream_shape.predict_cell_s`'s count), again for the slowest share
+    chunk's K/V read (:func:`bench.speed.e2e_dream_shape.predict_cell_s`'s count), again for the slowest share
     only. Communication: ``SCORE_TERMS`` fp32 scores per chunk all-gathered; the K kept chunks' K/V
     (:func:`dllm.distributed.kept_kv_bytes`, plus int64 ids) sent to rank 0, all of them from other ranks
     (the worst case; 1 GPU sends nothing) at :data:`NVLINK_EFFICIENCY` x :data:`NVLINK_BYTES_S`, one after
@@ -584,7 +584,8 @@ def prediction_section(pred: list[dict]) -> list[str]:
         "`tests/data/reference/dream-v0-7b`), "
         f"bf16, C = {GPU_CHUNK}, K = {GPU_TOP_K} (the paper's defaults), {p0['chunks']} chunks encoded "
         f"{GPU_PREFILL_BATCH} per forward; one rank per GPU, each encoding a contiguous share. Roofline of "
-        f"`bench.e2e_dream_shape` (tensor cores at {MMA_EFFICIENCY:.0%} of {H200_PEAK.mma_flops_s / 1e12:.0f} TFLOPS "
+        f"`bench.speed.e2e_dream_shape` (tensor cores at {MMA_EFFICIENCY:.0%} of "
+        f"{H200_PEAK.mma_flops_s / 1e12:.0f} TFLOPS "
         f"bf16, HBM at {HBM_EFFICIENCY:.0%} of {H200_PEAK.hbm_bytes_s / 1e12:.1f} TB/s, "
         f"{HOST_S_PER_LAYER * 1e6:.0f} us host per layer per forward: NVIDIA H200 datasheet peaks). "
         f"Communication: NVLink {NVLINK_BYTES_S / 1e9:.0f} GB/s per direction (NVIDIA H200 SXM datasheet: "
@@ -704,7 +705,7 @@ def main(argv=None) -> int:
         os.path.join(out, "distributed.md"),
         f"Chunk-parallel encoding over torch.distributed: 1 vs {args.world} processes (measured), "
         f"1-{args.max_gpus} H200s (predicted)",
-        "bench.distributed",
+        "bench.speed.distributed",
         argv,
         "cpu",
         time.perf_counter() - t0,

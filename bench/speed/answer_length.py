@@ -1,6 +1,6 @@
 """Answer length against the cost of a denoising step: block-cached decoding beside recomputing the response.
 
-    python -m bench.answer_length [--lengths 32 128 512 1024 2048] [--chars 16000] [--passkeys 12]
+    python -m bench.speed.answer_length [--lengths 32 128 512 1024 2048] [--chars 16000] [--passkeys 12]
 
 On the bundled tiny model, prefilling with its defaults (the checkpoint's ``prefilling_config.json``), one
 question about a ``--chars``-character document, blocks of 32 tokens, one token per step, one thread: for
@@ -28,10 +28,10 @@ import time
 
 import torch
 
-from bench import flop_model
-from bench.e2e_dream_shape import PREFIX_TOKENS, QUERY_TOKENS, _forward_s, dream7b_config, n_params
 from bench.outputs import parse_study, write_report
 from bench.provenance import write_csv
+from bench.speed import flop_model
+from bench.speed.e2e_dream_shape import PREFIX_TOKENS, QUERY_TOKENS, _forward_s, dream7b_config, n_params
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
@@ -111,8 +111,8 @@ def passkey_rows(model, n_cases: int) -> list[dict]:
 
 def dream_shape_prediction(lengths=(32, 512, 1024), block: int = BLOCK) -> str:
     """Predicted H200 bf16 seconds per denoising step at Dream-7B's shape, prefilling at C = 1024, K = 4, a 48-token
-    question, one token per step, blocks of ``block``: the roofline of :func:`bench.e2e_dream_shape._forward_s`
-    (its stated assumptions) for each forward a path runs, with the FLOPs of :func:`bench.flop_model`."""
+    question, one token per step, blocks of ``block``: the roofline of :func:`bench.speed.e2e_dream_shape._forward_s`
+    (its stated assumptions) for each forward a path runs, with the FLOPs of :func:`bench.speed.flop_model`."""
     a = flop_model.Arch.of(dream7b_config())
     w = 2.0 * n_params(dream7b_config())
     static = PREFIX_TOKENS + 4 * (1024 + 1)
@@ -283,14 +283,14 @@ def main(argv=None) -> None:
         "Predicted for a GPU (not measured): Dream-7B's shape in bf16 on an H200, prefilling at C = 1024, K = 4, a "
         "48-token question, blocks of 32, one token per step; each forward is max(FLOPs at 50% of the bf16 tensor "
         "peak, weights + KV read at 80% of HBM bandwidth) + 100 us of host time per layer (the assumptions of "
-        "`bench/e2e_dream_shape.py`). A decode step at this size reads 15 GB of weights whatever its width, so "
+        "`bench/speed/e2e_dream_shape.py`). A decode step at this size reads 15 GB of weights whatever its width, so "
         "the GPU gain is far below the CPU's until the live block is a few hundred tokens wide.",
         dream_shape_prediction(),
     ]
     write_report(
         out / "answer_length.md",
         "Answer length: block-cached decoding against recomputing the response",
-        "bench.answer_length",
+        "bench.speed.answer_length",
         argv,
         "cpu",
         time.perf_counter() - t_start,
