@@ -76,7 +76,7 @@ test-harness: $(HARNESS_STAMP)
 # tracked file. make record rewrites the recorded results under bench/results/ (their timings are
 # only worth keeping from a quiet machine); record-demo and record-bench do one half each.
 demo: $(STAMP)
-	$(BIN)/python -m bench.demo
+	$(BIN)/python -m bench.fidelity.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
@@ -84,7 +84,7 @@ bench: $(STAMP)
 record: record-demo record-bench
 
 record-demo: $(STAMP)
-	$(BIN)/python -m bench.demo --record
+	$(BIN)/python -m bench.fidelity.demo --record
 
 record-bench: $(STAMP)
 	$(BIN)/python -m bench.run_all --record

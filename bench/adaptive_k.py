@@ -4,7 +4,7 @@
     python -m bench.adaptive_k collect --seed-offset 0 --out DIR_TEST        # heldout_eval's 48 questions
     python -m bench.adaptive_k rules --tune DIR_TUNE/scores.jsonl --test DIR_TEST/scores.jsonl --out DIR
 
-``collect`` scores every question of :mod:`bench.heldout_eval`'s documents (registers full of codes, dates and
+``collect`` scores every question of :mod:`bench.fidelity.heldout_eval`'s documents (registers full of codes, dates and
 amounts; a pass key, a number string and a word fact; 4K-128K) once with the library's own path
 (``score_and_select`` with the bundled defaults, the first stage and the lexical term included) at a ceiling
 ``top_k`` (8 by default: the first stage then passes on ``max(8 K, sqrt N)`` candidates), and writes each
@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import torch
 
-from bench.heldout_eval import decode_kept, reports
+from bench.fidelity.heldout_eval import decode_kept, reports
 from bench.provenance import machine_line
 from dllm import encode_document, load_model
 from dllm.cli.args import positive_int

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from bench import chunk_tradeoff, demo, lost_in_middle
+from bench import chunk_tradeoff
+from bench.fidelity import demo, lost_in_middle
 from bench.plotting import read_csv_rows
 from bench.speed import e2e_speed
 

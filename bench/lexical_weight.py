@@ -4,10 +4,10 @@
 
 Prefilling only, every case decoded once per ``lexical_weight`` (0: the bundled defaults without the lexical term,
 :data:`bench.tiny_defaults.TINY_PREFILLING`) and per ``adaptive_k`` margin (0: off, a fixed K), side by side in
-one process: the pass keys of :mod:`bench.demo`
-(4K-32K tokens, 5 depths, seeds 0-4) and the passkey and needle cases of :mod:`bench.lost_in_middle` (4K-16K,
+one process: the pass keys of :mod:`bench.fidelity.demo`
+(4K-32K tokens, 5 depths, seeds 0-4) and the passkey and needle cases of :mod:`bench.fidelity.lost_in_middle` (4K-16K,
 11 depths, seeds 1000-1010). Reports exact answers and the share of cases whose needle chunk was kept
-(:func:`bench.selection_recall.needle_chunk_ids`) per set, task, length and weight, and the mean seconds per
+(:func:`bench.fidelity.selection_recall.needle_chunk_ids`) per set, task, length and weight, and the mean seconds per
 case. Writes ``lexical_weight.csv`` and ``lexical_weight.md``.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import asdict, replace
 
 import torch
 
+from bench.fidelity.selection_recall import needle_chunk_ids
 from bench.provenance import machine_line, write_csv
-from bench.selection_recall import needle_chunk_ids
 from bench.tiny_defaults import TINY_PREFILLING
 from dllm.cli.args import non_negative_float
 from dllm.eval.evaluation import run_case

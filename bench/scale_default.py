@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from bench.long_context import _needle_chunks
+from bench.fidelity.long_context import _needle_chunks
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
 from bench.speed.document_cache import QUESTIONS
@@ -49,7 +49,7 @@ from dllm.prefilling import PrefillingConfig, PromptParts, encode_document
 from dllm.prefilling.chunks import chunk_spans
 
 GEN, STEPS = 8, 8
-SEED = 10**9 + 23  # bench.long_context's: the same documents
+SEED = 10**9 + 23  # bench.fidelity.long_context's: the same documents
 
 
 def configs() -> dict:

@@ -1,8 +1,8 @@
 """The settings that the demo and the studies share on the bundled tiny model (dllm/assets/tiny-dream): the
 prefilling configuration it answers with and the cost exponents of the budget estimates.
 
-A module of its own so that the studies (:mod:`bench.selection_recall`, :mod:`bench.speed.e2e_speed`, ...) and
-:mod:`bench.demo`, which runs some of them, import it rather than each other.
+A module of its own so that the studies (:mod:`bench.fidelity.selection_recall`, :mod:`bench.speed.e2e_speed`, ...) and
+:mod:`bench.fidelity.demo`, which runs some of them, import it rather than each other.
 """
 
 from dllm.prefilling import PrefillingConfig

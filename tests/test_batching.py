@@ -177,7 +177,7 @@ def test_padded_forward_equals_unpadded_rows(dream):
 
 def test_texts_of_a_batch_on_the_bundled_model():
     """out.text[i] is row i's answer (bundled tiny model, two passkey prompts of different lengths)."""
-    from bench.demo import TINY_PREFILLING
+    from bench.fidelity.demo import TINY_PREFILLING
     from dllm.eval.evaluation import case_inputs
     from dllm.eval.tasks import make_case
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.adaptive_k import band_k, choose, evaluate, kept_by, main, parse_override, parse_rule
-from bench.heldout_eval import reports
+from bench.fidelity.heldout_eval import reports
 
 INF = float("-inf")
 

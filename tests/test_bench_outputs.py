@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import bench.demo
+import bench.fidelity.demo
 from bench.outputs import REPO_ROOT, RESULTS_DIR, RUNS_DIR
 from bench.warmup import WARMUP_SEED, first_case_line, first_case_ratios
 from dllm.prefilling import PrefillingConfig
@@ -39,40 +39,41 @@ def test_every_recorded_csv_carries_its_provenance():
 @pytest.fixture()
 def demo_out_dir(monkeypatch):
     seen = []
-    monkeypatch.setattr(bench.demo, "run_demo", lambda out_dir, **kw: seen.append((out_dir, kw)) or 0)
+    monkeypatch.setattr(bench.fidelity.demo, "run_demo", lambda out_dir, **kw: seen.append((out_dir, kw)) or 0)
     return seen
 
 
 def test_demo_writes_to_runs_unless_recording(demo_out_dir, tmp_path):
-    assert bench.demo.main([]) == 0
-    assert bench.demo.main(["--record"]) == 0
-    assert bench.demo.main(["--out", str(tmp_path)]) == 0
+    assert bench.fidelity.demo.main([]) == 0
+    assert bench.fidelity.demo.main(["--record"]) == 0
+    assert bench.fidelity.demo.main(["--out", str(tmp_path)]) == 0
     (default, kw), (recorded, kw_rec), (chosen, _) = demo_out_dir
     assert Path(default) == RUNS_DIR / "demo" and Path(recorded) == RESULTS_DIR / "demo"
     assert Path(chosen) == tmp_path
-    assert kw["command"] == "python -m bench.demo" and kw_rec["command"] == "python -m bench.demo --record"
+    assert kw["command"] == "python -m bench.fidelity.demo"
+    assert kw_rec["command"] == "python -m bench.fidelity.demo --record"
     with pytest.raises(SystemExit):
-        bench.demo.main(["--record", "--out", str(tmp_path)])  # one or the other
+        bench.fidelity.demo.main(["--record", "--out", str(tmp_path)])  # one or the other
 
 
 def test_demo_lengths_and_methods_choose_the_grid(demo_out_dir, capsys):
-    assert bench.demo.main(["--lengths", "32768", "--methods", "prefilling"]) == 0
-    assert bench.demo.main([]) == 0
+    assert bench.fidelity.demo.main(["--lengths", "32768", "--methods", "prefilling"]) == 0
+    assert bench.fidelity.demo.main([]) == 0
     (_out, kw), (_out2, kw_all) = demo_out_dir
     assert kw["lengths"] == (32768,) and kw["methods"] == ("prefilling",)
-    assert kw["command"] == "python -m bench.demo --lengths 32768 --methods prefilling"
-    assert kw_all["lengths"] == bench.demo.LENGTHS and kw_all["methods"] == bench.demo.METHODS
+    assert kw["command"] == "python -m bench.fidelity.demo --lengths 32768 --methods prefilling"
+    assert kw_all["lengths"] == bench.fidelity.demo.LENGTHS and kw_all["methods"] == bench.fidelity.demo.METHODS
     for bad in (["--lengths", "0"], ["--methods", "fast"]):
         with pytest.raises(SystemExit) as e:
-            bench.demo.main(bad)
+            bench.fidelity.demo.main(bad)
         assert e.value.code == 2 and "error:" in capsys.readouterr().err
 
 
 def test_run_demo_refuses_an_unknown_method_before_loading_the_model(tmp_path):
     with pytest.raises(ValueError, match="methods"):
-        bench.demo.run_demo(str(tmp_path), methods=("fast",))
+        bench.fidelity.demo.run_demo(str(tmp_path), methods=("fast",))
     with pytest.raises(ValueError, match="methods"):
-        bench.demo.run_demo(str(tmp_path), methods=())
+        bench.fidelity.demo.run_demo(str(tmp_path), methods=())
 
 
 class _Stop(Exception):
@@ -83,7 +84,7 @@ def _stop(*args, **kwargs):
     raise _Stop(args, kwargs)
 
 
-@pytest.mark.parametrize("module", ["speed.e2e_speed", "lost_in_middle", "chunk_tradeoff", "run_all"])
+@pytest.mark.parametrize("module", ["speed.e2e_speed", "fidelity.lost_in_middle", "chunk_tradeoff", "run_all"])
 @pytest.mark.parametrize("record", [False, True])
 def test_benchmarks_write_to_runs_unless_recording(module, record, monkeypatch):
     import importlib
@@ -134,7 +135,7 @@ def test_small_demo_warms_up_and_writes_only_its_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "demo"
     cfg = PrefillingConfig(chunk_size=64, top_k=2, score_terms=("draft_contrast",))
-    assert bench.demo.run_demo(str(out), lengths=(300,), depths=(0.0, 1.0), prefilling=cfg, budget_s=300) == 0
+    assert bench.fidelity.demo.run_demo(str(out), lengths=(300,), depths=(0.0, 1.0), prefilling=cfg, budget_s=300) == 0
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
         "demo.csv",
         "demo.md",

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dllm
-from bench.demo import TINY_PREFILLING
-from bench.selection_recall import needle_chunk_ids
+from bench.fidelity.demo import TINY_PREFILLING
+from bench.fidelity.selection_recall import needle_chunk_ids
 from dllm.eval.evaluation import run_case
 from dllm.eval.tasks import make_case
 

@@ -61,7 +61,7 @@ def test_kv_bytes_of_the_real_architectures():
 
 @pytest.mark.compat
 def test_info_of_the_bundled_model_shows_its_tuned_prefilling_defaults():
-    from bench.demo import TINY_PREFILLING
+    from bench.fidelity.demo import TINY_PREFILLING
 
     info = checkpoint_info(device="cpu")
     pre = info["prefilling"]

@@ -193,7 +193,7 @@ def test_encode_document_rejects_bad_context(dream):
 def test_bundled_model_answers_the_pass_key_from_a_saved_document(tmp_path):
     """The demo's configuration on a 3000-token passkey case: the answer from a saved and reloaded
     document equals the fresh one and is the pass key."""
-    from bench.demo import TINY_PREFILLING
+    from bench.fidelity.demo import TINY_PREFILLING
     from dllm.eval.evaluation import case_inputs
     from dllm.eval.tasks import make_case, score
 

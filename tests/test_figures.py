@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 import bench.chunk_tradeoff
-import bench.demo
-import bench.lost_in_middle
+import bench.fidelity.demo
+import bench.fidelity.lost_in_middle
 import bench.speed.e2e_speed
 from bench.figures import redraw
 from bench.outputs import RESULTS_DIR
@@ -40,7 +40,7 @@ def captured(monkeypatch):
     def keep(fig, path, title=None, dpi=120, caption=None):
         figs.append((fig, title, caption))
 
-    for module in (bench.speed.e2e_speed, bench.demo, bench.chunk_tradeoff, bench.lost_in_middle):
+    for module in (bench.speed.e2e_speed, bench.fidelity.demo, bench.chunk_tradeoff, bench.fidelity.lost_in_middle):
         monkeypatch.setattr(module, "save_figure", keep)
     return figs
 
@@ -72,12 +72,12 @@ def test_e2e_speed_figure(captured):
 
 def test_demo_figure(captured):
     rows = read_csv_rows(RESULTS_DIR / "demo" / "demo.csv")
-    bench.demo.plot_demo(rows, "unused.png", bench.demo.LENGTHS)
+    bench.fidelity.demo.plot_demo(rows, "unused.png", bench.fidelity.demo.LENGTHS)
     ((fig, title, _),) = captured
     assert title
     _check_axes(fig)
     ran = {(r["method"], r["length"]) for r in rows}
-    missing = [(m, ln) for m in bench.demo.METHODS for ln in bench.demo.LENGTHS if (m, ln) not in ran]
+    missing = [(m, ln) for m in bench.fidelity.demo.METHODS for ln in bench.fidelity.demo.LENGTHS if (m, ln) not in ran]
     assert missing and all(m == "dense" for m, _ in missing)  # the time budget skips dense at the longest
     for ax in fig.axes:
         assert _not_run_markers(ax) == len(missing)  # one x per skipped point

@@ -1,8 +1,8 @@
-"""bench.heldout_eval's grid and its lexical probe: what the recorded evaluation asks."""
+"""bench.fidelity.heldout_eval's grid and its lexical probe: what the recorded evaluation asks."""
 
 import torch
 
-from bench.heldout_eval import DEPTHS, lexical_overlap, reports
+from bench.fidelity.heldout_eval import DEPTHS, lexical_overlap, reports
 
 
 def test_grid_single_needles_short_three_needles_long():

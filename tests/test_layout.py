@@ -136,7 +136,7 @@ def test_the_graph_is_read():
     assert "dllm.model.modeling" in GRAPH["dllm.generate"] or "dllm.decode.denoise" in GRAPH["dllm.generate"]
     assert "dllm.decode.policies" in GRAPH["dllm.prefilling"]
     assert "dllm.cli.parser" in GRAPH["dllm.cli"]
-    assert any(t.startswith("dllm.") for t in GRAPH["bench.demo"])
+    assert any(t.startswith("dllm.") for t in GRAPH["bench.fidelity.demo"])
     assert len(GRAPH) > 100
 
 

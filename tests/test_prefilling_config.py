@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dllm
-from bench.demo import TINY_PREFILLING
+from bench.fidelity.demo import TINY_PREFILLING
 from dllm.cli import main
 from dllm.prefilling import PrefillingConfig, PromptParts
 from dllm.prefilling.config import CONFIG_NAME

@@ -1,6 +1,6 @@
-"""bench.selection_recall: needle-chunk recall from a results CSV."""
+"""bench.fidelity.selection_recall: needle-chunk recall from a results CSV."""
 
-from bench.selection_recall import recall_table
+from bench.fidelity.selection_recall import recall_table
 from dllm.eval.tasks import make_case
 from tests.tiny_checkpoints import snapped_starts
 
@@ -31,7 +31,7 @@ def test_recall_counts_a_kept_needle_chunk_found_by_searching_the_text():
 
 
 def test_needle_chunk_ids_follow_snapped_boundaries():
-    from bench.selection_recall import needle_chunk_ids
+    from bench.fidelity.selection_recall import needle_chunk_ids
 
     case = make_case("passkey", 4096, 0.5, 3, tokenizer=None)  # depth 0.5: the fixed cut at 2048 is near it
     starts = snapped_starts(case.context, 256, 64) + [len(case.context)]

@@ -407,10 +407,12 @@ def test_cli_flags_encode_snapped_and_answer_with_the_new_knobs(tmp_path, monkey
 
 
 def test_benches_write_their_reports(tmp_path):
-    """bench.selection_scale and bench.long_context on small documents: CSV with provenance, Markdown, figure."""
+    """bench.selection_scale and bench.fidelity.long_context on small documents: CSV with provenance, Markdown,
+    figure."""
     import csv
 
-    from bench import long_context, selection_scale
+    from bench import selection_scale
+    from bench.fidelity import long_context
 
     out = tmp_path / "s"
     argv = ["--out", str(out), "--long-length", "2048", "--depths", "0.5", "--straddle-length", "1024"]

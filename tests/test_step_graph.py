@@ -317,7 +317,7 @@ def test_graph_tokens_equal_eager_tokens_on_cuda():
     model = dllm.load_model(device="cuda")
     if not step_graph.cuda_graph_support(model.device)[0]:
         pytest.skip(step_graph.cuda_graph_support(model.device)[1])
-    from bench.demo import TINY_PREFILLING
+    from bench.fidelity.demo import TINY_PREFILLING
     from dllm.eval.evaluation import case_inputs
     from dllm.eval.tasks import make_case
 

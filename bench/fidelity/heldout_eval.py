@@ -1,6 +1,6 @@
 """Selection in documents full of competing numbers, on sources no training phase saw.
 
-    python -m bench.heldout_eval [--lengths 4096 16384 65536 131072] [--out bench/results/heldout_eval]
+    python -m bench.fidelity.heldout_eval [--lengths 4096 16384 65536 131072] [--out bench/results/heldout_eval]
 
 The documents are registers of :mod:`dllm.eval.tasks.reports`: numbered sections "1." to "8.", dates,
 amounts, 5-digit docket and access codes, 10-digit account numbers, and the prose of an excerpt of *The
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
         help="only the dense-crop reading probe (4K, 4 densities of numbers) -> reading_probe.md",
     )
     args = p.parse_args(argv)
-    cmd = "python -m bench.heldout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m bench.fidelity.heldout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.report_from:
         return write_report(args.report_from, args.out, cmd)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""``make demo`` / ``python -m bench.demo``: passkey retrieval at 4K-32K tokens, three methods, one table.
+"""``make demo`` / ``python -m bench.fidelity.demo``: passkey retrieval at 4K-32K tokens, three methods, one table.
 
 On the bundled tiny model, for context lengths 4K, 8K, 16K and 32K tokens and
 needle depths 0, 25, 50, 75 and 100%, each case is decoded with ``dense`` (the
@@ -22,10 +22,10 @@ import time
 from dataclasses import asdict
 
 from bench.budget import TimeBudget
+from bench.fidelity.selection_recall import write_recall
 from bench.outputs import add_output_args, output_dir
 from bench.plotting import dodge, mark_not_run, save_figure, token_axis
 from bench.provenance import machine_line, write_csv
-from bench.selection_recall import write_recall
 from bench.tiny_defaults import EXPONENT, TINY_PREFILLING
 from bench.warmup import first_case_line, first_case_ratios, startup_line, warm_up
 from dllm.eval.evaluation import EvalRow, run_case
@@ -49,7 +49,7 @@ def run_demo(
     depths=DEPTHS,
     prefilling: PrefillingConfig | None = None,
     seed: int = 0,
-    command: str = "python -m bench.demo",
+    command: str = "python -m bench.fidelity.demo",
     methods=METHODS,
 ) -> int:
     """Run the demo grid and print the table; returns a process exit code (0).
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if any(n < 1 for n in args.lengths):
         p.error(f"--lengths must be >= 1 token, got {args.lengths}")
-    command = " ".join(["python -m bench.demo", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m bench.fidelity.demo", *(sys.argv[1:] if argv is None else argv)])
     return run_demo(
         str(output_dir(args, "demo", "demo")),
         quick=args.quick,

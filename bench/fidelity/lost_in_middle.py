@@ -1,6 +1,6 @@
 """Lost in the middle: accuracy over needle depth x context length, per method, as heatmaps.
 
-    python -m bench.lost_in_middle [--tasks passkey needle] [--lengths ...] [--depths 11] [--budget 300]
+    python -m bench.fidelity.lost_in_middle [--tasks passkey needle] [--lengths ...] [--depths 11] [--budget 300]
 
 For each task, method (dense, prefix_cache, prefilling), context length and needle
 depth (11 depths 0..1 by default) one seeded case is decoded on the bundled tiny
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     ]
     title = "Lost in the middle: needle depth x context length on the bundled tiny model"
     seconds = time.perf_counter() - t0
-    write_report(out / "lost_in_middle.md", title, "bench.lost_in_middle", argv, "cpu", seconds, paragraphs)
+    write_report(out / "lost_in_middle.md", title, "bench.fidelity.lost_in_middle", argv, "cpu", seconds, paragraphs)
     plot(rows, args.tasks, args.lengths, depths, str(out / "lost_in_middle.png"))
     return 0
 

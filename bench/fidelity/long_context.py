@@ -1,6 +1,6 @@
 """Long-context study: passkey documents from 4K to 128K tokens (and beyond), 5 needle depths, from a cache.
 
-    python -m bench.long_context [--out DIR | --record] [--lengths 4096 ... 131072]
+    python -m bench.fidelity.long_context [--out DIR | --record] [--lengths 4096 ... 131072]
                                  [--depths 0.1 0.3 0.5 0.7 0.9] [--haystack filler|essays|pydoc|generated]
                                  [--model DIR] [--config today|scale] [--questions 4] [--threads 1]
 
@@ -12,7 +12,7 @@ canonical one first). Reported per cell: whether a kept
 chunk holds the needle, whether the answer is exact, encode seconds, seconds per question, and the peak
 resident memory of the process.
 
-``--config today`` is the bundled model's tuned configuration (:data:`bench.demo.TINY_PREFILLING`,
+``--config today`` is the bundled model's tuned configuration (:data:`bench.fidelity.demo.TINY_PREFILLING`,
 32 chunks per forward); ``--config scale`` adds the selection knobs (:data:`SCALE`: boundaries snapped to
 sentence ends, redundancy-aware top-K, the first stage with 32 candidates; bench/results/selection_scale.md
 measures each). ``--model`` takes any checkpoint directory (with its tokenizer: lengths are then in its
@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from bench.demo import TINY_PREFILLING
+from bench.fidelity.demo import TINY_PREFILLING
 from bench.outputs import add_output_args, output_dir, write_report
 from bench.plotting import save_figure
 from bench.provenance import write_csv
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     write_report(
         os.path.join(out, "long_context.md"),
         "Long-context study: passkey from a document cache, 4K to 128K tokens (bundled tiny model unless --model)",
-        "bench.long_context",
+        "bench.fidelity.long_context",
         argv,
         "cpu",
         time.perf_counter() - t0,
