@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from bench import chunk_tradeoff
 from bench.fidelity import demo, lost_in_middle
 from bench.plotting import read_csv_rows
 from bench.speed import e2e_speed
+from bench.studies import chunk_tradeoff
 
 
 def redraw(results: str) -> list[str]:

@@ -26,11 +26,11 @@ import time
 
 import torch
 
-from bench import chunk_tradeoff
 from bench.fidelity import long_context, lost_in_middle
 from bench.outputs import add_output_args, output_dir
 from bench.provenance import machine_line
 from bench.speed import answer_length, batching, distributed, document_cache, e2e_speed
+from bench.studies import chunk_tradeoff
 
 STUDIES = (
     "kernels",

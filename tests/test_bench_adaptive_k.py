@@ -1,4 +1,4 @@
-"""bench.adaptive_k: the K rules applied to stored scores, the choice on tuning documents,
+"""bench.studies.adaptive_k: the K rules applied to stored scores, the choice on tuning documents,
 and other seeds for those documents. Expected values are worked by hand from the scores."""
 
 import argparse
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from bench.adaptive_k import band_k, choose, evaluate, kept_by, main, parse_override, parse_rule
 from bench.fidelity.heldout_eval import reports
+from bench.studies.adaptive_k import band_k, choose, evaluate, kept_by, main, parse_override, parse_rule
 
 INF = float("-inf")
 
@@ -123,7 +123,7 @@ def test_rules_command_user_errors_are_one_line_exit_2(tmp_path, capsys):
             main(["rules", "--tune", tune, "--test", tune, "--out", str(tmp_path)])
         assert e.value.code == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
-        assert last.startswith("python -m bench.adaptive_k: " + message), last
+        assert last.startswith("python -m bench.studies.adaptive_k: " + message), last
 
 
 def test_bench_cli_user_errors(tmp_path, capsys):
@@ -144,7 +144,7 @@ def test_bench_cli_user_errors(tmp_path, capsys):
 
 
 def test_lexical_weight_bench_margin_or_off():
-    from bench.lexical_weight import margin_or_off
+    from bench.studies.lexical_weight import margin_or_off
 
     assert margin_or_off("0") == 0.0 and margin_or_off("1.5") == 1.5
     for bad in ("-1", "nan", "inf", "abc"):

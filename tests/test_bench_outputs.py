@@ -84,7 +84,7 @@ def _stop(*args, **kwargs):
     raise _Stop(args, kwargs)
 
 
-@pytest.mark.parametrize("module", ["speed.e2e_speed", "fidelity.lost_in_middle", "chunk_tradeoff", "run_all"])
+@pytest.mark.parametrize("module", ["speed.e2e_speed", "fidelity.lost_in_middle", "studies.chunk_tradeoff", "run_all"])
 @pytest.mark.parametrize("record", [False, True])
 def test_benchmarks_write_to_runs_unless_recording(module, record, monkeypatch):
     import importlib

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-import bench.chunk_tradeoff
 import bench.fidelity.demo
 import bench.fidelity.lost_in_middle
 import bench.speed.e2e_speed
+import bench.studies.chunk_tradeoff
 from bench.figures import redraw
 from bench.outputs import RESULTS_DIR
 from bench.plotting import read_csv_rows, tokens_label
@@ -40,7 +40,12 @@ def captured(monkeypatch):
     def keep(fig, path, title=None, dpi=120, caption=None):
         figs.append((fig, title, caption))
 
-    for module in (bench.speed.e2e_speed, bench.fidelity.demo, bench.chunk_tradeoff, bench.fidelity.lost_in_middle):
+    for module in (
+        bench.speed.e2e_speed,
+        bench.fidelity.demo,
+        bench.studies.chunk_tradeoff,
+        bench.fidelity.lost_in_middle,
+    ):
         monkeypatch.setattr(module, "save_figure", keep)
     return figs
 
@@ -86,8 +91,8 @@ def test_demo_figure(captured):
 
 def test_chunk_tradeoff_figure_draws_the_task_the_model_can_do(captured):
     rows = read_csv_rows(RESULTS_DIR / "chunk_tradeoff.csv")
-    d = bench.chunk_tradeoff.DEFAULTS
-    bench.chunk_tradeoff.plot(rows, d["chunk_sizes"], d["top_k"], d["lengths"], "unused.png")
+    d = bench.studies.chunk_tradeoff.DEFAULTS
+    bench.studies.chunk_tradeoff.plot(rows, d["chunk_sizes"], d["top_k"], d["lengths"], "unused.png")
     ((fig, title, caption),) = captured
     needle = [r for r in rows if r["task"] == "needle"]  # the caption counts them from the same rows
     assert needle and "passkey" in title

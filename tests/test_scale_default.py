@@ -180,9 +180,9 @@ def test_candidates_all_over_the_bundled_defaults_drops_their_layer(tmp_path):
 
 
 def test_the_bench_compares_the_bundled_defaults_with_every_chunk_scored():
-    """bench.scale_default's two configurations build over the bundled file (a replace that kept the file's
+    """bench.studies.scale_default's two configurations build over the bundled file (a replace that kept the file's
     candidate_layer with candidates=None stopped the bench before its first case)."""
-    from bench.scale_default import configs
+    from bench.studies.scale_default import configs
 
     cfgs = configs()
     assert (cfgs["defaults"].candidates, cfgs["defaults"].candidate_layer) == ("auto", 0)

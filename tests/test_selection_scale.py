@@ -407,12 +407,12 @@ def test_cli_flags_encode_snapped_and_answer_with_the_new_knobs(tmp_path, monkey
 
 
 def test_benches_write_their_reports(tmp_path):
-    """bench.selection_scale and bench.fidelity.long_context on small documents: CSV with provenance, Markdown,
+    """bench.studies.selection_scale and bench.fidelity.long_context on small documents: CSV with provenance, Markdown,
     figure."""
     import csv
 
-    from bench import selection_scale
     from bench.fidelity import long_context
+    from bench.studies import selection_scale
 
     out = tmp_path / "s"
     argv = ["--out", str(out), "--long-length", "2048", "--depths", "0.5", "--straddle-length", "1024"]
@@ -440,7 +440,7 @@ def test_straddle_snap_flag_moves_the_cut_off_the_needle(tmp_path):
     """--snap sets the straddle part's tolerance: with 64 tokens a needle cut 6 characters after its start is whole."""
     import csv
 
-    from bench import selection_scale
+    from bench.studies import selection_scale
 
     out = tmp_path / "s"
     argv = ["--out", str(out), "--skip-long", "--straddle-length", "1024", "--offsets", "6", "--needles", "single"]

@@ -1,6 +1,6 @@
 """Scale by default: the bundled defaults against scoring every chunk, side by side.
 
-    python -m bench.scale_default [--out DIR] [--cache-lengths 131072] [--depths 0.1 0.5 0.9] [--questions 2]
+    python -m bench.studies.scale_default [--out DIR] [--cache-lengths 131072] [--depths 0.1 0.5 0.9] [--questions 2]
                                   [--every-questions 2] [--fresh-lengths 100000] [--fresh-depths 0.5]
                                   [--haystack filler|essays|pydoc|generated] [--threads 1]
 
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     write_report(
         os.path.join(out, "scale_default.md"),
         "Scale by default: the bundled defaults (first stage auto) against scoring every chunk (bundled tiny model)",
-        "bench.scale_default",
+        "bench.studies.scale_default",
         argv,
         "cpu",
         time.perf_counter() - t0,

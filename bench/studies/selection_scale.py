@@ -1,7 +1,7 @@
 """Selection at scale on the bundled tiny model: facts across chunk boundaries, near-duplicate chunks,
 a cheap first stage.
 
-    python -m bench.selection_scale [--out DIR | --record] [--long-length 131072]
+    python -m bench.studies.selection_scale [--out DIR | --record] [--long-length 131072]
                                     [--depths 0.1 0.3 0.5 0.7 0.9] [--straddle-length 16384]
                                     [--offsets 2 6 12 16 20 24 32 40 48] [--snap 48] [--model DIR]
 
@@ -364,7 +364,7 @@ def main(argv=None) -> int:
         os.path.join(out, "selection_scale.md"),
         "Selection at scale: boundaries snapped to sentences, redundancy-aware top-K, a first stage "
         "(bundled tiny model)",
-        "bench.selection_scale",
+        "bench.studies.selection_scale",
         argv,
         "cpu",
         time.perf_counter() - t0,

@@ -1,6 +1,6 @@
 """Chunk-size trade-off of Prefilling-dLLM: chunk size C x kept chunks K x context length.
 
-    python -m bench.chunk_tradeoff [--chunk-sizes 64 128 256 512 1024] [--top-k 1 2 4 8] [--lengths 8192 32768]
+    python -m bench.studies.chunk_tradeoff [--chunk-sizes 64 128 256 512 1024] [--top-k 1 2 4 8] [--lengths 8192 32768]
 
 Prefilling only, passkey and needle cases at a few depths on the bundled tiny model:
 accuracy and seconds per case for every (C, K, length). Small C makes scoring finer
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     title = "Chunk size C x top-K: accuracy and seconds per case on the bundled tiny model"
     paragraphs = [summarize(rows, args.chunk_sizes, args.top_k, args.lengths).rstrip(), f"{startup} {first}"]
     seconds = time.perf_counter() - t0
-    write_report(out / "chunk_tradeoff.md", title, "bench.chunk_tradeoff", argv, "cpu", seconds, paragraphs)
+    write_report(out / "chunk_tradeoff.md", title, "bench.studies.chunk_tradeoff", argv, "cpu", seconds, paragraphs)
     plot(rows, args.chunk_sizes, args.top_k, args.lengths, str(out / "chunk_tradeoff.png"))
     return 0
 

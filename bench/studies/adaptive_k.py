@@ -1,8 +1,8 @@
 """Adaptive K against fixed K on the held-out registers, rules tuned on other documents.
 
-    python -m bench.adaptive_k collect --seed-offset 100 --out DIR_TUNE      # documents for tuning
-    python -m bench.adaptive_k collect --seed-offset 0 --out DIR_TEST        # heldout_eval's 48 questions
-    python -m bench.adaptive_k rules --tune DIR_TUNE/scores.jsonl --test DIR_TEST/scores.jsonl --out DIR
+    python -m bench.studies.adaptive_k collect --seed-offset 100 --out DIR_TUNE      # documents for tuning
+    python -m bench.studies.adaptive_k collect --seed-offset 0 --out DIR_TEST        # heldout_eval's 48 questions
+    python -m bench.studies.adaptive_k rules --tune DIR_TUNE/scores.jsonl --test DIR_TEST/scores.jsonl --out DIR
 
 ``collect`` scores every question of :mod:`bench.fidelity.heldout_eval`'s documents (registers full of codes, dates and
 amounts; a pass key, a number string and a word fact; 4K-128K) once with the library's own path
@@ -200,7 +200,9 @@ def load_rows(path: str) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.adaptive_k", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.studies.adaptive_k",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="score the questions once, write scores.jsonl")
@@ -232,7 +234,7 @@ def main(argv=None) -> int:
     r.add_argument("--ceiling", type=positive_int, default=8, help="the largest K tried (at most the collect's)")
     r.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    cmd = "python -m bench.adaptive_k " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m bench.studies.adaptive_k " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.cmd == "collect":
         torch.manual_seed(0)
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """The lexical chunk-score term against the bundled defaults on the recorded bundled studies.
 
-    python -m bench.lexical_weight [--weights 0 1] [--adaptive-k 0 1.5] [--sets demo lost_in_middle] [--out DIR]
+    python -m bench.studies.lexical_weight [--weights 0 1] [--adaptive-k 0 1.5] [--sets demo lost_in_middle] [--out DIR]
 
 Prefilling only, every case decoded once per ``lexical_weight`` (0: the bundled defaults without the lexical term,
 :data:`bench.tiny_defaults.TINY_PREFILLING`) and per ``adaptive_k`` margin (0: off, a fixed K), side by side in
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/lexical_weight")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    cmd = "python -m bench.lexical_weight " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m bench.studies.lexical_weight " + " ".join(argv if argv is not None else sys.argv[1:])
     torch.set_num_threads(args.threads)
     model = load_model()
     cfgs = {  # (lexical_weight, adaptive margin) -> config

@@ -1,6 +1,6 @@
 """Which chunk-score terms find the needle: rank of the needle chunk under s_I, s_P, s_C and sums.
 
-    python -m bench.score_terms [--length 8192] [--chunk-size 256] [--cases 10]
+    python -m bench.studies.score_terms [--length 8192] [--chunk-size 256] [--cases 10]
 
 Prefilling-dLLM scores every chunk with s = s_I + s_P (paper); this package also offers s_C
 (``answer_confidence``) and s_C - s_P (``draft_contrast``). For seeded passkey cases (seeds
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     lines = [
         f"# Chunk-score terms on the bundled tiny model (passkey, {args.length} tokens, C={args.chunk_size})",
         "",
-        f"Command: `python -m bench.score_terms --length {args.length} --chunk-size {args.chunk_size} "
+        f"Command: `python -m bench.studies.score_terms --length {args.length} --chunk-size {args.chunk_size} "
         f"--cases {args.cases}{' --record' if args.record else ''}`  ",
         machine_line("cpu"),
         "",

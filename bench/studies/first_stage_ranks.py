@@ -1,7 +1,7 @@
 """Where the first stage ranks the needle's chunk: the plain mean of the chunk maxima against their excess over the
 document's median chunk (:func:`dllm.prefilling.selection.first_stage_excess`), in layers 0 and 1.
 
-    python -m bench.first_stage_ranks [--out DIR] [--sets demo essays:16384:0:4 pydoc:32768:0:2 ...]
+    python -m bench.studies.first_stage_ranks [--out DIR] [--sets demo essays:16384:0:4 pydoc:32768:0:2 ...]
 
 A set is ``demo`` (the cases of ``make demo``: passkey, 4K-32K tokens, depths 0-1, seed = depth index) or
 ``HAYSTACK:LENGTH:SEED0:SEED1`` (passkey cases in that haystack, depths 0, 0.3, 0.6 and 1.0, seeds SEED0..SEED1-1).
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     out = output_dir(args, "bench", "")
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "first_stage_ranks.csv"), rows, str(model.device))
-    command = " ".join(["python -m bench.first_stage_ranks", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m bench.studies.first_stage_ranks", *(sys.argv[1:] if argv is None else argv)])
     table = summary(rows)
     with open(os.path.join(out, "first_stage_ranks.md"), "w") as f:
         f.write(f"Command: `{command}`  \n{machine_line(str(model.device))}\n\n{table}\n")
