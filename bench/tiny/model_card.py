@@ -291,8 +291,8 @@ train on different data (the random-string copies cannot be predicted at high ma
 comparable across phases. Treat the accuracy figures made with this model as a property of the
 model, and the speed figures as the package's. A digit-focused fine-tune (phase 8 of `train.py`,
 not in these weights) took dense number_string to 100% but kept the needle chunk less often, so
-Prefilling-dLLM answered fewer long-context cases (`bench/results/tiny_phase8_trial.md`); these
-weights are phases 1-7, then phase 9 (`bench/results/tiny_phase9_trial.md`).
+Prefilling-dLLM answered fewer long-context cases (`bench/results/archive/tiny_phase8_trial.md`); these
+weights are phases 1-7, then phase 9 (`bench/results/archive/tiny_phase9_trial.md`).
 
 Beyond the training window dense decoding must extrapolate RoPE; Prefilling-dLLM with the demo's
 C=256, K=4 keeps every position inside the window (see the demo in `bench/results/demo/` and `bench/results/README.md`).

@@ -345,7 +345,7 @@ PHASES: tuple[Phase, ...] = (
           why="a trial fifth fine-tune, NOT in the bundled model (only with --steps beyond --phase7), for the "
           "digit tasks' one-digit copy errors: no copy strings (bench.tiny.skill_probe finds copies of the phase "
           "5-7 copy strings' lengths at chance: the model never learned them). It took dense number_string to "
-          "100% but made chunk selection worse (bench/results/tiny_phase8_trial.md), so the default --steps "
+          "100% but made chunk selection worse (bench/results/archive/tiny_phase8_trial.md), so the default --steps "
           "stops at 12000"),
     Phase(14000, 14000 + PROSE_STEPS, (4e-4, 50), (256, 512, 768, 1024, 1280, 1536),
           mix=prose_tune(), tasks=None, trial=True,
