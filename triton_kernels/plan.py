@@ -8,7 +8,7 @@ H200 or a 108-SM A100 on a machine without a GPU (:func:`assume_gpu`), compiling
 exactly the specialisations a real launch would choose. Integer arithmetic only
 (no ``triton.cdiv`` on the hot path: it costs microseconds per call on Triton 3.5+).
 
-The split-S cost model (:func:`plan_split_s`, issue 35.4; it replaced issue 16's two caps). Every
+The split-S cost model (:func:`plan_split_s`; it replaced two fixed caps on the partials). Every
 partition of the keys the kernel supports (``segs_per_prog`` consecutive segments per partial, or
 ``n_splits`` pieces per segment, the live block folded into the last partial) gets a predicted
 time (:func:`predict_split_s_us`) and the fastest is taken, ties to fewer partials:

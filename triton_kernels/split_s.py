@@ -107,7 +107,7 @@ def _split_s_partial_kernel(
     err_ptr,  # [1] int32 device error word (triton_kernels.check_errors): bits OR-ed in on a bad index
     M,
     S,
-    P,  # slots in the pool: a slot outside [-1, P) reads nothing (bounds guard, issue 35.2)
+    P,  # slots in the pool: a slot outside [-1, P) reads nothing (bounds guard)
     T,  # tokens per slot: a length outside [0, T] reads nothing
     split_len,  # tokens of one segment per partial (multiple of BLOCK_N)
     n_splits,  # pieces per segment
@@ -140,7 +140,7 @@ def _split_s_partial_kernel(
     h = (pid_mh // n_mtiles).to(tl.int64)
     mt = pid_mh % n_mtiles
     n_live = M  # real query rows (and live keys) of this batch row; the rest is padding
-    bad_live = n_live < 0  # bounds guard (issue 35.2): a live length outside [0, M] ...
+    bad_live = n_live < 0  # bounds guard: a live length outside [0, M] ...
     if HAS_LIVE_LENS:
         n_live = tl.load(live_lens_ptr + b).to(tl.int32)
         bad_live = (n_live < 0) | (n_live > M)

@@ -22,7 +22,7 @@ Two kernels, two launches, only the four outputs allocated (no torch op on the C
   rows, from any row strides (64-bit offsets); it also applies the bad-chunk rule below, which
   needs every head of a chunk.
 
-Host path (issue 35.3): a call whose metadata signature was seen runs its prepared call
+Host path: a call whose metadata signature was seen runs its prepared call
 (:class:`_TopbCall`: the output specs and both launch records, grids and non-pointer arguments
 fixed), so it costs the signature, four ``torch.empty_strided`` and two direct launches. Four
 allocations, not one flat buffer viewed into the outputs: on the CPU dispatcher four cost 5.8 us,
@@ -79,7 +79,7 @@ def _select_topb_kernel(
     bad_len = length < 0  # False, as a tensor
     if HAS_LENS:
         ln = tl.load(lens_ptr + n)  # int32 or int64: compared before any narrowing
-        bad_len = (ln < 0) | (ln > T)  # bounds guard (issue 35.2): such a chunk selects nothing
+        bad_len = (ln < 0) | (ln > T)  # bounds guard: such a chunk selects nothing
         length = tl.where(bad_len, 0, ln).to(tl.int32)
     row = s_ptr + n * stride_sn + h * stride_sh
     valid = offs < length

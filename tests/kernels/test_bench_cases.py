@@ -31,8 +31,8 @@ def test_make_inputs_shapes():
     assert a["seg_slots"].unique().numel() == p["b"] * p["k"]  # every row its own chunks
 
 
-def test_roofline_of_the_issue_shape():
-    """Dream-7B K=4, C=1024 + 64 live tokens, bf16: 9.4 MB, 3.8 GFLOP, 7.5 M exp2, ~400 FLOP/B (issue 16)."""
+def test_roofline_of_the_dream7b_k4_decode_shape():
+    """Dream-7B K=4, C=1024 + 64 live tokens, bf16: 9.4 MB, 3.8 GFLOP, 7.5 M exp2, ~400 FLOP/B."""
     case = Case("split_s_attention", "dream7b", (("b", 1), ("k", 4), ("c", 1024), ("m", 64)))
     c = roofline.cost(case)
     keys = 4 * 1024 + 64

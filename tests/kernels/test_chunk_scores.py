@@ -178,7 +178,7 @@ def test_row_mass_without_extra_keys_is_zero():
 
 
 # ============================================================================ mass direction, by value
-# Closed-form cases whose masses differ by direction (issue 19): the mass a chunk key *receives*
+# Closed-form cases whose masses differ by direction: the mass a chunk key *receives*
 # (a column sum of the softmax matrix) is not the mass a row *sends* (every softmax row sums to 1),
 # so a row/column mix-up changes the values, not only the shape. The sizes make such mix-ups
 # shape-compatible: M * G = 96 query rows, so the kernels' query tile (BLOCK_M = 64) is as wide as their

@@ -1,4 +1,4 @@
-"""The no-sync check policy (issue 35.2): on CUDA an op reads no index value on the host; its kernels
+"""The no-sync check policy: on CUDA an op reads no index value on the host; its kernels
 guard every index (a bad slot or length reads nothing), make the affected rows NaN and set a device
 error word that ``check_errors`` raises from. Run here through the interpreter, with the host checks
 off (as on CUDA), and against the torch reference for the rows that are valid."""
@@ -161,7 +161,7 @@ def test_topb_nan_score_or_bad_length_is_nan_and_reported():
     assert torch.isnan(k_out[:2]).all() and torch.isnan(v_out[:2]).all()
     want = R.topb_gather(scores[2:], k[2:], k[2:], 4, lens=lens[2:])
     assert max_err(k_out[2], want[0][0]) == 0 and torch.equal(idx[2], want[2][0])
-    # b38 item 4: a bad chunk keeps nothing: idx -1, kept 0 (main: plausible idx, kept 4)
+    # a bad chunk keeps nothing: idx -1, kept 0 (not a plausible idx and kept 4)
     assert (idx[:2] == -1).all() and kept[:2].tolist() == [0, 0]
     assert kept[2].item() == want[3][0].item() == 4
     with pytest.raises(ValueError, match="topb_gather: a lens entry outside"):
@@ -170,7 +170,7 @@ def test_topb_nan_score_or_bad_length_is_nan_and_reported():
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_topb_unchecked_bad_lengths_are_flagged_by_either_backend(backend):
-    """b38 item 4: inside skip_value_checks the torch backend returned plausible output for lens=-1 (kept -1,
+    """Inside skip_value_checks the torch backend once returned plausible output for lens=-1 (kept -1,
     idx of garbage) and a RuntimeError for lens > T with b > T; now both backends apply the same guard:
     NaN K/V, idx -1, kept 0 for the bad chunks, the error word set, the good chunk as the reference."""
     g = torch.Generator().manual_seed(3)

@@ -112,7 +112,7 @@ def test_opcheck_registrations():
     q, kp, vp, slots, lens, kl, vl = _small()
     ops = torch.ops.prefilling_dllm
     torch.library.opcheck(ops.split_s_attention, (q, kp, vp, slots, lens, kl, vl, None, 0.2, "torch"))
-    live_lens = torch.tensor([5, 2], dtype=torch.int32, device=DEVICE)  # beside the inputs (issue 35.7)
+    live_lens = torch.tensor([5, 2], dtype=torch.int32, device=DEVICE)  # on the inputs' device
     torch.library.opcheck(ops.split_s_attention, (q, kp, vp, slots, lens, kl, vl, live_lens, 0.2, "torch"))
     torch.library.opcheck(
         ops.merge_states, (torch.randn(3, 4, 2, 16, device=DEVICE), torch.randn(3, 4, 2, device=DEVICE), "torch")
@@ -125,7 +125,7 @@ def test_opcheck_registrations():
 
 
 def test_registered_ops_name_the_wrong_device_argument_first():
-    """The registered op with one tensor on another device says which one (issue 35.7), before any
+    """The registered op with one tensor on another device says which one, before any
     value check runs a reduction that mixes the devices (on the H200: a torch.cat device error).
 
     The op's Python body is called directly: a meta tensor would route ``torch.ops`` to the fake kernel.

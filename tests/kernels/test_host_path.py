@@ -1,4 +1,4 @@
-"""The ops' CUDA branch, audited on the CPU with the kernel launch stubbed (issue 35, items 2 and 3):
+"""The ops' CUDA branch, audited on the CPU with the kernel launch stubbed:
 no host read of any tensor value, at most two launches, no allocation but the outputs, and
 compiled kernels reused per specialisation by the direct launch path."""
 

@@ -1,4 +1,4 @@
-"""Traps of a kernel user (issue 38, items 15 and 16): SDPA's [B, H, M, D] layout passed where the
+"""Traps of a kernel user: SDPA's [B, H, M, D] layout passed where the
 ops read token-major tensors, head dim 0, and numpy / torch integer scalars for ``b``."""
 
 from __future__ import annotations

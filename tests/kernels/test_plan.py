@@ -65,7 +65,7 @@ def test_dream_decode_k4_c1024_m64_on_h200():
 
 
 def test_c256_plans_more_than_one_cta_per_sm_quarter():
-    """C = 256 (the bundled default) planned 28 CTAs under issue 16's caps; now about one per SM."""
+    """C = 256 (the bundled default) planned 28 CTAs under the former fixed caps; now about one per SM."""
     plan = plan_split_s(1, 64, 28, 4, 128, 4, 256, True, BF16, H200)
     assert plan.ctas >= 0.8 * H200.sm_count and plan.n_parts >= 4
 
@@ -97,7 +97,7 @@ def test_decode_plans_keep_the_cost_model(k, c, m, model, gpu):
     if plan.n_parts > 1:
         assert plan.merge is not None and plan.merge.n_unroll == min(plan.n_parts, 16)
         assert plan.merge.ctas >= gpu.sm_count or plan.merge.block_r == 1
-    # the chosen partition is predicted no slower than one partial per segment (issue 16's plan at C=256)
+    # the chosen partition is predicted no slower than one partial per segment (the former plan at C=256)
     base = plan_split_s(1, m, hq, hkv, 128, k, c, True, BF16, gpu, segs_per_prog=1)
     assert plan.predicted_us <= base.predicted_us + 1e-9
     seen = _covered(plan, k, c)

@@ -1,4 +1,4 @@
-"""The ops' prepared calls (issue 35.3): a call whose metadata signature was seen reuses the
+"""The ops' prepared calls: a call whose metadata signature was seen reuses the
 output specs, plan and launch arguments prepared for it. A changed shape, stride, dtype or scalar
 must never reuse a stale record (results against the naive references after alternating inputs),
 the validation and the value-check policy stay intact, and the direct launch of a kept compiled
