@@ -36,10 +36,9 @@ from dllm.cli.errors import UserError
 from dllm.cli.files import read_document_to_encode
 from dllm.cli.generate import collect_questions, document_config, print_answer, print_stats, prompt_templates
 from dllm.cli.options import (
-    as_flags,
-    chunk_fits,
     decode_kwargs,
     decoding_check,
+    encode_config,
     graph_kwargs,
     kept_positions,
     note_unencodable,
@@ -110,17 +109,9 @@ def _read_on_rank0(fn):
 
 
 def _encode(args) -> int:
-    from dllm.model.loader import default_model_dir
     from dllm.model.tokenization import encode_text
-    from dllm.prefilling.config import PrefillingConfig, with_overrides
 
-    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
-    base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
-    try:
-        cfg = with_overrides(base, {k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:
-        raise UserError(f"encode options: {as_flags(exc)}") from exc
-    chunk_fits(cfg.chunk_size, args)
+    cfg = encode_config(args)
     device = _rank_device(args)
     from dllm.distributed.group import world
     from dllm.distributed.index_file import shard_path

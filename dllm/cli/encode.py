@@ -16,10 +16,8 @@ from dllm.cli.args import (
     add_prefill_batch_and_snap,
     input_file,
 )
-from dllm.cli.errors import UserError
 from dllm.cli.files import read_document_to_encode
-from dllm.cli.options import as_flags, chunk_fits, note_unencodable, progress_bars, timed_load
-from dllm.prefilling.config import PrefillingConfig, with_overrides
+from dllm.cli.options import encode_config, note_unencodable, progress_bars, timed_load
 
 # Every example runs as written on the bundled tiny model (tests/test_cli.py runs them from the help text).
 EXAMPLES = ("python -m dllm encode --context-file doc.txt --out doc.cache",)
@@ -39,16 +37,9 @@ def cmd_encode(args) -> int:
     """``encode``: the chunked prefill of a document, saved as a :class:`dllm.DocumentCache` (under torchrun:
     one shard per rank and an index, :mod:`dllm.cli.distributed`)."""
     import dllm
-    from dllm.model.loader import default_model_dir
 
     text = read_document_to_encode(args)
-    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
-    base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
-    try:
-        cfg = with_overrides(base, {k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:
-        raise UserError(f"encode options: {as_flags(exc)}") from exc
-    chunk_fits(cfg.chunk_size, args)
+    cfg = encode_config(args)
 
     model, _ = timed_load(args)
     note_unencodable(model, text, f"--context-file {args.context_file}")

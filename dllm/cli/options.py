@@ -138,6 +138,25 @@ def prefilling_config(args, model_dir: str) -> PrefillingConfig | None:
     return cfg
 
 
+def encode_config(args) -> PrefillingConfig:
+    """The PrefillingConfig ``encode`` cuts and encodes a document with: the checkpoint's defaults
+    (``prefilling_config.json``) with ``--chunk-size``, ``--prefill-batch`` and ``--boundary-snap`` over them.
+
+    Raises:
+        UserError: a bad value among them, or a chunk past the model's trained positions.
+    """
+    from dllm.model.loader import default_model_dir
+
+    given = {"chunk_size": args.chunk_size, "prefill_batch": args.prefill_batch, "boundary_snap": args.boundary_snap}
+    base = PrefillingConfig.from_pretrained(args.model or default_model_dir())
+    try:
+        cfg = with_overrides(base, {k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise UserError(f"encode options: {as_flags(exc)}") from exc
+    chunk_fits(cfg.chunk_size, args)
+    return cfg
+
+
 def chunk_fits(chunk_size: int, args) -> None:
     """A chunk is encoded alone at positions 0..C (its BOS anchor first): past the checkpoint's trained
     positions its keys would be out of distribution, silently."""
