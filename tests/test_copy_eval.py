@@ -1,0 +1,194 @@
+"""bench.copy_eval's pieces checked against values computed here from the text: the needle lies in the chunk
+reported as holding it, column (c)'s prompt is the kept chunks' tokens in document order, (d) ends with the
+needle's chunk, (e)'s crop holds the needle in 1024 characters, and the haystacks come from held-out sources."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+
+import dllm
+from bench.copy_eval import (
+    CROP,
+    DEPTHS,
+    GRID_SLOTS,
+    HAYSTACK_SOURCES,
+    HAYSTACKS,
+    SEED_BASE,
+    TASKS,
+    answer_kind,
+    centred_crop,
+    changelog_case,
+    changelogs,
+    dense_prompts,
+    evaluate_case,
+    grid,
+    make_copy_case,
+    needle_chunks,
+    occurs_elsewhere,
+    ordered_spans,
+)
+from bench.tiny.sources import HELD_OUT_SOURCES, TRAINING_SOURCES
+from dllm.eval.tasks.reports import dictionary_sentences
+from dllm.model.loader import default_model_dir
+from dllm.prefilling import PrefillingConfig, chunk_char_spans
+
+
+@functools.cache
+def _model():
+    torch.set_num_threads(1)
+    return dllm.load_model(device="cpu", dtype=torch.float32)
+
+
+@functools.cache
+def _cfg():
+    return PrefillingConfig.from_pretrained(default_model_dir())
+
+
+def _has_changelogs() -> bool:
+    try:
+        changelogs()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def test_haystacks_are_whole_held_out_sources():
+    assert set(GRID_SLOTS) == set(HAYSTACKS) == set(HAYSTACK_SOURCES)
+    for sources in HAYSTACK_SOURCES.values():
+        for name in sources:
+            assert name in HELD_OUT_SOURCES and name not in TRAINING_SOURCES
+            assert name not in ("essays", "pydoc")  # held out as a split only: their other split was trained
+
+
+def test_devil_haystacks_read_the_dictionary_and_differ_in_their_numbers():
+    sentences = set(dictionary_sentences())
+    plain = make_copy_case("devil", "passkey", 4096, 0.5, SEED_BASE)
+    dense = make_copy_case("devil-registers", "passkey", 4096, 0.5, SEED_BASE)
+    for case in (plain, dense):
+        assert case.context.count(case.answer) >= 1 and not occurs_elsewhere(
+            case.context, case.needle_start, case.needle_end, case.answer
+        )
+        prose = [s for s in sentences if s in case.context]
+        assert sum(map(len, prose)) > 0.3 * len(case.context)  # the dictionary's sentences make the prose
+    digits = [len(re.findall(r"\d+", c.context)) for c in (plain, dense)]
+    assert 0 < digits[0] < digits[1] / 3  # dates and numbers in both, many more in the registers
+
+
+@pytest.mark.skipif(not _has_changelogs(), reason="no /usr/share/doc/*/changelog.Debian.gz on this machine")
+def test_changelog_case_is_changelog_lines_with_the_needle_a_line_and_a_unique_answer():
+    for task in TASKS:
+        case = changelog_case(task, 4096, 0.5, SEED_BASE)
+        assert len(case.context) <= 4096 and len(case.answer) == (5 if task == "passkey" else 10)
+        assert case.context[case.needle_start - 1] == "\n" and case.context[case.needle_end] == "\n"
+        assert case.answer in case.needle
+        rest = case.context[: case.needle_start] + case.context[case.needle_end :]
+        assert all(case.answer not in run for run in re.findall(r"\d+", rest))
+        assert len(re.findall(r"\d+", rest)) > 20  # versions, dates, bug numbers all over it
+        lines = [ln for ln in rest.split("\n")[1:-1] if ln.strip()]  # the first and last may be cut
+        text = "\n".join(changelogs())
+        assert all(ln in text for ln in lines)
+        assert case == changelog_case(task, 4096, 0.5, SEED_BASE)  # seeded
+
+
+def test_grid_covers_haystacks_tasks_depths_with_distinct_seeds():
+    g = grid(4096, 40)
+    assert len(g) == len(set(g)) == 40
+    assert {(h, t, d) for h, t, d, _ in g} == {(h, t, d) for h in HAYSTACKS for t in TASKS for d in DEPTHS}
+    assert sum(h == "devil" for h, *_ in g) == 20
+    assert {s for h, *_, s in g if h != "devil"} == {SEED_BASE}
+    for n in (10, 20):  # a run cut short still has every haystack, task and depth
+        part = grid(4096, n)
+        assert part == g[:n]
+        assert {h for h, *_ in part} == set(HAYSTACKS) and {t for _, t, _, _ in part} == set(TASKS)
+        assert {d for _, _, d, _ in part} == set(DEPTHS)
+    assert {(t, d) for h, t, d, _ in g[:20] if h == "devil"} == {(t, d) for t in TASKS for d in DEPTHS}
+
+
+def test_pure_pieces():
+    spans = [(0, 10), (10, 25), (25, 40), (40, 52)]
+    assert needle_chunks(spans, 12, 20) == [1] and needle_chunks(spans, 20, 30) == [1, 2]
+    kept = [[40, 52], [0, 10], [25, 40]]
+    assert ordered_spans(kept, [], False) == [(0, 10), (25, 40), (40, 52)]
+    assert ordered_spans(kept, [(0, 10)], True) == [(25, 40), (40, 52), (0, 10)]
+    text = "".join(chr(97 + i % 26) for i in range(3000))
+    for s, e in ((0, 5), (1500, 1540), (2990, 3000)):
+        crop, off = centred_crop(text, s, e)
+        assert len(crop) == CROP and text[s:e] in crop and crop == text[off : off + CROP]
+    assert centred_crop("short text", 0, 5) == ("short text", 0)
+    case = make_copy_case("devil-registers", "passkey", 4096, 0.5, SEED_BASE)
+    other = re.findall(r"\d{5,}", case.context[: case.needle_start])[0]
+    assert answer_kind(case.answer + ".", case) == "right"
+    assert answer_kind(other, case) == "distractor"
+    off_by_one = case.answer[:-1] + str((int(case.answer[-1]) + 1) % 10)
+    assert answer_kind(off_by_one, case) in ("near", "distractor")
+    assert answer_kind("no number", case) == "other"
+
+
+def _ids(text: str, bos: bool = False) -> list[int]:
+    return dllm.encode_text(_model(), text, bos=bos).tolist()
+
+
+@pytest.mark.parametrize("haystack", ["devil", "devil-registers"])
+def test_prompts_of_c_d_e_f_from_the_kept_spans(haystack):
+    model, cfg = _model(), _cfg()
+    case = make_copy_case(haystack, "number_string", 4096, 0.5, SEED_BASE)
+    chars = chunk_char_spans(model, case.context, cfg)
+    # the needle's chunk, found here from the text: the chunk whose characters hold the answer's first digit
+    at = case.context.index(case.answer)
+    holding = [j for j, (a, b) in enumerate(chars) if a <= at < b]
+    assert len(holding) == 1
+    j = holding[0]
+    kept = sorted({0, j, len(chars) - 1, (j + 3) % len(chars)})  # the needle chunk among others, not last
+    assert j != kept[-1]
+    extra = {"selected_chunk_tokens": [list(chars[k]) for k in reversed(kept)]}
+    p = dense_prompts(model, case, extra, cfg)
+    assert p.kept == kept and j in p.fact
+    a, b = p.chunk_spans[j]
+    assert a <= case.needle_start and case.needle_end <= b or len(p.fact) > 1
+    assert case.answer in case.context[a:b]
+    pieces = "".join(case.context[chars[k][0] : chars[k][1]] for k in kept)
+    assert p.dense["c"][0].tolist() == _ids(case.prefix, bos=True) + _ids(pieces) + _ids(case.query)
+    last = "".join(case.context[chars[k][0] : chars[k][1]] for k in kept if k not in p.fact)
+    last += "".join(case.context[chars[k][0] : chars[k][1]] for k in kept if k in p.fact)
+    d = p.dense["d"][0].tolist()
+    assert d == _ids(case.prefix, bos=True) + _ids(last) + _ids(case.query)
+    q = len(_ids(case.query))
+    needle_text = "".join(case.context[chars[k][0] : chars[k][1]] for k in p.fact)
+    assert d[-q - len(needle_text) : -q] == _ids(needle_text)  # the needle's chunk just before the query
+    assert sorted(d) == sorted(p.dense["c"][0].tolist())
+    assert p.dense["f"][0].tolist() == _ids(case.prefix, bos=True) + _ids(needle_text) + _ids(case.query)
+    assert len(p.crop) == min(CROP, len(case.context)) and case.needle in p.crop and p.crop in case.context
+    assert p.dense["e"][0].tolist() == _ids(case.prefix + p.crop + case.query, bos=True)
+    # a needle chunk not kept: only (e) is decoded
+    none = dense_prompts(model, case, {"selected_chunk_tokens": [list(chars[k]) for k in kept if k != j]}, cfg)
+    assert set(none.dense) == {"e"}
+
+
+def test_one_case_end_to_end_reports_the_kept_chunk_spans_of_the_run():
+    model, cfg = _model(), _cfg()
+    case = make_copy_case("devil", "passkey", 4096, 0.3, SEED_BASE)
+    row = evaluate_case(model, case, cfg, "devil")
+    chars = chunk_char_spans(model, case.context, cfg)
+    res = dllm.generate(
+        model, method="prefilling", prompt=dllm.PromptParts(
+            dllm.encode_text(model, case.prefix, bos=True), dllm.encode_text(model, case.context),
+            dllm.encode_text(model, case.query)), prefilling=cfg, gen_length=len(case.answer) + 4,
+        steps=len(case.answer) + 4,
+    )  # fmt: skip
+    kept = res.stats.extra["selected_chunks"]
+    assert row["kept_chunks"] == " ".join(map(str, kept)) and row["b_answer"] == res.text[0]
+    assert [list(chars[k]) for k in kept] == res.stats.extra["selected_chunk_tokens"]
+    fact = [int(x) for x in row["needle_chunks"].split()]
+    assert all(chars[k][0] < case.needle_end and chars[k][1] > case.needle_start for k in fact)
+    assert row["kept"] == bool(set(fact) & set(kept))
+    if row["kept"]:
+        assert row["c_answer"] and row["d_answer"] and row["f_answer"]
+        if row["needle_last"]:
+            assert row["d_answer"] == row["c_answer"]
+    else:
+        assert row["c_answer"] == row["d_answer"] == row["f_answer"] == "" and not row["c_correct"]
+    assert row["crop_chars"] == CROP
