@@ -20,7 +20,7 @@ PACKAGES = ("triton_kernels", "dllm", "bench")  # in this order: each may import
 # dllm's layers, lowest first: a module may import its own sub-package or a strictly lower layer. "" is
 # dllm/__init__.py, the public API (load_model, generate, encode_document, ...), which the layers above use.
 DLLM_LAYERS = (
-    ("model",),
+    ("model", "file_targets"),
     ("decode",),
     ("prefilling",),
     ("generate",),
