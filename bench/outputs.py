@@ -53,6 +53,15 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT))
 
 
+def save_text(folder, name: str, text: str) -> Path:
+    """Write ``text`` as it is to ``folder/name`` (the folder created if need be) and print it; returns the path."""
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    print(text)
+    return path
+
+
 def write_report(path, title: str, module: str, argv, device: str, seconds: float, paragraphs: list[str]) -> str:
     """Write a study's Markdown report to ``path`` and print it: the title, the command that made it
     (``python -m <module>`` with ``argv``, or this process's arguments when ``argv`` is None), the

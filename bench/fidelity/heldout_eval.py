@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from bench.outputs import save_text
 from bench.provenance import machine_line, write_csv
 from dllm import encode_document, generate, load_model
 from dllm.decode.denoise import denoise
@@ -390,10 +391,7 @@ def write_report(csvs: list, out: str, cmd: str) -> int:
         f"## Per length\n\n{summary(rows, ('length', 'policy'))}\n\n"
         f"## Per task\n\n{summary(rows, ('task', 'policy'))}\n"
     )
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "heldout_eval.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_text(out, "heldout_eval.md", text)
     return 0
 
 

@@ -31,11 +31,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.outputs import save_text
 from bench.provenance import machine_line
 
 GEMMS = ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation")
@@ -226,10 +226,7 @@ def main(argv=None) -> int:
     cmd = " ".join(["python -m bench.kernels.decode_launches", *(sys.argv[1:] if argv is None else argv)])
     machine = f"{machine_line('cpu')}; {time.perf_counter() - t0:.0f} s"
     text = report(r, command=cmd, machine=machine)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode_launches.md").write_text(text)
-    print(text)
+    save_text(args.out, "decode_launches.md", text)
     return 0
 
 

@@ -55,7 +55,7 @@ import torch
 
 from bench.budget import TimeBudget
 from bench.kernels.roofline import H200_PEAK
-from bench.outputs import REPO_ROOT
+from bench.outputs import REPO_ROOT, save_text
 from bench.provenance import machine_line, write_csv
 from bench.speed import flop_model
 from dllm import DiffusionLM, ModelConfig, PrefillingConfig, PromptParts, generate, load_config
@@ -747,10 +747,7 @@ def host_time_main(args) -> int:
     )
     cmd += f" --host-rounds {args.host_rounds}" if args.host_rounds != 10 else ""
     text = host_report(m, gpu_s, command=cmd, machine=machine_line("cpu"), load=load)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e_dream_shape_host.md").write_text(text, encoding="utf-8")
-    print(text)
+    save_text(args.out, "e2e_dream_shape_host.md", text)
     return 0
 
 

@@ -34,6 +34,7 @@ from dataclasses import replace
 import torch
 
 from bench.fidelity.heldout_eval import decode_kept, reports
+from bench.outputs import save_text
 from bench.provenance import machine_line
 from dllm import encode_document, load_model
 from dllm.cli.args import positive_int
@@ -280,10 +281,7 @@ def main(argv=None) -> int:
         + f"## Tuning documents\n\n{table(res_tune, len(tune), marks)}\n\n"
         f"## Test documents (heldout_eval's questions)\n\n{table(res_test, len(test), marks)}\n"
     )
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "adaptive_k.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_text(args.out, "adaptive_k.md", text)
     return 0
 
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 import torch
 
 from bench.fidelity.selection_recall import needle_chunk_ids
+from bench.outputs import save_text
 from bench.provenance import machine_line, write_csv
 from bench.tiny_defaults import TINY_PREFILLING
 from dllm.cli.args import non_negative_float
@@ -100,9 +101,7 @@ def main(argv=None) -> int:
         f"# lexical_weight on the bundled studies\n\nCommand: `{cmd.strip()}`  \n{machine_line(str(model.device))}\n\n"
     )
     text += "\n".join(lines) + "\n"
-    with open(os.path.join(args.out, "lexical_weight.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_text(args.out, "lexical_weight.md", text)
     return 0
 
 

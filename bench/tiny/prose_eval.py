@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, replace
 
+from bench.outputs import save_text
 from bench.provenance import machine_line, write_csv
 from dllm.eval.evaluation import run_case
 from dllm.eval.tasks import make_case
@@ -125,9 +126,7 @@ def main(argv=None) -> int:
         f'`phrasing="random"`.\n\n'
         f"{by_len}\n\nPer depth (prefilling, all tasks):\n\n{by_depth}\n"
     )
-    with open(os.path.join(args.out, "prose_eval.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_text(args.out, "prose_eval.md", text)
     return 0
 
 
