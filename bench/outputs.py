@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench.provenance import machine_line
+from bench.provenance import machine_line, write_csv
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNS_DIR = REPO_ROOT / "runs"  # git-ignored
@@ -78,3 +78,15 @@ def write_report(path, title: str, module: str, argv, device: str, seconds: floa
         f.write(text + "\n")
     print(text)
     return text
+
+
+def write_results(out, stem: str, rows: list[dict], module: str, argv, seconds: float, title: str, paragraphs) -> str:
+    """A CPU study's results in the folder ``out`` (created if need be): ``rows`` in ``<stem>.csv``
+    (:func:`bench.provenance.write_csv`) and the report in ``<stem>.md`` (:func:`write_report`, device "cpu").
+
+    Returns the report's text. Raises ``OSError`` if a file cannot be written.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / f"{stem}.csv", rows, "cpu")
+    return write_report(out / f"{stem}.md", title, module, argv, "cpu", seconds, paragraphs)

@@ -34,9 +34,8 @@ import time
 import torch
 
 from bench.fidelity.demo import TINY_PREFILLING
-from bench.outputs import add_output_args, output_dir, write_report
+from bench.outputs import add_output_args, output_dir, write_results
 from bench.plotting import save_figure
-from bench.provenance import write_csv
 from bench.speed.document_cache import QUESTIONS
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
@@ -208,26 +207,20 @@ def main(argv=None) -> int:
                 flush=True,
             )
     os.makedirs(out, exist_ok=True)
-    write_csv(os.path.join(out, "long_context.csv"), rows, "cpu")
-    title = f"Passkey from a document cache, {args.haystack} haystack, config {args.config}"
-    plot(rows, os.path.join(out, "long_context.png"), title)
-    write_report(
-        os.path.join(out, "long_context.md"),
-        "Long-context study: passkey from a document cache, 4K to 128K tokens (bundled tiny model unless --model)",
-        "bench.fidelity.long_context",
-        argv,
-        "cpu",
-        time.perf_counter() - t0,
-        [
-            f"Model: {args.model or 'bundled tiny-dream'}; haystack: {args.haystack}; configuration `{args.config}`: "
-            f"{cfg}; {GEN} response tokens, {STEPS} steps; {args.questions} question(s) per document (wordings of "
-            f"bench.speed.document_cache.QUESTIONS, the canonical one first; depth cells: exact answers, the answers, "
-            f"the first question's kept chunks); "
-            f"{args.threads} torch thread(s) on a shared, loaded 2-core machine: seconds are indicative.",
-            summarize(rows),
-            "![accuracy and seconds per question against context length](long_context.png)",
-        ],
-    )
+    plot_title = f"Passkey from a document cache, {args.haystack} haystack, config {args.config}"
+    plot(rows, os.path.join(out, "long_context.png"), plot_title)
+    title = "Long-context study: passkey from a document cache, 4K to 128K tokens (bundled tiny model unless --model)"
+    paragraphs = [
+        f"Model: {args.model or 'bundled tiny-dream'}; haystack: {args.haystack}; configuration `{args.config}`: "
+        f"{cfg}; {GEN} response tokens, {STEPS} steps; {args.questions} question(s) per document (wordings of "
+        f"bench.speed.document_cache.QUESTIONS, the canonical one first; depth cells: exact answers, the answers, "
+        f"the first question's kept chunks); "
+        f"{args.threads} torch thread(s) on a shared, loaded 2-core machine: seconds are indicative.",
+        summarize(rows),
+        "![accuracy and seconds per question against context length](long_context.png)",
+    ]
+    seconds = time.perf_counter() - t0
+    write_results(out, "long_context", rows, "bench.fidelity.long_context", argv, seconds, title, paragraphs)
     return 0
 
 

@@ -42,8 +42,7 @@ import torch
 
 import dllm.model.modeling
 from bench.fidelity.demo import TINY_PREFILLING
-from bench.outputs import add_output_args, output_dir, write_report
-from bench.provenance import write_csv
+from bench.outputs import add_output_args, output_dir, write_report, write_results
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
@@ -353,23 +352,16 @@ def main(argv=None) -> int:
     model = load_model(args.model, device="cpu")
     load_s = time.perf_counter() - t0
     rows = run(model, args.lengths, max(1, args.rounds), out, cfg=cfg)
-    os.makedirs(out, exist_ok=True)
-    write_csv(os.path.join(out, "batching.csv"), rows, "cpu")
     warm = next(r["seconds"] for r in rows if r["run"] == "warm-up")
-    write_report(
-        os.path.join(out, "batching.md"),
-        f"Batched ragged requests: {len(args.lengths)} passkey prompts one by one vs one batch (bundled tiny model)",
-        "bench.speed.batching",
-        argv,
-        "cpu",
-        time.perf_counter() - t0,
-        [
-            f"Configuration: {cfg}; {GEN} response tokens, {STEPS} steps; context lengths {args.lengths}.",
-            f"Start-up, not in the table: model load {load_s:.2f} s; untimed warm-up (one single run and one batch) "
-            f"{warm:.2f} s.",
-            summarize(rows),
-        ],
-    )
+    title = f"Batched ragged requests: {len(args.lengths)} passkey prompts one by one vs one batch (bundled tiny model)"
+    paragraphs = [
+        f"Configuration: {cfg}; {GEN} response tokens, {STEPS} steps; context lengths {args.lengths}.",
+        f"Start-up, not in the table: model load {load_s:.2f} s; untimed warm-up (one single run and one batch) "
+        f"{warm:.2f} s.",
+        summarize(rows),
+    ]
+    seconds = time.perf_counter() - t0
+    write_results(out, "batching", rows, "bench.speed.batching", argv, seconds, title, paragraphs)
     return 0
 
 

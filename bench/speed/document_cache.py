@@ -36,8 +36,7 @@ import torch
 
 from bench.fidelity.demo import TINY_PREFILLING
 from bench.fidelity.selection_recall import needle_chunk_ids
-from bench.outputs import add_output_args, output_dir, write_report
-from bench.provenance import write_csv
+from bench.outputs import add_output_args, output_dir, write_results
 from bench.warmup import WARMUP_SEED
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
@@ -275,22 +274,15 @@ def main(argv=None) -> int:
     if not args.skip_long:
         for depth in args.long_depths:
             rows += long_document(model, args.long_length, depth)
-    os.makedirs(out, exist_ok=True)
-    write_csv(os.path.join(out, "document_cache.csv"), rows, "cpu")
     q_warm = next(r["seconds"] for r in rows if r["run"] == "warm-up")
     startup = (
         f"Start-up, not in the tables: model load {load_s:.2f} s; untimed warm-ups: an encoding of 1024 tokens "
         f"{enc_warm_s:.2f} s, then one fresh and one cached run of question 0 on the measured document {q_warm:.2f} s."
     )
-    write_report(
-        os.path.join(out, "document_cache.md"),
-        "Document cache: questions from a cached document vs fresh runs (bundled tiny model)",
-        "bench.speed.document_cache",
-        argv,
-        "cpu",
-        time.perf_counter() - t0,
-        [f"Configuration: {CONFIG}; {GEN} response tokens, {STEPS} steps.", startup, summarize(rows)],
-    )
+    title = "Document cache: questions from a cached document vs fresh runs (bundled tiny model)"
+    paragraphs = [f"Configuration: {CONFIG}; {GEN} response tokens, {STEPS} steps.", startup, summarize(rows)]
+    seconds = time.perf_counter() - t0
+    write_results(out, "document_cache", rows, "bench.speed.document_cache", argv, seconds, title, paragraphs)
     return 0
 
 

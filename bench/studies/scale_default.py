@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import resource
 import time
 
 import torch
 
 from bench.fidelity.long_context import _needle_chunks
-from bench.outputs import add_output_args, output_dir, write_report
-from bench.provenance import write_csv
+from bench.outputs import add_output_args, output_dir, write_results
 from bench.speed.document_cache import QUESTIONS
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
@@ -227,23 +225,16 @@ def main(argv=None) -> int:
     for n in args.heldout_lengths:
         for seed in args.heldout_seeds:
             rows += heldout(model, cfgs, n, seed)
-    os.makedirs(out, exist_ok=True)
-    write_csv(os.path.join(out, "scale_default.csv"), rows, "cpu")
-    write_report(
-        os.path.join(out, "scale_default.md"),
-        "Scale by default: the bundled defaults (first stage auto) against scoring every chunk (bundled tiny model)",
-        "bench.studies.scale_default",
-        argv,
-        "cpu",
-        time.perf_counter() - t0,
-        [
-            f"Configurations: `defaults` = {cfgs['defaults']}; `every` = the same with candidates=None (every chunk "
-            f"scored). Haystack {args.haystack}; {GEN} response tokens, {STEPS} steps; {args.threads} torch "
-            "thread(s). Wall seconds on a shared 2-core machine loaded by other sessions; CPU seconds are this "
-            "process's (at one thread, about the wall time of a quiet machine).",
-            summarize(rows),
-        ],
-    )
+    title = "Scale by default: the bundled defaults (first stage auto) against scoring every chunk (bundled tiny model)"
+    paragraphs = [
+        f"Configurations: `defaults` = {cfgs['defaults']}; `every` = the same with candidates=None (every chunk "
+        f"scored). Haystack {args.haystack}; {GEN} response tokens, {STEPS} steps; {args.threads} torch "
+        "thread(s). Wall seconds on a shared 2-core machine loaded by other sessions; CPU seconds are this "
+        "process's (at one thread, about the wall time of a quiet machine).",
+        summarize(rows),
+    ]
+    seconds = time.perf_counter() - t0
+    write_results(out, "scale_default", rows, "bench.studies.scale_default", argv, seconds, title, paragraphs)
     return 0
 
 

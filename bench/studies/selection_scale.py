@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 
 import torch
 
-from bench.outputs import add_output_args, output_dir, write_report
-from bench.provenance import write_csv
+from bench.outputs import add_output_args, output_dir, write_results
 from bench.speed.document_cache import CONFIG, QUESTIONS, SEED
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
@@ -358,24 +356,19 @@ def main(argv=None) -> int:
         rows += long_rows
     if not args.skip_straddle:
         rows += straddle(model, args.straddle_length, args.offsets, args.needles, args.snap)
-    os.makedirs(out, exist_ok=True)
-    write_csv(os.path.join(out, "selection_scale.csv"), rows, "cpu")
-    write_report(
-        os.path.join(out, "selection_scale.md"),
+    title = (
         "Selection at scale: boundaries snapped to sentences, redundancy-aware top-K, a first stage "
-        "(bundled tiny model)",
-        "bench.studies.selection_scale",
-        argv,
-        "cpu",
-        time.perf_counter() - t0,
-        [
-            f"Today's configuration: {BASE}; {GEN} response tokens, {STEPS} steps. "
-            f"New knobs: boundary_snap={SNAP_TOL} (straddle part: {args.snap}), "
-            f"redundancy_threshold={REDUNDANCY}, candidates derived below. Timings on a loaded 2-core machine with "
-            f"{args.threads} torch thread(s): indicative; the ratios are side by side.",
-            summarize(rows, n),
-        ],
+        "(bundled tiny model)"
     )
+    paragraphs = [
+        f"Today's configuration: {BASE}; {GEN} response tokens, {STEPS} steps. "
+        f"New knobs: boundary_snap={SNAP_TOL} (straddle part: {args.snap}), "
+        f"redundancy_threshold={REDUNDANCY}, candidates derived below. Timings on a loaded 2-core machine with "
+        f"{args.threads} torch thread(s): indicative; the ratios are side by side.",
+        summarize(rows, n),
+    ]
+    seconds = time.perf_counter() - t0
+    write_results(out, "selection_scale", rows, "bench.studies.selection_scale", argv, seconds, title, paragraphs)
     return 0
 
 
