@@ -11,9 +11,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import dllm
-from dllm.model.config import ConfigError, ModelConfig
+from dllm.model.config import ConfigError
 from dllm.model.weights import WeightError
-from tests.tiny_checkpoints import write_dream_checkpoint, write_llada_checkpoint
+from tests.tiny_checkpoints import small_config, write_dream_checkpoint, write_llada_checkpoint
+
+# the sizes of a valid Dream config built directly (small_config adds Dream's bias and shifted logits, theta 1e4)
+_TINY_FIELDS = dict(
+    vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
+    mask_token_id=3,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -115,15 +121,10 @@ def test_huge_vocab_is_a_shape_error_before_allocation(dream_dir, tmp_path):
 
 
 def test_model_config_rejects_bad_values_when_built_directly():
-    base = dict(
-        family="dream", vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
-        num_kv_heads=1, head_dim=4, rope_theta=1e4, rms_norm_eps=1e-6, qkv_bias=True,
-        tie_word_embeddings=False, shift_logits=True, mask_token_id=3,
-    )  # fmt: skip
-    ModelConfig(**base)  # the valid one builds
+    small_config("dream", **_TINY_FIELDS)  # the valid one builds
     for key, value in [("rms_norm_eps", 0.0), ("rope_theta", float("nan")), ("num_layers", 2.5), ("num_heads", True)]:
         with pytest.raises(ConfigError, match=key):
-            ModelConfig(**dict(base, **{key: value}))
+            small_config("dream", **{**_TINY_FIELDS, key: value})
 
 
 def _sharded(tmp_path):
@@ -171,13 +172,9 @@ def test_integer_weights_are_a_weight_error(dream_dir, tmp_path):
 
 
 def test_trained_positions_include_a_static_rope_scaling_factor():
-    base = dict(
-        family="dream", vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
-        num_kv_heads=1, head_dim=4, rope_theta=1e4, rms_norm_eps=1e-6, qkv_bias=True,
-        tie_word_embeddings=False, shift_logits=True, mask_token_id=3, max_position_embeddings=64,
-    )  # fmt: skip
-    assert ModelConfig(**base).trained_positions == 64
+    base = dict(_TINY_FIELDS, max_position_embeddings=64)
+    assert small_config("dream", **base).trained_positions == 64
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
-    assert ModelConfig(**base, rope_scaling=yarn).trained_positions == 256
-    assert ModelConfig(**base, rope_scaling={"rope_type": "linear", "factor": 2.0}).trained_positions == 128
-    assert ModelConfig(**dict(base, max_position_embeddings=None)).trained_positions is None
+    assert small_config("dream", **base, rope_scaling=yarn).trained_positions == 256
+    assert small_config("dream", **base, rope_scaling={"rope_type": "linear", "factor": 2.0}).trained_positions == 128
+    assert small_config("dream", **dict(base, max_position_embeddings=None)).trained_positions is None

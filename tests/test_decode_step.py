@@ -89,13 +89,12 @@ def test_run_measures_both_paths_side_by_side(monkeypatch, one_thread):
     from bench.kernels import cuda_graph_check as cg
     from bench.kernels import gpu_timing as T
     from dllm.decode import policies
-    from dllm.model.config import ModelConfig
     from dllm.model.modeling import DiffusionLM
+    from tests.tiny_checkpoints import small_config
 
-    cfg = ModelConfig(
-        family="dream", vocab_size=64, hidden_size=56, intermediate_size=64, num_layers=1, num_heads=7,
-        num_kv_heads=1, head_dim=8, rope_theta=1e6, rms_norm_eps=1e-6, qkv_bias=True,
-        tie_word_embeddings=False, shift_logits=True, mask_token_id=63,
+    cfg = small_config(
+        "dream", vocab_size=64, hidden_size=56, intermediate_size=64, num_layers=1, num_heads=7, num_kv_heads=1,
+        head_dim=8, rope_theta=1e6, mask_token_id=63,
     )  # fmt: skip
     torch.manual_seed(0)
     model = DiffusionLM(cfg).eval()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm.model.config import ModelConfig
 from dllm.model.kv_cache import StaticKVCache
 from dllm.model.modeling import FUSED_ENV, DiffusionLM
+from tests.tiny_checkpoints import small_config
 from triton_kernels._dispatch import is_interpreted
 from triton_kernels.rms_norm import _add_rms_norm_kernel
 
@@ -31,10 +31,9 @@ pytestmark = [
 def model():
     # Dream's family at two layers (the second takes the first's MLP output as its pending residual);
     # the interpreter runs a program per token: seconds per forward
-    cfg = ModelConfig(
-        family="dream", vocab_size=256, hidden_size=112, intermediate_size=160, num_layers=2, num_heads=7,
-        num_kv_heads=1, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6, qkv_bias=True,
-        tie_word_embeddings=False, shift_logits=True, mask_token_id=255,
+    cfg = small_config(
+        "dream", vocab_size=256, hidden_size=112, intermediate_size=160, num_layers=2, num_heads=7, num_kv_heads=1,
+        head_dim=16, rope_theta=1e6, mask_token_id=255,
     )  # fmt: skip
     torch.manual_seed(0)
     m = DiffusionLM(cfg).eval()
