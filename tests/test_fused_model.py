@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm.model.kv_cache import StaticKVCache
 from dllm.model.modeling import FUSED_ENV, DiffusionLM
+from tests.fused_checks import assert_close_fp32, random_cache
 from tests.tiny_checkpoints import small_config
 from triton_kernels._dispatch import is_interpreted
 from triton_kernels.rms_norm import _add_rms_norm_kernel
@@ -56,34 +56,26 @@ def _both(model, *args, **kw):
     return outs
 
 
-def _close(a, b, what):
-    scale = a.abs().max().item()
-    err = (a - b).abs().max().item()
-    assert err <= 1e-5 * max(scale, 1.0), f"{what}: fused vs torch path differ by {err:.3e} (max |x| {scale:.3e})"
-
-
 def test_fused_path_equals_torch_path_over_a_cache(model):
     cfg = model.config
     g = torch.Generator().manual_seed(1)
     b, t, n = 2, 20, 6
-    ks = [torch.randn(b, t, cfg.num_kv_heads, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
-    vs = [torch.randn(b, t, cfg.num_kv_heads, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
-    cache = StaticKVCache.single_segment(ks, vs)
+    cache = random_cache(cfg, b, t, g)
     ids = torch.randint(0, 250, (b, n), generator=g)
     pos = torch.arange(t, t + n)
     ref, got = _both(model, ids, pos, cache, logits_start=2, return_kv=True)
     assert got.logits.shape == ref.logits.shape == (b, n - 2, cfg.vocab_size)
-    _close(ref.logits, got.logits, "logits")
+    assert_close_fp32(ref.logits, got.logits, "logits")
     assert torch.equal(ref.logits.argmax(-1), got.logits.argmax(-1))
     for i in range(cfg.num_layers):
-        _close(ref.k[i], got.k[i], f"layer {i} keys (RoPE)")
-        _close(ref.v[i], got.v[i], f"layer {i} values")
+        assert_close_fp32(ref.k[i], got.k[i], f"layer {i} keys (RoPE)")
+        assert_close_fp32(ref.v[i], got.v[i], f"layer {i} values")
     # ragged rows: live_lens + logits_at (the gather path of the LM head)
     at = torch.tensor([[2, 4, 5], [1, 2, 3]])
     lens = torch.tensor([6, 4], dtype=torch.int32)
     ref, got = _both(model, ids, pos, cache, live_lens=lens, logits_at=at)
     assert got.logits.shape == (b, 3, cfg.vocab_size)
-    _close(ref.logits, got.logits, "logits_at")
+    assert_close_fp32(ref.logits, got.logits, "logits_at")
 
 
 def test_fused_path_without_cache_runs_the_fused_kernels(model, monkeypatch):
@@ -97,7 +89,7 @@ def test_fused_path_without_cache_runs_the_fused_kernels(model, monkeypatch):
         monkeypatch.setattr(tk, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
     ids = torch.randint(0, 250, (1, 5), generator=torch.Generator().manual_seed(2))
     ref, got = _both(model, ids, torch.arange(5) * 3)  # spread positions
-    _close(ref.logits, got.logits, "logits")
+    assert_close_fp32(ref.logits, got.logits, "logits")
     assert torch.equal(ref.logits.argmax(-1), got.logits.argmax(-1))
     n_layers = model.config.num_layers
     # per layer: two norms (the second with the residual add), one RoPE, one SwiGLU; then the final norm
@@ -185,10 +177,10 @@ def test_fused_path_follows_modules_changed_after_loading(model, change):
         ).remove)  # fmt: skip
     try:
         ref, got = _both(model, ids, pos)
-        _close(ref.logits, got.logits, change)
+        assert_close_fp32(ref.logits, got.logits, change)
         assert (got.logits - before).abs().max().item() > 1e-2  # the change is seen, not only matched
     finally:
         for fn in undo:
             fn()
     ref, got = _both(model, ids, pos)  # and once undone, the merged GEMMs again
-    _close(before, got.logits, "undone")
+    assert_close_fp32(before, got.logits, "undone")

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dllm
-from dllm.model.kv_cache import StaticKVCache
 from dllm.model.weights import module_to_checkpoint_name, save_checkpoint
+from tests.fused_checks import assert_close_fp32, random_cache
 from tests.tiny_checkpoints import write_dream_checkpoint, write_llada_checkpoint
 from triton_kernels._dispatch import is_interpreted
 from triton_kernels.rms_norm import _add_rms_norm_kernel
@@ -86,33 +86,24 @@ def _run(model, fused, *args, **kw):
     return out, count.n
 
 
-def _close(ref, got, what):
-    """The fused path's error against the torch path within fp32 rounding of the largest value."""
-    scale = ref.abs().max().item()
-    err = (ref - got).abs().max().item()
-    assert err <= 1e-5 * max(scale, 1.0), f"{what}: merged fused vs torch path differ by {err:.3e} (max {scale:.3e})"
-
-
 @needs_fused
 def test_merged_fused_forward_equals_torch_forward(checkpoint):
     model = _load(checkpoint)
     cfg = model.config
     g = torch.Generator().manual_seed(1)
     b, t, n = 2, 12, 5
-    ks = [torch.randn(b, t, cfg.num_kv_heads, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
-    vs = [torch.randn(b, t, cfg.num_kv_heads, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
-    cache = StaticKVCache.single_segment(ks, vs)
+    cache = random_cache(cfg, b, t, g)
     ids = torch.randint(0, cfg.vocab_size - 3, (b, n), generator=g)
     pos = torch.arange(t, t + n)
     assert storage_bytes(model) == param_bytes(model)
     n_before = len({p.untyped_storage().data_ptr() for p in model.parameters()})
     ref, gemms_torch = _run(model, False, ids, pos, cache, logits_start=1, return_kv=True)
     got, gemms_fused = _run(model, True, ids, pos, cache, logits_start=1, return_kv=True)
-    _close(ref.logits, got.logits, "logits")
+    assert_close_fp32(ref.logits, got.logits, "logits")
     assert torch.equal(ref.logits.argmax(-1), got.logits.argmax(-1))
     for i in range(cfg.num_layers):
-        _close(ref.k[i], got.k[i], f"layer {i} keys")
-        _close(ref.v[i], got.v[i], f"layer {i} values")
+        assert_close_fp32(ref.k[i], got.k[i], f"layer {i} keys")
+        assert_close_fp32(ref.v[i], got.v[i], f"layer {i} values")
         # the kept V owns its bytes: a view would hold the whole [B, L, (Hq + 2 Hkv) D] projection alive
         assert got.v[i].untyped_storage().nbytes() == got.v[i].numel() * got.v[i].element_size()
     # q, k, v -> one GEMM and gate, up -> one: 7 -> 4 a layer (the LM head is one more on both paths)
@@ -129,7 +120,7 @@ def test_merged_fused_forward_equals_torch_forward(checkpoint):
     assert not model.layers[0].self_attn.qkv.is_current()
     ref, _ = _run(model, False, ids, pos)
     got, _ = _run(model, True, ids, pos)
-    _close(ref.logits, got.logits, "logits without a cache, after load_state_dict(assign=True)")
+    assert_close_fp32(ref.logits, got.logits, "logits without a cache, after load_state_dict(assign=True)")
     assert model.layers[0].self_attn.qkv.is_current() and storage_bytes(model) == param_bytes(model)
 
 
