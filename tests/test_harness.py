@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import dllm
+from bench.tiny_defaults import TINY_PREFILLING
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case
 from dllm.harness.args import MODEL_ARGS, ModelArgsError, describe_model_args, parse_model_args
 from dllm.harness.likelihood import masked_diffusion_loglikelihood
 from dllm.harness.split import split_request
-from dllm.prefilling import PrefillingConfig
 from tests.harness_cases import HARNESS_DIR, choice_rows, passkey_rows
 
 
@@ -51,17 +51,10 @@ def test_model_args_typed_like_the_harness_or_as_strings():
 def test_model_args_defaults_are_the_checkpoints_prefilling_config():
     s = parse_model_args({})
     assert s.method == "prefilling"
-    # the bundled model's prefilling_config.json: C=256, K=4, s = s_C - s_P, boundaries snapped within 64, the
-    # first stage engaged by itself on long documents (layer 0), the query's words in the chunk score (lexical_weight)
-    assert s.prefilling == PrefillingConfig(
-        chunk_size=256,
-        top_k=4,
-        score_terms=("draft_contrast",),
-        boundary_snap=64,
-        candidates="auto",
-        candidate_layer=0,
-        lexical_weight=1.0,
-    )
+    # the bundled model's prefilling_config.json, which test_prefilling_config holds equal to TINY_PREFILLING:
+    # C=256, K=4, s = s_C - s_P, boundaries snapped within 64, the first stage engaged by itself on long documents
+    # (layer 0), the query's words in the chunk score (lexical_weight)
+    assert s.prefilling == TINY_PREFILLING
     assert not s.explicit_top_k
     # top_k=all overrides the file's K (None keeps every chunk)
     assert parse_model_args({"top_k": "all"}).prefilling.top_k is None
