@@ -33,11 +33,16 @@ answer's tokens + 4 (:func:`dllm.eval.evaluation.response_length`), exact match 
 - (d) the same with the needle's chunk moved last (nearest the query); when it already is last, (c)'s answer;
 - (e) dense decoding of prefix + the 1024 characters of the document centred on the needle (the whole document
   when shorter) + query;
-- (f) dense decoding of prefix + the needle's chunk alone + query (what the chunk says without the others).
+- (f) dense decoding of prefix + the needle's chunk alone + query (what the chunk says without the others);
+- (g) dense decoding of prefix + the needle's chunk and as many other chunks as were kept beside it, drawn
+  (seeded by the case) among the chunks not kept, in document order + query: disjoint pieces that selection
+  did not choose.
 
-(c), (d) and (f) are decoded only when the needle's chunk was kept (else the answer is in none of them:
-wrong, not decoded). Each wrong answer is classed: ``distractor`` (its first integer is a number of the
-document other than the answer), ``near`` (as many digits as the answer, at most 2 of them wrong), ``other``.
+(c), (d), (f) and (g) are decoded only when the needle's chunk was kept (else the answer is in none of them:
+wrong, not decoded). Each row also counts the numbers (runs of digits) beside the needle: in the other kept
+chunks, in (g)'s random chunks and in the crop (the needle left out). Each wrong answer is classed:
+``distractor`` (its first integer is a number of the document other than the answer), ``near`` (as many
+digits as the answer, at most 2 of them wrong), ``other``.
 
 Writes ``copy_eval.csv`` (one row per case, provenance columns first; rows appended as cases finish) and
 ``copy_eval.md`` into ``--out``.
@@ -82,7 +87,7 @@ TASKS = ("passkey", "number_string")
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEED_BASE = 1 << 31  # seeds no training run draws
 CROP = 1024
-COLUMNS = ("b", "c", "d", "e", "f")
+COLUMNS = ("b", "c", "d", "e", "f", "g")
 TITLES = {
     "a": "(a) needle chunk kept",
     "b": "(b) prefilling",
@@ -90,6 +95,7 @@ TITLES = {
     "d": "(d) dense, needle chunk last",
     "e": f"(e) dense, {CROP}-char crop",
     "f": "(f) dense, needle chunk alone",
+    "g": "(g) dense, needle chunk + random unkept chunks",
 }
 HAYSTACK_NOTES = {
     "devil": "dictionary prose in the register layout, no register sentences: title-line dates and volume "
@@ -246,10 +252,17 @@ class Prompts:
     fact: list  # chunks the needle overlaps
     dense: dict  # column -> [1, L] ids (c, d, f when a needle chunk is kept; e always)
     crop: str
+    others: list  # (g)'s chunks besides the needle's: drawn among the chunks neither kept nor the needle's
+
+
+def numbers_in(text: str) -> int:
+    """How many runs of digits ``text`` holds (the distractor numbers a reader sees)."""
+    return len(_DIGITS.findall(text))
 
 
 def dense_prompts(model, case: TaskCase, extra: dict, cfg: PrefillingConfig) -> Prompts:
-    """The prompts of (c)-(f) from a prefilling run's ``stats.extra`` on ``case``."""
+    """The prompts of (c)-(g) from a prefilling run's ``stats.extra`` on ``case``; (g)'s other chunks are drawn
+    with a seed of the case (as many as the kept chunks besides the needle's, or all there are)."""
     spans = chunk_char_spans(model, case.context, cfg)
     kept_spans = [tuple(s) for s in extra["selected_chunk_tokens"]]
     kept = [spans.index(s) for s in sorted(kept_spans)]
@@ -262,11 +275,20 @@ def dense_prompts(model, case: TaskCase, extra: dict, cfg: PrefillingConfig) -> 
         dense["c"] = pieces_ids(model, case, ctx, ordered_spans(kept_spans, kept_fact, False))
         dense["d"] = pieces_ids(model, case, ctx, ordered_spans(kept_spans, kept_fact, True))
         dense["f"] = pieces_ids(model, case, ctx, ordered_spans(kept_fact, [], False))
-    return Prompts(spans, kept, kept_spans, fact, dense, crop)
+    rest = [j for j in range(len(spans)) if j not in kept and j not in fact]
+    rng = random.Random(stable_seed("copy_eval-g", case.context[:64], case.answer, case.needle_start))
+    others = sorted(rng.sample(rest, min(len(rest), len(kept) - len(kept_fact))))
+    if kept_fact:
+        dense["g"] = pieces_ids(model, case, ctx, ordered_spans(kept_fact + [spans[j] for j in others], [], False))
+    return Prompts(spans, kept, kept_spans, fact, dense, crop, others)
+
+
+def _text(case: TaskCase, span: tuple) -> str:
+    return case.context[span[0] : span[1]]
 
 
 def evaluate_case(model, case: TaskCase, cfg: PrefillingConfig, haystack: str) -> dict:
-    """One case's row: (a)-(f) answers, exact match and answer kind."""
+    """One case's row: (a)-(g) answers, exact match and answer kind."""
     g = response_length(case)
     t0 = time.perf_counter()
     res = generate(model, **case_inputs(model, case, "prefilling"), method="prefilling", prefilling=cfg,
@@ -281,17 +303,22 @@ def evaluate_case(model, case: TaskCase, cfg: PrefillingConfig, haystack: str) -
         "kept_chunks": " ".join(map(str, p.kept)), "kept": kept,
         "needle_position": " ".join(map(str, fact_pos)),  # 1 = first kept chunk in document order
         "needle_last": kept and fact_pos[-1] == len(p.kept), "crop_chars": len(p.crop),
+        "random_chunks": " ".join(map(str, p.others)),
+        # distractor numbers beside the needle: in the kept chunks, the unkept ones of (g), the crop (needle out)
+        "numbers_kept": sum(numbers_in(_text(case, p.chunk_spans[j])) for j in p.kept if j not in p.fact),
+        "numbers_random": sum(numbers_in(_text(case, p.chunk_spans[j])) for j in p.others),
+        "numbers_crop": numbers_in(p.crop.replace(case.needle, " ")),
         "b_answer": res.text[0],
     }  # fmt: skip
     t1 = time.perf_counter()
-    for col in ("c", "d", "e", "f"):
+    for col in ("c", "d", "e", "f", "g"):
         if col not in p.dense:
             row[f"{col}_answer"] = ""  # the needle is in none of the pieces: wrong, not decoded
         elif col == "d" and row["needle_last"]:
             row["d_answer"] = row["c_answer"]  # the same prompt
         else:
             row[f"{col}_answer"] = generate(model, p.dense[col], method="dense", gen_length=g, steps=g).text[0]
-        if col in ("c", "d", "f"):
+        if col in ("c", "d", "f", "g"):
             row[f"{col}_tokens"] = p.dense[col].shape[1] if col in p.dense else ""
     for col in COLUMNS:
         row[f"{col}_correct"] = bool(row[f"{col}_answer"]) and score(case.task, row[f"{col}_answer"], case)
@@ -311,8 +338,8 @@ def tables(rows: list[dict], by: tuple = ("length",)) -> str:
     for r in rows:
         cells[tuple(r[k] for k in by)].append(r)
     keys = sorted(cells, key=lambda k: tuple(int(x) if str(x).isdigit() else str(x) for x in k))
-    head = "| " + " | ".join(by) + " | cases | " + " | ".join(TITLES[c] for c in "abcdef") + " |"
-    lines = ["All cases (exact answers):", "", head, "|" + "---|" * len(by) + "---:|" * 7]
+    head = "| " + " | ".join(by) + " | cases | " + " | ".join(TITLES[c] for c in ("a",) + COLUMNS) + " |"
+    lines = ["All cases (exact answers):", "", head, "|" + "---|" * len(by) + "---:|" * (2 + len(COLUMNS))]
     for k in keys:
         rs = cells[k]
         n = len(rs)
@@ -320,7 +347,7 @@ def tables(rows: list[dict], by: tuple = ("length",)) -> str:
         lines.append("| " + " | ".join(map(str, k)) + f" | {n} | " + " | ".join(vals) + " |")
     lines += ["", "Where the needle chunk was kept:", ""]
     lines += ["| " + " | ".join(by) + " | kept | " + " | ".join(TITLES[c] for c in COLUMNS) + " |",
-              "|" + "---|" * len(by) + "---:|" * 6]  # fmt: skip
+              "|" + "---|" * len(by) + "---:|" * (1 + len(COLUMNS))]  # fmt: skip
     for k in keys:
         rs = [r for r in cells[k] if r["kept"]]
         vals = [_pct(sum(r[f"{c}_correct"] for r in rs), len(rs)) for c in COLUMNS]
@@ -340,6 +367,29 @@ def position_table(rows: list[dict]) -> str:
         rs = cells[k]
         lines.append(f"| {k} | {len(rs)} | " + " | ".join(_pct(sum(r[f"{c}_correct"] for r in rs), len(rs))
                                                           for c in "bcd") + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+NUMBER_BANDS = ((0, 3), (4, 7), (8, 10**9))
+
+
+def numbers_table(rows: list[dict]) -> str:
+    """Markdown: kept cases by how many numbers the pieces beside the needle's chunk hold: (c) and (d) by the
+    kept chunks', (g) by the random chunks', (e) by the crop's (the needle left out)."""
+    kept = [r for r in rows if r["kept"]]
+    band = {f"{a}-{b}" if b < 10**9 else f"{a}+": (a, b) for a, b in NUMBER_BANDS}
+    lines = ["| numbers beside the needle | (c) kept chunks | (d) same, needle last | (g) random unkept chunks | "
+             "(e) 1024-char crop |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, (a, b) in band.items():
+        cell = []
+        for c, key in (("c", "numbers_kept"), ("d", "numbers_kept"), ("g", "numbers_random"), ("e", "numbers_crop")):
+            rs = [r for r in kept if a <= int(r[key]) <= b]
+            cell.append(_pct(sum(r[f"{c}_correct"] for r in rs), len(rs)))
+        lines.append(f"| {name} | " + " | ".join(cell) + " |")
+    mean = {k: sum(int(r[k]) for r in kept) / max(1, len(kept)) for k in ("numbers_kept", "numbers_random",
+                                                                          "numbers_crop")}  # fmt: skip
+    lines += ["", f"Mean numbers beside the needle (kept cases): kept chunks {mean['numbers_kept']:.1f}, random "
+              f"unkept chunks {mean['numbers_random']:.1f}, crop {mean['numbers_crop']:.1f}."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -372,19 +422,24 @@ def read_rows(path: str) -> tuple[list[dict], str]:
 
 def report(rows: list[dict], cmd: str, machine: str, cfg_line: str, notes: str = "") -> str:
     """``copy_eval.md``'s text."""
+    devil = [r for r in rows if r["haystack"] == "devil"]
     haystacks = "\n".join(f"- {h}: {HAYSTACK_NOTES[h]} (sources {' + '.join(s)})" for h, s in HAYSTACK_SOURCES.items())
     return (
         f"# Where the answer is lost once its chunk is kept\n\nCommand: `{cmd.strip()}`  \n{machine}\n\n"
         f"{cfg_line}\n\nHaystacks (whole held-out sources of `bench.tiny.sources`):\n\n{haystacks}\n\n"
         f"Tasks {', '.join(TASKS)}; depths {', '.join(map(str, DEPTHS))}. Greedy, one token per step, the "
-        "answer's characters + 4; exact = the first integer of the output is the answer. (c), (d) and (f) are "
-        "decoded only when the needle chunk was kept (else wrong). (d) = (c) when the needle chunk is already "
-        "last.\n\n"
+        "answer's characters + 4; exact = the first integer of the output is the answer. (c), (d), (f) and (g) "
+        "are decoded only when the needle chunk was kept (else wrong). (d) = (c) when the needle chunk is already "
+        "last. (g): the needle chunk and as many chunks as were kept beside it, drawn (seeded) among the chunks "
+        "not kept, in document order.\n\n"
         f"{notes}"
         f"## Per length\n\n{tables(rows)}\n\n"
         f"## Per length and haystack\n\n{tables(rows, ('length', 'haystack'))}\n\n"
         f"## Per task\n\n{tables(rows, ('task',))}\n\n"
         f"## By the needle chunk's place among the kept chunks (kept cases, all lengths)\n\n{position_table(rows)}\n\n"
+        f"## devil: by the numbers beside the needle (kept cases, all lengths)\n\n{numbers_table(devil)}\n\n"
+        "Numbers: runs of digits in the pieces other than the needle's chunk (for (e): the crop, the needle left "
+        "out).\n\n"
         f"## What the wrong answers were (kept cases, all lengths)\n\n{kinds_table(rows)}\n"
     )
 

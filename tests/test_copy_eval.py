@@ -1,6 +1,7 @@
 """bench.copy_eval's pieces checked against values computed here from the text: the needle lies in the chunk
 reported as holding it, column (c)'s prompt is the kept chunks' tokens in document order, (d) ends with the
-needle's chunk, (e)'s crop holds the needle in 1024 characters, and the haystacks come from held-out sources."""
+needle's chunk, (e)'s crop holds the needle in 1024 characters, (g) joins the needle's chunk to unkept ones,
+and the haystacks come from held-out sources."""
 
 from __future__ import annotations
 
@@ -161,6 +162,10 @@ def test_prompts_of_c_d_e_f_from_the_kept_spans(haystack):
     assert d[-q - len(needle_text) : -q] == _ids(needle_text)  # the needle's chunk just before the query
     assert sorted(d) == sorted(p.dense["c"][0].tolist())
     assert p.dense["f"][0].tolist() == _ids(case.prefix, bos=True) + _ids(needle_text) + _ids(case.query)
+    assert len(p.others) == len(kept) - 1 and not set(p.others) & (set(kept) | set(p.fact))
+    random_text = "".join(case.context[chars[k][0] : chars[k][1]] for k in sorted(p.others + p.fact))
+    assert p.dense["g"][0].tolist() == _ids(case.prefix, bos=True) + _ids(random_text) + _ids(case.query)
+    assert p.others == dense_prompts(model, case, extra, cfg).others  # seeded by the case
     assert len(p.crop) == min(CROP, len(case.context)) and case.needle in p.crop and p.crop in case.context
     assert p.dense["e"][0].tolist() == _ids(case.prefix + p.crop + case.query, bos=True)
     # a needle chunk not kept: only (e) is decoded
@@ -186,9 +191,10 @@ def test_one_case_end_to_end_reports_the_kept_chunk_spans_of_the_run():
     assert all(chars[k][0] < case.needle_end and chars[k][1] > case.needle_start for k in fact)
     assert row["kept"] == bool(set(fact) & set(kept))
     if row["kept"]:
-        assert row["c_answer"] and row["d_answer"] and row["f_answer"]
+        assert row["c_answer"] and row["d_answer"] and row["f_answer"] and row["g_answer"]
         if row["needle_last"]:
             assert row["d_answer"] == row["c_answer"]
     else:
-        assert row["c_answer"] == row["d_answer"] == row["f_answer"] == "" and not row["c_correct"]
+        assert row["c_answer"] == row["d_answer"] == row["f_answer"] == row["g_answer"] == ""
+        assert not (row["c_correct"] or row["g_correct"])
     assert row["crop_chars"] == CROP
