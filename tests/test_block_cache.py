@@ -16,7 +16,7 @@ from dllm.decode.block_cache import BlockCache, check_block_cache
 from dllm.decode.policies import DensePolicy
 from dllm.decode.timer import PhaseTimer
 from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
-from tests.tiny_checkpoints import LLADA_BOS, small_config, tiny_model_fixtures
+from tests.tiny_checkpoints import LLADA_BOS, small_model, tiny_model_fixtures
 
 BOS = 128  # DREAM_TINY bos_token_id
 
@@ -171,16 +171,12 @@ def test_kernels_path_refreshed_every_step_equals_recomputing(dream, monkeypatch
 
     if not torch.cuda.is_available() and not is_interpreted(_split_s_partial_kernel):
         pytest.skip("the Triton kernels on CPU need the Triton interpreter")
-    from dllm.model.modeling import DiffusionLM
-
     # the kernels need a head dim that is a multiple of 16; the fused elementwise path (one q/k/v GEMM whose
     # k and v are strided views) writes into the pools too
-    cfg = small_config(
+    model = small_model(
         "dream", vocab_size=160, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
         head_dim=16, mask_token_id=159, bos_token_id=BOS,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = DiffusionLM(cfg).eval()
     model.fused_ops = True
     monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "triton")
     kw = dict(gen_length=8, steps=8, block_length=4, prompt=_parts(model, shapes=((3, 20, 3),))[0])

@@ -83,21 +83,17 @@ def test_run_measures_both_paths_side_by_side(monkeypatch, one_thread):
     """``run`` on CPU with stand-ins for what needs CUDA (the 7B model, the graph, the profiler, the
     syncs): both paths are timed on the same model, the fused one really sets ``model.fused_ops``, and
     the accuracy line compares their logits (the fused ops run their torch references here)."""
-    import torch
 
     import triton_kernels as tk
     from bench.kernels import cuda_graph_check as cg
     from bench.kernels import gpu_timing as T
     from dllm.decode import policies
-    from dllm.model.modeling import DiffusionLM
-    from tests.tiny_checkpoints import small_config
+    from tests.tiny_checkpoints import small_model
 
-    cfg = small_config(
+    model = small_model(
         "dream", vocab_size=64, hidden_size=56, intermediate_size=64, num_layers=1, num_heads=7, num_kv_heads=1,
         head_dim=8, rope_theta=1e6, mask_token_id=63,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = DiffusionLM(cfg).eval()
     monkeypatch.setattr(cg, "dream_model", lambda layers: model)
     monkeypatch.setattr(T, "cuda_sync", lambda: None)
     monkeypatch.setattr(ds, "profile_kernels", lambda step, steps: (step(), [("gemm", steps, 10.0 * steps)])[1])

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm.model.modeling import FUSED_ENV, DiffusionLM
+from dllm.model.modeling import FUSED_ENV
 from tests.fused_checks import assert_close_fp32, random_cache
-from tests.tiny_checkpoints import small_config
+from tests.tiny_checkpoints import small_model
 from triton_kernels._dispatch import is_interpreted
 from triton_kernels.rms_norm import _add_rms_norm_kernel
 
@@ -31,12 +31,10 @@ pytestmark = [
 def model():
     # Dream's family at two layers (the second takes the first's MLP output as its pending residual);
     # the interpreter runs a program per token: seconds per forward
-    cfg = small_config(
+    m = small_model(
         "dream", vocab_size=256, hidden_size=112, intermediate_size=160, num_layers=2, num_heads=7, num_kv_heads=1,
         head_dim=16, rope_theta=1e6, mask_token_id=255,
     )  # fmt: skip
-    torch.manual_seed(0)
-    m = DiffusionLM(cfg).eval()
     with torch.no_grad():  # non-trivial norm weights and biases, so a kernel that drops one is seen
         for name, p in m.named_parameters():
             if "norm" in name:

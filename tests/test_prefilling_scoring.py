@@ -27,7 +27,7 @@ import dllm
 from dllm.eval.tasks.digits import NOISE_POOL
 from dllm.model.modeling import DiffusionLM
 from dllm.prefilling import draft_pseudo_labels, encode_chunks, score_chunks
-from tests.tiny_checkpoints import small_config
+from tests.tiny_checkpoints import small_model
 
 VOCAB, MASK, BOS, PAD = 61, 60, 59, 58  # explicit ids: the tests do not depend on how a BOS is chosen
 CHUNK = 7
@@ -37,18 +37,16 @@ M_DRAFT = 5
 def _tiny(family: str, seed: int) -> DiffusionLM:
     """A random 2-layer model (GQA 4/2, D = 16); peaked output distributions so that a token read from
     the wrong row or compared with the wrong target moves the log-probabilities well beyond round-off."""
-    cfg = small_config(
-        family, vocab_size=VOCAB, intermediate_size=96, mask_token_id=MASK, bos_token_id=BOS, eos_token_id=PAD,
+    model = small_model(
+        family, seed, vocab_size=VOCAB, intermediate_size=96, mask_token_id=MASK, bos_token_id=BOS, eos_token_id=PAD,
         pad_token_id=PAD,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    model = DiffusionLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
         model.lm_head.weight.mul_(6.0)
-    return model.eval()
+    return model
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import torch
 
 from dllm.model.modeling import DiffusionLM
 from dllm.model.rope import apply_rope, rope_cos_sin, rotate_keys
-from tests.tiny_checkpoints import small_config
+from tests.tiny_checkpoints import small_model
 
 POSITIONS = [0, 1, 2, 7, 100, 4095, 31999]
 
@@ -135,9 +135,7 @@ def test_rotate_keys_moves_keys_to_the_shifted_positions(delta):
 
 
 def _model(seed=0) -> DiffusionLM:
-    cfg = small_config("llada", vocab_size=53, intermediate_size=80, mask_token_id=52, bos_token_id=51)
-    torch.manual_seed(seed)
-    return DiffusionLM(cfg).eval()
+    return small_model("llada", seed, vocab_size=53, intermediate_size=80, mask_token_id=52, bos_token_id=51)
 
 
 def test_logits_change_only_where_relative_offsets_change():

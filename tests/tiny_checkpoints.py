@@ -230,6 +230,15 @@ def small_config(family: str, **fields):
     return ModelConfig(family=family, **{**base, **fields})
 
 
+def small_model(family: str, seed: int = 0, **fields):
+    """A random :class:`dllm.model.modeling.DiffusionLM` of :func:`small_config` ``(family, **fields)`` in eval
+    mode, its weights drawn after ``torch.manual_seed(seed)``."""
+    from dllm.model.modeling import DiffusionLM
+
+    torch.manual_seed(seed)
+    return DiffusionLM(small_config(family, **fields)).eval()
+
+
 def tiny_model_fixtures(dream_seed: int, llada_seed: int, llada_kv_heads: int):
     """The module-scoped ``dream`` and ``llada`` fixtures of a test module (``dream, llada = tiny_model_fixtures(..)``):
     a tiny random checkpoint of each family (:func:`load_tiny`), the LLaDA one with ``llada_kv_heads`` KV heads."""
