@@ -27,6 +27,14 @@ def add_output_args(parser: argparse.ArgumentParser, runs_sub: str, results_sub:
     g.add_argument("--record", action="store_true", help=f"rewrite the recorded results in {results} instead")
 
 
+def study_parser(doc: str, runs_sub: str, results_sub: str = "") -> argparse.ArgumentParser:
+    """A benchmark's command line: ``doc`` (its module docstring) as the description, laid out as written, and
+    the options of :func:`add_output_args` first."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_args(parser, runs_sub, results_sub)
+    return parser
+
+
 def output_dir(args: argparse.Namespace, runs_sub: str, results_sub: str = "") -> Path:
     """The folder of :func:`add_output_args`'s options: ``--out``, else the recorded folder with
     ``--record``, else ``runs/<runs_sub>``."""

@@ -18,7 +18,6 @@ recorded ones in ``bench/results/`` instead.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import time
 import torch
 
 from bench.fidelity import long_context, lost_in_middle
-from bench.outputs import add_output_args, output_dir
+from bench.outputs import output_dir, study_parser
 from bench.provenance import machine_line
 from bench.speed import answer_length, batching, distributed, document_cache, e2e_speed
 from bench.studies import chunk_tradeoff
@@ -47,8 +46,7 @@ LONG_CONTEXT_LENGTHS = (4096, 16384, 32768, 131072)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--only", nargs="+", choices=STUDIES, default=list(STUDIES))
     p.add_argument("--scale", type=float, default=1.0, help="multiply every time budget (e.g. 0.2 for a smoke run)")
     args = p.parse_args(argv)

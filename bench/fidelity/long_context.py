@@ -25,7 +25,6 @@ per question against context length, labelled axes) to ``runs/bench/``, ``--out 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import resource
@@ -34,7 +33,7 @@ import time
 import torch
 
 from bench.fidelity.demo import TINY_PREFILLING
-from bench.outputs import add_output_args, output_dir, write_results
+from bench.outputs import output_dir, study_parser, write_results
 from bench.plotting import save_figure
 from bench.speed.document_cache import QUESTIONS
 from dllm.eval.evaluation import case_inputs
@@ -172,8 +171,7 @@ def plot(rows: list, path: str, title: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--haystack", choices=HAYSTACKS, default="filler")

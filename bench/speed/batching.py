@@ -32,7 +32,6 @@ to ``runs/bench/`` (git-ignored), to ``--out DIR``, or with ``--record`` to ``be
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
@@ -42,7 +41,7 @@ import torch
 
 import dllm.model.modeling
 from bench.fidelity.demo import TINY_PREFILLING
-from bench.outputs import add_output_args, output_dir, write_report, write_results
+from bench.outputs import output_dir, study_parser, write_report, write_results
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
 from dllm.generate import generate
@@ -325,8 +324,7 @@ def summarize(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="context tokens of each request")
     p.add_argument("--rounds", type=int, default=2, help="sequential-vs-batch rounds (alternating order)")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled tiny model)")

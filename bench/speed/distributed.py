@@ -41,7 +41,6 @@ command, the load average and scheduling policy at the start) and ``distributed.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -64,7 +63,7 @@ import dllm
 import dllm.distributed as dd
 from bench.fidelity.demo import TINY_PREFILLING
 from bench.kernels.roofline import H200_PEAK
-from bench.outputs import add_output_args, output_dir, write_report
+from bench.outputs import output_dir, study_parser, write_report
 from bench.provenance import write_csv
 from bench.speed import flop_model
 from bench.speed.e2e_dream_shape import HBM_EFFICIENCY, HOST_S_PER_LAYER, MMA_EFFICIENCY, dream7b_config, n_params
@@ -655,8 +654,7 @@ def _scheduling() -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--length", type=int, default=LENGTH, help="tokens of the measured document (default 256K)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds of each path (median reported)")
     p.add_argument("--world", type=int, default=2, help="processes of the sharded run (2 on this 2-core CPU)")

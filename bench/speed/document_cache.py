@@ -25,7 +25,6 @@ document. Writes ``document_cache.csv`` (provenance columns on every row) and
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import resource
@@ -36,7 +35,7 @@ import torch
 
 from bench.fidelity.demo import TINY_PREFILLING
 from bench.fidelity.selection_recall import needle_chunk_ids
-from bench.outputs import add_output_args, output_dir, write_results
+from bench.outputs import output_dir, study_parser, write_results
 from bench.warmup import WARMUP_SEED
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
@@ -245,8 +244,7 @@ def summarize(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--length", type=int, default=16384, help="tokens of the document asked four questions")
     p.add_argument("--long-length", type=int, default=131072, help="tokens of the long document")
     p.add_argument(

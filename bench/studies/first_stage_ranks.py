@@ -16,13 +16,12 @@ chunk. Only the ranking is measured (no decoding): cheap enough for many cases. 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import torch
 
-from bench.outputs import add_output_args, output_dir
+from bench.outputs import output_dir, study_parser
 from bench.provenance import machine_line, write_csv
 from bench.tiny_defaults import TINY_PREFILLING as CFG
 from dllm.eval.evaluation import case_inputs
@@ -122,8 +121,7 @@ def summary(rows: list) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench", "")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--sets", nargs="+", default=["demo", "essays:16384:0:4", "pydoc:16384:0:4"])
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     args = p.parse_args(argv)

@@ -27,7 +27,6 @@ configurations) runs first, untimed. Writes ``scale_default.csv`` and ``scale_de
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import resource
 import time
@@ -35,7 +34,7 @@ import time
 import torch
 
 from bench.fidelity.long_context import _needle_chunks
-from bench.outputs import add_output_args, output_dir, write_results
+from bench.outputs import output_dir, study_parser, write_results
 from bench.speed.document_cache import QUESTIONS
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
@@ -184,8 +183,7 @@ def summarize(rows: list) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--cache-lengths", type=int, nargs="*", default=[131072])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--questions", type=int, default=2, help=f"wordings asked per document (1-{len(QUESTIONS)})")

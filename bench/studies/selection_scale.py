@@ -25,14 +25,13 @@ Writes ``selection_scale.csv`` and ``selection_scale.md`` to ``runs/bench/`` (gi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
 
 import torch
 
-from bench.outputs import add_output_args, output_dir, write_results
+from bench.outputs import output_dir, study_parser, write_results
 from bench.speed.document_cache import CONFIG, QUESTIONS, SEED
 from dllm.eval.evaluation import case_inputs
 from dllm.eval.tasks import make_case, score
@@ -326,8 +325,7 @@ def summarize(rows: list, n_cand: int) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_output_args(p, "bench")
+    p = study_parser(__doc__, "bench")
     p.add_argument("--long-length", type=int, default=131072)
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--straddle-length", type=int, default=16384)
