@@ -1,4 +1,4 @@
-"""bench.copy_eval's pieces checked against values computed here from the text: the needle lies in the chunk
+"""bench.fidelity.copy_eval's pieces checked against values computed here from the text: the needle lies in the chunk
 reported as holding it, column (c)'s prompt is the kept chunks' tokens in document order, (d) ends with the
 needle's chunk, (e)'s crop holds the needle in 1024 characters, (g) joins the needle's chunk to unkept ones,
 and the haystacks come from held-out sources."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import dllm
-from bench.copy_eval import (
+from bench.fidelity.copy_eval import (
     CROP,
     DEPTHS,
     GRID_SLOTS,

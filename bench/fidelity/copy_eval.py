@@ -1,6 +1,6 @@
 """Where the answer is lost once its chunk is kept: selection, the reading of disjoint pieces, or their order.
 
-    python -m bench.copy_eval --lengths 4096 16384 65536 131072 --cases 40 --out bench/results
+    python -m bench.fidelity.copy_eval --lengths 4096 16384 65536 131072 --cases 40 --out bench/results
 
 Held-out text of whole sources no training phase saw (:data:`bench.tiny.sources.HELD_OUT_SOURCES`), with
 distractor numbers and dates, three haystacks from readable to number-dense:
@@ -467,7 +467,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--notes", default="", help="a paragraph put before the tables (what the run says)")
     args = p.parse_args(argv)
-    cmd = "python -m bench.copy_eval " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m bench.fidelity.copy_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     model_dir = args.model or default_model_dir()
     cfg = PrefillingConfig.from_pretrained(model_dir)
     cfg_line = (f"Prefilling at the checkpoint's defaults: C={cfg.chunk_size}, K={cfg.top_k}, score terms "
