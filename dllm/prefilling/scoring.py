@@ -260,6 +260,7 @@ class ScoringRow:
     confirmed: torch.Tensor
 
 
+@torch.no_grad()
 def score_chunks(
     model,
     chunks: ChunkCache,
@@ -300,6 +301,7 @@ def score_chunks(
     return rows[0], nfe
 
 
+@torch.no_grad()
 def score_chunks_rows(
     model,
     rows: list,
