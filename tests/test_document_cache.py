@@ -485,14 +485,16 @@ def test_header_hashes_must_name_every_tensor(dream, tmp_path):
 
 
 def test_weights_digest_is_computed_once_per_model(dream, monkeypatch):
-    from dllm.prefilling import document
+    from dllm.prefilling import fingerprint
 
-    document.weights_digest(dream)
+    fingerprint.weights_digest(dream)
     calls = []
-    monkeypatch.setattr(document, "tensor_sha256", lambda *a, **k: calls.append(1))
-    document.weights_digest(dream)
-    document.model_fingerprint(dream)
+    monkeypatch.setattr(fingerprint, "tensor_sha256", lambda *a, **k: calls.append(1))
+    fingerprint.weights_digest(dream)
+    fingerprint.model_fingerprint(dream)
     assert calls == []
+    fingerprint.weights_digest(torch.nn.Linear(2, 2))  # another model: hashed, through the patched function
+    assert calls
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

@@ -1,5 +1,8 @@
 """Unmasking rules: which masked positions a denoising step fills, and with which tokens.
 
+(Over 600 lines on purpose: every rule in both draw orders sits in one file, so the official order can be
+read beside the official loops it reproduces and the batched order beside it.)
+
 Rules (algorithms as described by their projects, code our own):
 
 Dream (``Dream-org/Dream`` ``diffusion_generate``), linear schedule ``t_i = linspace(1, eps, steps+1)``:

@@ -1,5 +1,8 @@
 """Prefilling-dLLM end to end (arXiv 2606.10537), in the order it runs.
 
+(Over 600 lines on purpose: the method's three steps and the batch of requests they serve read top to bottom
+in one file; the parts that stand alone live beside it: chunks, scoring, selection, document, reselect.)
+
 ``dllm.generate(model, method="prefilling", prompt=PromptParts(...), prefilling=PrefillingConfig())``
 lands in :func:`build_prefilling_policy`, which runs three named steps and returns the decode policy:
 

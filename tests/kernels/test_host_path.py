@@ -79,7 +79,7 @@ def _inputs(bad=False):
 
 @pytest.mark.parametrize("bad", [False, True], ids=["valid", "bad-index"])
 def test_cuda_branch_reads_no_value_on_the_host(cuda_branch, bad):
-    """Issue 35.2: no call makes a device-to-host read unless value checks are asked for (on the code
+    """No call makes a device-to-host read unless value checks are asked for (on the code
     before the fix, every split_s / topb / chunk-score call read its tables with ``tolist``)."""
     _, reads = cuda_branch
     for name, call in _inputs(bad).items():
@@ -108,7 +108,7 @@ def test_checked_mode_reads_on_the_host_and_raises(cuda_branch):
     ],
 )
 def test_launches_and_allocations_per_call(cuda_branch, name, launches, allocs):
-    """Issue 35.3: split_s at most 2 launches (phase 1 + merge), the others as planned; the only
+    """split_s at most 2 launches (phase 1 + merge), the others as planned; the only
     allocations are the outputs (split_s_merged: + its two fp32 partial buffers, the merge's input)."""
     record, _ = cuda_branch
     call = _inputs()[name]
@@ -126,7 +126,7 @@ def test_launches_and_allocations_per_call(cuda_branch, name, launches, allocs):
 
 
 def test_topb_cuda_branch_runs_no_torch_op_but_its_outputs(cuda_branch):
-    """Issue 35.3/35.5: the top-B selection runs in a kernel, so the CUDA branch of topb_gather makes no
+    """The top-B selection runs in a kernel, so the CUDA branch of topb_gather makes no
     torch call but the allocation of its four outputs (before: a torch selection of about 15 ops)."""
     call = _inputs()["topb"]
     call()

@@ -231,7 +231,7 @@ def test_prepared_path_of_the_other_ops_allocates_only_the_outputs(stubbed, monk
 
 
 def test_topb_prepared_call_skips_the_generic_launch_path(stubbed, monkeypatch):
-    """Issue 35.3: a seen ``topb_gather`` signature launches its two kept records directly: no
+    """A seen ``topb_gather`` signature launches its two kept records directly: no
     ``launch`` (per-launch key of every argument), no metadata check, no registered-op dispatch, and a
     short Python path (the old code went through both launchers and ``launch`` on every call: 35.9 us
     of host time in ``bench/results/host_time_cpu.md``, 13 us with the prepared call). Under
