@@ -466,11 +466,15 @@ def main(argv=None) -> int:
         help="write the Markdown from this CSV (its run's command), stop",
     )
     p.add_argument("--notes", default="", help="a paragraph put before the tables (what the run says)")
+    p.add_argument("--top-k", type=int, default=None, help="K over the checkpoint's (a lever to measure)")
+    p.add_argument("--adaptive-k", type=float, default=None, help="adaptive K's margin over the checkpoint's")
     args = p.parse_args(argv)
     cmd = "python -m bench.fidelity.copy_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     model_dir = args.model or default_model_dir()
-    cfg = PrefillingConfig.from_pretrained(model_dir)
-    cfg_line = (f"Prefilling at the checkpoint's defaults: C={cfg.chunk_size}, K={cfg.top_k}, score terms "
+    levers = {k: v for k, v in (("top_k", args.top_k), ("adaptive_k", args.adaptive_k)) if v is not None}
+    cfg = PrefillingConfig.from_pretrained(model_dir, **levers)
+    where = "the checkpoint's defaults" + (f" with {levers}" if levers else "")
+    cfg_line = (f"Prefilling at {where}: C={cfg.chunk_size}, K={cfg.top_k}, adaptive K {cfg.adaptive_k}, score terms "
                 f"{', '.join(cfg.score_terms)}, boundary snap {cfg.boundary_snap}, candidates {cfg.candidates}, "
                 f"lexical weight {cfg.lexical_weight}.")  # fmt: skip
     notes = args.notes + "\n\n" if args.notes else ""
