@@ -150,16 +150,16 @@ def _sticky_folder_with_a_foreign_link(tmp_path):
     link to it owned by another uid, as a link planted by another user would be."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         pytest.skip("planting a link owned by another user needs root (lchown)")
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o1777)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
     victim = tmp_path / "victim.cache"
     victim.write_bytes(b"the victim's private bytes")
     os.chmod(victim, 0o600)
-    link = shared / "doc.cache"
+    link = sticky / "doc.cache"
     os.symlink(victim, link)
     os.lchown(link, 54321, 54321)
-    return shared, victim, link
+    return sticky, victim, link
 
 
 def test_a_foreign_link_in_a_sticky_folder_is_not_followed(dream, tmp_path, monkeypatch, capsys):
@@ -168,7 +168,7 @@ def test_a_foreign_link_in_a_sticky_folder_is_not_followed(dream, tmp_path, monk
     links outside shared sticky folders, are still followed (the file they name is written)."""
     import dllm.distributed as dd
 
-    shared, victim, link = _sticky_folder_with_a_foreign_link(tmp_path)
+    sticky, victim, link = _sticky_folder_with_a_foreign_link(tmp_path)
     doc = dllm.encode_document(dream, _context(1, 5), prefilling=CFG)
     with pytest.raises(PermissionError, match="protected_symlinks") as e:
         doc.save(link)

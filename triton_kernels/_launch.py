@@ -204,9 +204,7 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, num_stages: int | N
                 entry.compiled[key] = compiled
                 return compiled
             return None
-    gx = grid[0]
-    gy = grid[1] if len(grid) > 1 else 1
-    gz = grid[2] if len(grid) > 2 else 1
+    gx, gy, gz = _grid3(grid)
     stream = _CURRENT[1](device) if not stub else 0
     COUNTS["direct"] += 1
     # JITFunction.run's last call; launch_metadata is None whenever no enter hook is set (checked above)
@@ -277,7 +275,7 @@ class PreparedLaunch:
 
     def __init__(self, kernel, grid: tuple, tail: tuple, num_warps: int, num_stages: int | None = None):
         self.kernel = kernel
-        self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.grid = _grid3(grid)
         self.tail = tail
         self.num_warps = num_warps
         self.num_stages = num_stages

@@ -30,8 +30,7 @@ def check_tensors(op: str, **tensors) -> None:
 
 
 def check_ndim(op: str, name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensors(op, **{name: t})
     if t.dim() != ndim:
         raise ValueError(f"{op}: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
 

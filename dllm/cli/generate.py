@@ -206,14 +206,14 @@ def _stats_line(res, chars: list | None, chunk_size: int | None) -> str:
     return "; ".join(parts)
 
 
-def print_stats(args, res, label: int | None, spans: list | None, chunk_size: int | None) -> None:
+def print_stats(args, res, label: int | None, chars: list | None, chunk_size: int | None) -> None:
     """``--stats``: one summary line (default), the full JSON line, or nothing, on stderr."""
     if args.stats == "none":
         return
     if args.stats == "json":
-        line = json.dumps({"question": label, **_stats_dict(res, spans)} if label else _stats_dict(res, spans))
+        line = json.dumps({"question": label, **_stats_dict(res, chars)} if label else _stats_dict(res, chars))
     else:
-        line = f"stats{f' Q{label}' if label else ''}: {_stats_line(res, spans, chunk_size)}"
+        line = f"stats{f' Q{label}' if label else ''}: {_stats_line(res, chars, chunk_size)}"
     print(line, file=sys.stderr, flush=True)
 
 
@@ -393,9 +393,9 @@ def cmd_generate(args) -> int:
         document, context_tokens = load_document(args.document, model), header["num_tokens"]
     elif cfg is not None and context is not None and len(templates) > 1:
         document, cfg, context_tokens = _encode_context_once(model, args, context, cfg)
-    spans = None  # every chunk's (start, end) in the context text, for the stats (else their token spans)
+    chars = None  # every chunk's (start, end) in the context text, for the stats (else their token spans)
     if cfg is not None and args.stats != "none" and context is not None:
-        spans = chunk_char_spans(model, context, cfg)
+        chars = chunk_char_spans(model, context, cfg)
     for i, template in enumerate(templates):
         if document is not None:
             res = _answer_from_document(model, args, template, document, cfg, context_tokens, kw)
@@ -403,7 +403,7 @@ def cmd_generate(args) -> int:
             res = _answer_fresh(model, args, template, context, cfg, kw)
         label = i + 1 if questions else None
         print_answer(res, label, questions[i] if questions else None)
-        print_stats(args, res, label, spans, cfg.chunk_size if cfg is not None else None)
+        print_stats(args, res, label, chars, cfg.chunk_size if cfg is not None else None)
     return 0
 
 
