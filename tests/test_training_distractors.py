@@ -1,0 +1,156 @@
+"""Phase 12's layout (bench/tiny/distractors.py): chunked answers with number-dense chunks beside the needle's.
+
+Checked by decoding the character ids back to text: the answer is the only masked span and is copied from
+exactly one chunk, the chunks beside it hold numbers, and no sample holds text of a held-out source.
+"""
+
+import dataclasses
+import random
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from bench.tiny import distractors, sources, train
+from bench.tiny.tokenizer import CHARS
+from bench.tiny.train import PHASES, draw_sample, make_batch, parse_args
+from dllm.eval.tasks.digits import NUMBER_STRING, PASSKEY
+
+PREFIXES = set(PASSKEY.wording.prefixes) | set(NUMBER_STRING.wording.prefixes)
+DIGITS = re.compile(r"\d+")
+
+
+def text(ids):
+    return "".join(CHARS[i - 4] if i >= 4 else f"<{i}>" for i in ids)
+
+
+def segments(s):
+    """The static segments' texts (BOS dropped) in order, the instruction prefix's left out."""
+    out = {}
+    for t, g in zip(s.ids, s.segment):
+        if g > 0 and t >= 4:
+            out[g] = out.get(g, "") + CHARS[t - 4]
+    return [v for _, v in sorted(out.items()) if v not in PREFIXES]
+
+
+def phase12():
+    return next(ph for ph in PHASES if any(lay.kind == "distractors" for _, lay in ph.mix))
+
+
+def only_distractors():
+    ph = phase12()
+    layout = next(lay for _, lay in ph.mix if lay.kind == "distractors")
+    return dataclasses.replace(ph, mix=((1.0, layout),))
+
+
+def test_phase12_is_a_trial_run_alone_from_given_weights_with_the_stated_shares():
+    ph = phase12()
+    assert ph is PHASES[11] and ph.trial and ph.lr == (3e-4, 50)
+    assert ph.first == PHASES[10].end and ph.end - ph.first == train.DISTRACTOR_STEPS
+    args = parse_args(["--phase", "12", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
+    assert args.phase == 12 and args.lr12 == 3e-4 and not args.bf16
+    assert f"phase 12 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0003" in train.__doc__
+    rng = random.Random(5)
+    kinds = Counter()
+    n = 400
+    for _ in range(n):
+        s, mode = draw_sample(rng, None, 900, ph)
+        kinds[(mode, s.kind)] += 1
+    # 40% distractor-chunked answers, 5% copy, 15% dense, 15% chunked, 12.5% + 12.5% query-only; 400 draws:
+    # 3 standard deviations are <= 0.075
+    assert abs(kinds[("answer", "distractor_chunked")] / n - 0.40) < 0.075
+    assert abs(kinds[("answer", "copy")] / n - 0.05) < 0.035
+    assert abs(kinds[("answer", "dense")] / n - 0.15) < 0.055
+    assert abs(kinds[("query", "chunked")] / n - 0.125) < 0.05
+    assert abs(kinds[("query", "no_needle")] / n - 0.125) < 0.05
+
+
+def test_the_needle_chunks_answer_is_the_learned_span_among_number_dense_chunks():
+    rng = random.Random(7)
+    places, counts, numbers = Counter(), Counter(), []
+    samples = []
+    for _ in range(150):
+        s, mode = draw_sample(rng, None, rng.randint(512, 1528), only_distractors())
+        assert mode == "answer" and s.kind == "distractor_chunked"
+        answer, *eos = text([t for t, r in zip(s.ids, s.role) if r == "a"]).split("<2>")
+        assert re.fullmatch(r"\d{5}|\d{10}", answer) and 1 <= len(eos) <= 12 and not any(eos)
+        query = text([t for t, r in zip(s.ids, s.role) if r == "q"])
+        assert not DIGITS.search(query)
+        chunks = segments(s)
+        holding = [i for i, c in enumerate(chunks) if any(answer in run for run in DIGITS.findall(c))]
+        assert len(holding) == 1, (answer, chunks)  # the answer occurs in the needle's chunk only
+        place = holding[0]
+        assert DIGITS.findall(chunks[place]).count(answer) >= 1  # whole, not inside a longer number
+        counts[len(chunks)] += 1
+        places[(place == 0, place == len(chunks) - 1)] += 1
+        numbers += [len(DIGITS.findall(c)) for i, c in enumerate(chunks) if i != place]
+        samples.append(s)
+    assert set(counts) <= {2, 3, 4, 5} and len(counts) >= 3
+    # the needle's chunk first, last and in between
+    assert places[(True, False)] and places[(False, True)] and places[(False, False)]
+    assert sum(numbers) / len(numbers) >= 3  # the chunks beside the needle's are full of numbers
+    # only the answer (and its EOS) is ever masked: the learned span
+    gen = torch.Generator().manual_seed(0)
+    batch = samples[:6]
+    inputs, targets, weights, _pos, _attn = make_batch(batch, ["answer"] * len(batch), gen, 1536)
+    for i, s in enumerate(batch):
+        n = len(s.ids)
+        is_answer = torch.tensor([r == "a" for r in s.role])
+        assert (weights[i, :n] > 0).any() and not ((weights[i, :n] > 0) & ~is_answer).any()
+        assert not ((inputs[i, :n] == 3) & ~is_answer).any()
+
+
+@pytest.fixture(scope="module")
+def held_runs():
+    """12-word runs of every held-out text phase 12 must not see: the held-out sources devil, registers and
+    debian-changelog whole, and the evaluation splits of the essays and pydoc topics (whose training splits
+    the phases use), raw and as the prose haystacks read them (digit-holding words dropped). A run that the
+    training split holds as well is not held-out text (pydoc topics repeat sentences across topics: "the
+    local and global namespaces of the caller ..." is in a training and an evaluation topic)."""
+    from pydoc_data.topics import topics
+
+    from dllm.eval.tasks.essays import load_essays
+    from dllm.eval.tasks.prose import prose_docs, pydoc_topic_names
+
+    split = {}
+    for name in ("train", "eval"):
+        runs = set()
+        for _, t in load_essays(name):
+            runs |= sources.word_runs(t)
+        for topic in pydoc_topic_names(name):
+            runs |= sources.word_runs(sources.to_charset(topics[topic]))
+        for h in ("essays", "pydoc"):
+            for words in prose_docs(h, name):
+                runs |= sources.word_runs(" ".join(words))
+        split[name] = runs
+    return sources.held_out_runs(("devil", "registers", "debian-changelog")) | (split["eval"] - split["train"])
+
+
+def test_distractor_samples_hold_no_held_out_text(held_runs):
+    from dllm.eval.tasks import make_case
+    from dllm.eval.tasks.reports import make_report
+
+    rng = random.Random(11)
+    seen = set()
+    for _ in range(200):
+        s, _ = draw_sample(rng, None, rng.randint(512, 1528), only_distractors())
+        body = text([t for t, r in zip(s.ids, s.role) if r in "pq"]).replace("<1>", " ")
+        seen |= sources.word_runs(body)
+    assert len(seen) > 10_000 and held_runs.isdisjoint(seen)
+    # the check sees held-out text: an evaluation-split essay case, a register document
+    leak = make_case("passkey", 3000, 0.5, 1, split="eval", haystack="essays", phrasing="random")
+    assert not held_runs.isdisjoint(sources.word_runs(leak.context))
+    register = make_report(4096, [("passkey", 0.5)], 3).context
+    assert not held_runs.isdisjoint(sources.word_runs(register))
+
+
+def test_sprinkle_and_crop_keep_text_at_word_and_sentence_boundaries():
+    rng = random.Random(0)
+    base = "alpha beta gamma. delta epsilon zeta. eta theta iota."
+    out = distractors.sprinkle(rng, base, 3)
+    assert DIGITS.search(out) and len(out) > len(base)
+    assert [w for w in out.split() if w in base.split()] == base.split()  # every word kept, in order
+    for _ in range(20):
+        c = distractors.crop(rng, base * 5, 40, at_start=1.0)
+        assert len(c) == 40 and c[0] in "ade"  # a sentence start: alpha, delta or eta
