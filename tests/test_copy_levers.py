@@ -7,14 +7,16 @@ import csv
 import functools
 
 import pytest
+import torch
 
 import dllm
 from bench.fidelity.copy_eval import SEED_BASE, make_copy_case
-from bench.studies.copy_levers import TUNE_SEED_BASE, main, parse_setting, run_case, table
+from bench.studies.copy_levers import TUNE_SEED_BASE, main, parse_setting, run_case, table, without_neighbour
 from dllm import generate
 from dllm.eval.evaluation import case_inputs, response_length
 from dllm.model.loader import default_model_dir
 from dllm.prefilling import PrefillingConfig
+from dllm.prefilling.selection import kept_chunks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,13 +31,22 @@ def test_settings_parse_into_top_k_or_adaptive_k():
     assert (parse_setting("k1", base).top_k, parse_setting("k1", base).adaptive_k) == (1, None)
     assert (parse_setting("ak1.5", base).top_k, parse_setting("ak1.5", base).adaptive_k) == (4, 1.5)
     assert parse_setting("k2", PrefillingConfig(adaptive_k=2.0)).adaptive_k is None  # a fixed K is fixed
-    for bad in ("x", "k", "akx", "4"):
+    assert parse_setting("ak2-solo", base).adaptive_k == 2.0
+    for bad in ("x", "k", "akx", "4", "k1-solo"):
         with pytest.raises(ValueError, match="expected k<N>"):
             parse_setting(bad, base)
 
 
 def test_tuning_seeds_are_apart_from_the_evaluations():
     assert TUNE_SEED_BASE - SEED_BASE >= 5000  # copy_eval draws SEED_BASE + k, k < 5000
+
+
+def test_solo_keeps_the_adaptive_count_and_no_neighbour():
+    """Scores with one chunk standing out: the library keeps it and its better neighbour, -solo the chunk alone."""
+    scores = torch.tensor([0.0, 0.1, 0.2, 9.0, 0.3, 0.0, 0.1, 0.2])
+    assert kept_chunks(scores, 4, 1.5) == [3, 4]
+    assert without_neighbour(scores, 4, 1.5) == [3]
+    assert without_neighbour(scores, 4, None) == kept_chunks(scores, 4, None) == [2, 3, 4, 7]
 
 
 def test_table_counts_kept_and_exact():
@@ -59,6 +70,8 @@ def test_rows_equal_fresh_runs():
     settings = {"k4": parse_setting("k4", base), "k1": parse_setting("k1", base)}
     rows = run_case(tiny_model, case, settings, base)
     assert [r["chunks_kept"] for r in rows] == [4, 1]
+    solo = run_case(tiny_model, case, {"ak1.5-solo": parse_setting("ak1.5-solo", base)}, base)[0]
+    assert 1 <= solo["chunks_kept"] <= 4
     g = response_length(case)
     for row, cfg in zip(rows, settings.values()):
         fresh = generate(tiny_model, **case_inputs(tiny_model, case, "prefilling"), method="prefilling",

@@ -10,7 +10,9 @@ from ``SEED_BASE + 5000`` (copy_eval draws from ``SEED_BASE``). Per case the doc
 (:func:`dllm.encode_document`) and each setting of ``--settings`` selects and decodes from that cache:
 ``k<N>`` is ``top_k=N``, ``ak<M>`` is adaptive K with margin M (``PrefillingConfig(adaptive_k=M)``: the chunks
 above the first drop of M robust spreads, at most ``top_k``, and the best chunk's better neighbour when fewer
-than ``top_k``), every other field the checkpoint's. Greedy, one token per step, the answer's tokens + 4;
+than ``top_k``), ``ak<M>-solo`` the same without the neighbour step (a probe: the library has no such option,
+the study patches :func:`dllm.prefilling.selection.kept_chunks` where the pipeline calls it), every other field
+the checkpoint's. Greedy, one token per step, the answer's tokens + 4;
 exact = the first integer of the output is the answer; kept = a chunk the needle overlaps is selected.
 
 Writes ``copy_levers.csv`` (one row per case and setting) and ``copy_levers.md`` (per length and setting:
@@ -22,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from contextlib import nullcontext
+from unittest import mock
 
 import torch
 
@@ -32,23 +36,34 @@ from dllm.eval.evaluation import response_length
 from dllm.eval.tasks import score
 from dllm.model.loader import default_model_dir
 from dllm.prefilling import PrefillingConfig, PromptParts, chunk_char_spans
+from dllm.prefilling.selection import kept_count, select_chunks
 
 TUNE_SEED_BASE = SEED_BASE + 5000
 """Seeds of this study's cases: apart from copy_eval's (``SEED_BASE + k``, k below 5000)."""
 
 
+SOLO = "-solo"
+
+
 def parse_setting(name: str, base: PrefillingConfig) -> PrefillingConfig:
-    """``k<N>`` -> ``top_k=N``; ``ak<M>`` -> ``adaptive_k=M`` (the checkpoint's ``top_k`` as the ceiling).
+    """``k<N>`` -> ``top_k=N``; ``ak<M>`` and ``ak<M>-solo`` -> ``adaptive_k=M`` (the checkpoint's ``top_k`` as the
+    ceiling; ``-solo``'s missing neighbour is :func:`without_neighbour`, applied by :func:`run_case`).
 
     Raises ``ValueError`` naming the forms for anything else."""
     try:
         if name.startswith("ak"):
-            return dataclasses.replace(base, adaptive_k=float(name[2:]))
+            return dataclasses.replace(base, adaptive_k=float(name[2:].removesuffix(SOLO)))
         if name.startswith("k"):
             return dataclasses.replace(base, top_k=int(name[1:]), adaptive_k=None)
     except ValueError:
         pass
-    raise ValueError(f"setting {name!r}: expected k<N> (top_k=N) or ak<M> (adaptive_k=M), e.g. k4 ak1.5")
+    raise ValueError(f"setting {name!r}: expected k<N> (top_k=N) or ak<M>[-solo] (adaptive_k=M), e.g. k4 ak1.5")
+
+
+def without_neighbour(scores, k, adaptive_margin, chunk_ids=None, threshold=None) -> list:
+    """:func:`dllm.prefilling.selection.kept_chunks` without its neighbour step: the adaptive count of the best
+    chunks only (the ``-solo`` settings)."""
+    return select_chunks(scores, kept_count(scores, k, adaptive_margin), chunk_ids, threshold)
 
 
 def run_case(model, case, settings: dict[str, PrefillingConfig], base: PrefillingConfig) -> list[dict]:
@@ -61,7 +76,11 @@ def run_case(model, case, settings: dict[str, PrefillingConfig], base: Prefillin
     rows = []
     for name, cfg in settings.items():
         t0 = time.perf_counter()
-        res = generate(model, prompt=prompt, method="prefilling", prefilling=cfg, document=doc, gen_length=g, steps=g)
+        solo = name.endswith(SOLO)
+        with mock.patch("dllm.prefilling.pipeline.kept_chunks", without_neighbour) if solo else nullcontext():
+            res = generate(
+                model, prompt=prompt, method="prefilling", prefilling=cfg, document=doc, gen_length=g, steps=g
+            )
         kept = sorted(spans.index(tuple(s)) for s in res.stats.extra["selected_chunk_tokens"])
         rows.append({
             "length": case.length, "task": case.task, "depth": case.depth, "seed": case.seed, "setting": name,
@@ -101,7 +120,10 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="checkpoint (default: the bundled tiny model)")
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     p.add_argument("--cases", type=int, default=20, help="cases per length")
-    p.add_argument("--settings", nargs="+", default=["k4", "ak1", "ak1.5", "ak2", "ak3", "k2", "k1"])
+    p.add_argument(
+        "--settings", nargs="+", default=["k4", "ak1", "ak1.5", "ak2", "ak3", "ak1-solo", "ak1.5-solo", "ak2-solo",
+                                          "k2", "k1"],
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     args = p.parse_args(argv)
     if args.cases < 1:
