@@ -292,7 +292,7 @@ def word_tune() -> tuple[tuple[float, Layout], ...]:
     return _prose_layouts((0.1, 0.55, 0.8, 0.9), WORD_TASKS, 0.3)
 
 
-DISTRACTOR_STEPS = 600
+DISTRACTOR_STEPS = 340
 DISTRACTOR_TASKS = {"passkey": 0.4, "number_string": 0.6}
 
 
