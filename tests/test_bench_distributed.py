@@ -67,7 +67,9 @@ def test_tiny_two_process_run_is_equal_and_writes_its_files(tmp_path):
     assert summary["chunks"] == "8" and summary["bounds"] == "0-4 4-8"
     assert summary["chunks_equal"] == summary["chunks_compared"] == "8" and summary["kv_equal"] == "1"
     assert summary["scores_equal"] == "1" and summary["tokens_equal"] == "1"
-    assert summary["selected_single"] == summary["selected_sharded"] and len(summary["selected_single"].split()) == 4
+    # the bundled K: adaptive under a ceiling of 4, chosen alike on both sides
+    assert summary["selected_single"] == summary["selected_sharded"]
+    assert 1 <= len(summary["selected_single"].split()) <= 4
     assert summary["answer_single"] == summary["answer_sharded"]
     assert float(summary["single_s"]) > 0 and float(summary["sharded_s"]) > 0
     assert float(summary["ratio"]) == pytest.approx(float(summary["single_s"]) / float(summary["sharded_s"]), rel=0.01)

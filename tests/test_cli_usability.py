@@ -283,7 +283,10 @@ def test_default_prompt_with_questions_is_context_then_question(files, capsys):
 def test_stats_summary_is_one_line_with_the_kept_chunks_character_spans(files, capsys):
     rc, out, err = run_cli(
         capsys,
-        *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8 --boundary-snap 0"),
+        # a fixed K of 4 (the bundled file's K is adaptive): four spans to check
+        *shlex.split(
+            "generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8 --boundary-snap 0 --adaptive-k off"
+        ),
     )
     assert rc == 0 and "12345" in out
     lines = err.strip().splitlines()
@@ -295,8 +298,8 @@ def test_stats_summary_is_one_line_with_the_kept_chunks_character_spans(files, c
     for phase in ("prefill", "scoring", "decode", "total"):
         assert re.search(rf"\b{phase} \d+\.\d\d s\b", lines[0]), phase
     assert re.search(r"; 8 steps, \d+ forwards, [\d.]+ tokens/s$", lines[0])
-    rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file prompt.txt --context-file doc.txt "
-                                              "--gen-length 8 --stats json --boundary-snap 0"))  # fmt: skip
+    cmd = "generate --prompt-file prompt.txt --context-file doc.txt --gen-length 8 --stats json --boundary-snap 0"
+    rc, _, err = run_cli(capsys, *shlex.split(cmd + " --adaptive-k off"))
     stats = json.loads(err)
     assert stats["selected_chunk_chars"] == [[s, e] for _, s, e in spans]
     rc, _, err = run_cli(capsys, *shlex.split("generate --prompt-file noslot.txt --gen-length 2"))
@@ -423,7 +426,7 @@ def test_info_says_how_many_characters_a_token_covers(capsys):
 def test_stats_summary_from_a_document_gives_token_spans(files, capsys):
     """A document cache holds token ids, not the text: its kept chunks are given as token spans [start:end)."""
     assert run_cli(capsys, *shlex.split("encode --context-file doc.txt --out doc.cache --boundary-snap 0"))[0] == 0
-    cmd = "generate --document doc.cache --prompt-file prompt.txt --gen-length 8 --stats"
+    cmd = "generate --document doc.cache --prompt-file prompt.txt --gen-length 8 --adaptive-k off --stats"  # K=4
     rc, out, err = run_cli(capsys, *shlex.split(cmd + " summary"))
     assert rc == 0 and "12345" in out
     spans = [(int(j), int(s), int(e)) for j, s, e in re.findall(r"(\d+) \[tokens (\d+):(\d+)\]", err)]

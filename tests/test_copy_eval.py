@@ -20,10 +20,12 @@ from bench.fidelity.copy_eval import (
     HAYSTACKS,
     SEED_BASE,
     TASKS,
+    adaptive_k_arg,
     answer_kind,
     centred_crop,
     changelog_case,
     changelogs,
+    compare_table,
     dense_prompts,
     evaluate_case,
     grid,
@@ -32,6 +34,7 @@ from bench.fidelity.copy_eval import (
     occurs_elsewhere,
     ordered_spans,
 )
+from bench.provenance import write_csv
 from bench.tiny.sources import HELD_OUT_SOURCES, TRAINING_SOURCES
 from dllm.eval.tasks.reports import dictionary_sentences
 from dllm.model.loader import default_model_dir
@@ -198,3 +201,42 @@ def test_one_case_end_to_end_reports_the_kept_chunk_spans_of_the_run():
         assert row["c_answer"] == row["d_answer"] == row["f_answer"] == row["g_answer"] == ""
         assert not (row["c_correct"] or row["g_correct"])
     assert row["crop_chars"] == CROP
+
+
+def _compare_row(length, haystack, kept, b, e, chunks):
+    return {"length": str(length), "haystack": haystack, "kept": kept, "b_correct": b, "e_correct": e,
+            "kept_chunks": " ".join(map(str, range(chunks)))}  # fmt: skip
+
+
+def test_compare_table_counts_each_setting_where_its_chunk_was_kept():
+    runs = {
+        "K=4": [_compare_row(4096, "devil", True, False, True, 4), _compare_row(4096, "devil", True, True, True, 4),
+                _compare_row(4096, "devil-registers", False, False, False, 4)],
+        "ak": [_compare_row(4096, "devil", True, True, True, 2), _compare_row(4096, "devil", True, True, True, 1),
+               _compare_row(4096, "devil-registers", True, False, False, 3)],
+    }  # fmt: skip
+    lines = compare_table(runs).splitlines()
+    # K=4: kept 2 of 3, (b) 1 of the 2, (e) 2 of the 2: -50 points; (b) over all 1 of 3; chunks 4
+    assert "| 4096 | K=4 | 3 | 2 | 50% (1/2) | 100% (2/2) | -50 | 33% (1/3) | 4.0 |" in lines
+    assert "| all | ak | 3 | 3 | 67% (2/3) | 67% (2/3) | +0 | 67% (2/3) | 2.0 |" in lines
+    devil = compare_table(runs, "devil").splitlines()
+    assert "| 4096 | ak | 2 | 2 | 100% (2/2) | 100% (2/2) | +0 | 100% (2/2) | 1.5 |" in devil
+
+
+def test_compare_reads_the_runs_csvs_and_adaptive_k_off_is_a_fixed_k(tmp_path, capsys):
+    from bench.fidelity.copy_eval import main
+
+    keys = {
+        "needle_last": False,
+        "command": "python -m bench.fidelity.copy_eval",
+        **{f"{c}_correct": False for c in "bcdefg"},
+    }
+    write_csv(tmp_path / "a.csv", [{**_compare_row(4096, "devil", True, True, False, 2), **keys, "b_correct": True}])
+    assert main(["--compare", "x=y=" + str(tmp_path / "a.csv")]) == 0  # a name may hold '='
+    assert "| 4096 | x=y | 1 | 1 | 100% (1/1) | 0% (0/1) | +100 | 100% (1/1) | 2.0 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--compare", str(tmp_path / "a.csv")])
+    assert e.value.code == 2 and "expected NAME=CSV" in capsys.readouterr().err
+    assert (adaptive_k_arg("off"), adaptive_k_arg(" OFF "), adaptive_k_arg("1.5")) == ("off", "off", 1.5)
+    with pytest.raises(ValueError):
+        adaptive_k_arg("none")

@@ -42,8 +42,10 @@ def test_bundled_defaults_with_snap_off_are_the_recorded_configuration():
     bundled = PrefillingConfig.from_pretrained(default_model_dir())
     recorded = PrefillingConfig(**{**DATA["configs"]["bundled_snap_off"], "score_terms": ("draft_contrast",)})
     # the first stage the bundled file turns on (candidates="auto") is off in the recorded one too,
-    # and so is the lexical term (lexical_weight)
-    off = dataclasses.replace(bundled, boundary_snap=0, candidates=None, candidate_layer=None, lexical_weight=0.0)
+    # and so are the lexical term (lexical_weight) and adaptive K (a fixed K of 4)
+    off = dataclasses.replace(
+        bundled, boundary_snap=0, candidates=None, candidate_layer=None, lexical_weight=0.0, adaptive_k=None
+    )
     assert off == recorded
 
 

@@ -56,7 +56,7 @@ def test_cli_accepts_a_top_k_up_to_the_snapped_chunks(model, tmp_path, monkeypat
     (tmp_path / "prompt.txt").write_text(PROMPT)
     n = len(snapped_starts(DOC, 256, 64))
     base = ["generate", "--prompt-file", "prompt.txt", "--context-file", "doc.txt", "--method", "prefilling"]
-    base += ["--chunk-size", "256", "--gen-length", "2", "--steps", "1", "--stats", "json"]
+    base += ["--chunk-size", "256", "--gen-length", "2", "--steps", "1", "--stats", "json", "--adaptive-k", "off"]
     rc = main([*base, "--top-k", str(n)])  # was "--top-k 13 exceeds the 12 chunk(s)"
     _out, err = capsys.readouterr()
     stats = json.loads(err.strip().splitlines()[-1])
@@ -72,7 +72,10 @@ def test_library_default_k_is_fitted_and_an_explicit_one_checked(model):
     assert n == 4
     parts = PromptParts(torch.tensor([model.config.bos_token_id]), encode_text(model, text), encode_text(model, "Q?"))
     kw = dict(method="prefilling", prompt=parts, gen_length=2, steps=1)
-    res = dllm.generate(model, **kw)  # the checkpoint's K=4 of 4 snapped chunks
+    res = dllm.generate(model, **kw)  # the checkpoint's ceiling K=4 of 4 snapped chunks (adaptive K under it)
+    assert res.stats.extra["num_chunks"] == 4 and 1 <= len(res.stats.extra["selected_chunks"]) <= 4
+    fixed = PrefillingConfig.from_pretrained(model.model_dir, adaptive_k=None)  # the checkpoint's K=4, fixed
+    res = dllm.generate(model, prefilling=fixed, **kw)
     assert res.stats.extra["num_chunks"] == 4 and len(res.stats.extra["selected_chunks"]) == 4
     cfg = PrefillingConfig.from_pretrained(model.model_dir, top_k=5)
     with pytest.raises(TopKError, match=r"top_k=5 exceeds the 4 chunk\(s\) of this 740-token context"):

@@ -420,6 +420,27 @@ def read_rows(path: str) -> tuple[list[dict], str]:
     return rows, machine
 
 
+def compare_table(runs: dict[str, list[dict]], haystack: str | None = None) -> str:
+    """Markdown: settings side by side (``runs``: name -> rows of one ``copy_eval.csv`` each, the same cases), per
+    length and over all: needle chunk kept, (b) and (e) exact where kept and their gap in points, (b) exact over
+    all cases, mean chunks kept. ``haystack``: only its cases."""
+    lines = ["| length | setting | cases | needle chunk kept | (b) prefilling, kept | (e) 1K crop, kept | (b) - (e), "
+             "points | (b) prefilling, all cases | mean chunks kept |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lengths = sorted({int(r["length"]) for rows in runs.values() for r in rows})
+    for length in [*lengths, "all"]:
+        for name, rows in runs.items():
+            rs = [r for r in rows if length in ("all", int(r["length"])) and haystack in (None, r["haystack"])]
+            kept = [r for r in rs if r["kept"]]
+            b, e = (sum(r[f"{c}_correct"] for r in kept) for c in "be")
+            gap = f"{100 * (b - e) / len(kept):+.0f}" if kept else "-"
+            chunks = sum(len(r["kept_chunks"].split()) for r in rs) / max(1, len(rs))
+            lines.append(f"| {length} | {name} | {len(rs)} | {len(kept)} | {_pct(b, len(kept))} | "
+                         f"{_pct(e, len(kept))} | {gap} | {_pct(sum(r['b_correct'] for r in rs), len(rs))} | "
+                         f"{chunks:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def report(rows: list[dict], cmd: str, machine: str, cfg_line: str, notes: str = "") -> str:
     """``copy_eval.md``'s text."""
     devil = [r for r in rows if r["haystack"] == "devil"]
@@ -444,6 +465,12 @@ def report(rows: list[dict], cmd: str, machine: str, cfg_line: str, notes: str =
     )
 
 
+def adaptive_k_arg(text: str) -> float | str:
+    """``--adaptive-k``'s value: a margin (float) or ``"off"`` (a fixed K over a checkpoint that turns it on).
+    Raises ``ValueError`` (argparse's usage error) for anything else."""
+    return "off" if text.strip().lower() == "off" else float(text)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="checkpoint (default: the bundled tiny model)")
@@ -466,12 +493,34 @@ def main(argv=None) -> int:
         help="write the Markdown from this CSV (its run's command), stop",
     )
     p.add_argument("--notes", default="", help="a paragraph put before the tables (what the run says)")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="NAME=CSV",
+        help="print the settings of these runs (copy_eval.csv files of the same cases) side by side, stop",
+    )
     p.add_argument("--top-k", type=int, default=None, help="K over the checkpoint's (a lever to measure)")
-    p.add_argument("--adaptive-k", type=float, default=None, help="adaptive K's margin over the checkpoint's")
+    p.add_argument(
+        "--adaptive-k",
+        type=adaptive_k_arg,
+        default=None,
+        help="adaptive K's margin over the checkpoint's, or off (a fixed K)",
+    )
     args = p.parse_args(argv)
+    if args.compare:
+        runs = {}
+        for item in args.compare:
+            name, sep, path = item.rpartition("=")
+            if not sep:
+                p.error(f"--compare {item!r}: expected NAME=CSV")
+            runs[name] = read_rows(path)[0]
+        print(f"All haystacks:\n\n{compare_table(runs)}\n\ndevil:\n\n{compare_table(runs, 'devil')}")
+        return 0
     cmd = "python -m bench.fidelity.copy_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     model_dir = args.model or default_model_dir()
     levers = {k: v for k, v in (("top_k", args.top_k), ("adaptive_k", args.adaptive_k)) if v is not None}
+    levers = {k: None if v == "off" else v for k, v in levers.items()}
     cfg = PrefillingConfig.from_pretrained(model_dir, **levers)
     where = "the checkpoint's defaults" + (f" with {levers}" if levers else "")
     cfg_line = (f"Prefilling at {where}: C={cfg.chunk_size}, K={cfg.top_k}, adaptive K {cfg.adaptive_k}, score terms "

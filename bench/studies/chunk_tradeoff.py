@@ -39,9 +39,9 @@ def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=200
     # the warm-up decodes the grid's first cell (TINY_PREFILLING's K=4 of C=256 does not fit a short first length)
     first = next(((c, k) for c, k in itertools.product(chunk_sizes, top_ks) if k * c <= lengths[0]), None)
     warm_cfg = (
-        with_overrides(TINY_PREFILLING, {"chunk_size": first[0], "top_k": first[1]})
+        with_overrides(TINY_PREFILLING, {"chunk_size": first[0], "top_k": first[1], "adaptive_k": None})
         if first
-        else with_overrides(TINY_PREFILLING, {"top_k": None})
+        else with_overrides(TINY_PREFILLING, {"top_k": None, "adaptive_k": None})
     )
     warm = warm_up(model, ("prefilling",), lengths[0], prefilling=warm_cfg)
     startup = startup_line(load_s, warm, lengths[0])
@@ -55,8 +55,9 @@ def run(chunk_sizes, top_ks, lengths, depths, tasks, budget_s, out_dir, seed=200
         n = len(depths) * len(tasks)
         if budget.skip_reason(key, length, n, 1.0):
             continue
-        # same scoring as the demo; the snap tolerance kept as the same share of each C (64 of 256 -> 16 of 64)
-        cfg = with_overrides(TINY_PREFILLING, {"chunk_size": c, "top_k": k})
+        # same scoring as the demo; the snap tolerance kept as the same share of each C (64 of 256 -> 16 of 64);
+        # K fixed (adaptive K off): the grid measures K itself
+        cfg = with_overrides(TINY_PREFILLING, {"chunk_size": c, "top_k": k, "adaptive_k": None})
         t0 = time.perf_counter()
         for task in tasks:
             for i, d in enumerate(depths):

@@ -295,7 +295,9 @@ Prefilling-dLLM answered fewer long-context cases (`bench/results/archive/tiny_p
 weights are phases 1-7, then phase 9 (`bench/results/archive/tiny_phase9_trial.md`).
 
 Beyond the training window dense decoding must extrapolate RoPE; Prefilling-dLLM with the demo's
-C=256, K=4 keeps every position inside the window (see the demo in `bench/results/demo/` and `bench/results/README.md`).
+C=256 and at most 4 kept chunks (`prefilling_config.json`: K chosen per question under a ceiling of 4,
+`adaptive_k=1.5`) keeps every position inside the window (see the demo in `bench/results/demo/` and
+`bench/results/README.md`).
 """
 
 if __name__ == "__main__":
