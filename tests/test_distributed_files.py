@@ -182,3 +182,34 @@ def test_an_index_holding_a_json_array_says_so(tmp_path, content):
     for read in (read_document_header, lambda p: load_document(p, None)):
         with pytest.raises(ValueError, match=r"book\.idx must hold a JSON object, got a JSON array"):
             read(path)
+
+
+def test_gathered_chunk_ids_pickle_their_own_tokens_only(monkeypatch):
+    """ShardedDocument.context_ids sends each chunk's ids as a tensor of its own: a view of the [N, T] ids tensor
+    pickles the whole storage, and 512 chunks of a 1M-token document sent 1 GB per question on 2 ranks."""
+    import pickle
+    import types
+
+    import torch
+
+    import dllm.distributed.sharded_document as sd
+
+    n, t = 64, 257
+    ids = torch.arange(n * t, dtype=torch.int64).reshape(n, t)
+    lens = torch.full((n,), t, dtype=torch.int32)
+    sent = []
+
+    def fake_all_gather(obj, group):
+        sent.append(len(pickle.dumps(obj)))
+        return [obj]
+
+    monkeypatch.setattr(sd, "all_gather", fake_all_gather)
+    doc = object.__new__(sd.ShardedDocument)
+    doc._all_ids, doc.group = None, None
+    doc.local = types.SimpleNamespace(
+        chunks=types.SimpleNamespace(num_chunks=n, context_ids=lambda j: ids[j, 1 : int(lens[j])])
+    )
+    got = doc.context_ids()
+    assert [g.tolist() for g in got] == [ids[j, 1:].tolist() for j in range(n)]
+    token_bytes = n * (t - 1) * 8
+    assert sent[0] < 2 * token_bytes  # a view each would pickle n * n * t * 8 bytes: 64x this

@@ -112,7 +112,9 @@ class ShardedDocument:
         padding dropped), on every rank (what redundancy-aware selection compares; token ids only, no K/V)."""
         if self._all_ids is None:
             c = self.local.chunks
-            mine = [c.context_ids(j).cpu() for j in range(c.num_chunks)]
+            # clone: a chunk's ids are a view of the [N, T] ids tensor, and a pickled view carries its whole
+            # storage (every chunk sent the rank's whole ids: 1 GB for a 1M-token question on 2 ranks)
+            mine = [c.context_ids(j).cpu().clone() for j in range(c.num_chunks)]
             self._all_ids = [ids for part in all_gather(mine, self.group) for ids in part]
         return self._all_ids
 
