@@ -16,9 +16,11 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def _tables(text: str) -> list[list[list[str]]]:
-    """Every markdown table of ``text``: rows of cells (the header row first, the rule row dropped)."""
+    """Every markdown table of ``text``, indented ones too: rows of cells (the header row first, the rule row
+    dropped)."""
     tables, current = [], []
     for line in text.splitlines() + [""]:
+        line = line.strip()  # a table inside a list item is indented
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if not all(re.fullmatch(r":?-+:?", c) for c in cells):
@@ -153,3 +155,24 @@ def test_each_figure_names_its_commit_and_machine(section):
     """The record a README table quotes holds the commit and the machine it was measured at."""
     text = _linked(section).read_text(encoding="utf-8")
     assert re.search(r"commit [0-9a-f]{7,}", text) and re.search(r"Machine: .*CPU|machine", text), section
+
+
+def test_copy_table_is_the_recorded_one():
+    """The README's copy table: K=4 from copy_eval.csv, adaptive K from its full run, the crop over adaptive K's
+    kept cases; percentages as copy_eval's --compare prints them."""
+    from bench.fidelity.copy_eval import read_rows
+
+    before = read_rows(str(RESULTS / "copy_eval.csv"))[0]
+    now = read_rows(str(RESULTS / "copy_eval_levers" / "full_adaptive_k_1.5.csv"))[0]
+    rows = _readme_table("context tokens", "fact's chunk kept (of 40): K=4 / adaptive K")
+    assert [r["context tokens"] for r in rows] == ["4096", "16384", "65536", "131072"]
+
+    def pct(rows, col):
+        return f"{100 * sum(r[f'{col}_correct'] for r in rows) / len(rows):.0f}%"
+
+    for row in rows:
+        b = [r for r in before if r["length"] == row["context tokens"] and r["kept"]]
+        a = [r for r in now if r["length"] == row["context tokens"] and r["kept"]]
+        assert row["fact's chunk kept (of 40): K=4 / adaptive K"] == f"{len(b)} / {len(a)}"
+        assert row["prefilling exact where kept: K=4 (before) / adaptive K (now)"] == f"{pct(b, 'b')} / {pct(a, 'b')}"
+        assert row["dense 1K crop, adaptive K's kept cases"] == pct(a, "e")
