@@ -478,13 +478,8 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     p.add_argument("--cases", type=int, default=40, help="cases per length")
     p.add_argument("--cases-for", nargs="*", default=[], metavar="LENGTH=N", help="another case count per length")
-    p.add_argument(
-        "--haystacks",
-        nargs="+",
-        default=list(GRID_SLOTS),
-        choices=HAYSTACKS,
-        help="one round of the grid's haystacks (one may repeat: more cases of it)",
-    )
+    p.add_argument("--haystacks", nargs="+", default=list(GRID_SLOTS), choices=HAYSTACKS,
+                   help="one round of the grid's haystacks (one may repeat: more cases of it)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared 2-core machine)")
     p.add_argument(
         "--report-from",
@@ -493,20 +488,10 @@ def main(argv=None) -> int:
         help="write the Markdown from this CSV (its run's command), stop",
     )
     p.add_argument("--notes", default="", help="a paragraph put before the tables (what the run says)")
-    p.add_argument(
-        "--compare",
-        nargs="+",
-        default=None,
-        metavar="NAME=CSV",
-        help="print the settings of these runs (copy_eval.csv files of the same cases) side by side, stop",
-    )
+    p.add_argument("--compare", nargs="+", default=None, metavar="NAME=CSV",
+                   help="print these runs (copy_eval.csv files of the same cases) side by side, stop")  # fmt: skip
     p.add_argument("--top-k", type=int, default=None, help="K over the checkpoint's (a lever to measure)")
-    p.add_argument(
-        "--adaptive-k",
-        type=adaptive_k_arg,
-        default=None,
-        help="adaptive K's margin over the checkpoint's, or off (a fixed K)",
-    )
+    p.add_argument("--adaptive-k", type=adaptive_k_arg, default=None, help="adaptive K's margin, or off (a fixed K)")
     args = p.parse_args(argv)
     if args.compare:
         runs = {}
