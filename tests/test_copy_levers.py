@@ -11,7 +11,15 @@ import torch
 
 import dllm
 from bench.fidelity.copy_eval import SEED_BASE, make_copy_case
-from bench.studies.copy_levers import TUNE_SEED_BASE, main, parse_setting, run_case, table, without_neighbour
+from bench.studies.copy_levers import (
+    TUNE_SEED_BASE,
+    main,
+    neighbour_if_top,
+    parse_setting,
+    run_case,
+    table,
+    without_neighbour,
+)
 from dllm import generate
 from dllm.eval.evaluation import case_inputs, response_length
 from dllm.model.loader import default_model_dir
@@ -47,6 +55,11 @@ def test_solo_keeps_the_adaptive_count_and_no_neighbour():
     assert kept_chunks(scores, 4, 1.5) == [3, 4]
     assert without_neighbour(scores, 4, 1.5) == [3]
     assert without_neighbour(scores, 4, None) == kept_chunks(scores, 4, None) == [2, 3, 4, 7]
+    # -top: the neighbour 4 ranks 2nd of 8, among the 4 best: kept; with the neighbours at the bottom: dropped
+    assert neighbour_if_top(scores, 4, 1.5) == [3, 4]
+    low = torch.tensor([0.5, 0.6, 0.0, 9.0, 0.0, 0.7, 0.8, 0.9])
+    assert kept_chunks(low, 4, 1.5) == [2, 3] and neighbour_if_top(low, 4, 1.5) == [3]
+    assert parse_setting("ak1.5-top", PrefillingConfig()).adaptive_k == 1.5
 
 
 def test_table_counts_kept_and_exact():

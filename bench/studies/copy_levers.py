@@ -10,10 +10,11 @@ from ``SEED_BASE + 5000`` (copy_eval draws from ``SEED_BASE``). Per case the doc
 (:func:`dllm.encode_document`) and each setting of ``--settings`` selects and decodes from that cache:
 ``k<N>`` is ``top_k=N``, ``ak<M>`` is adaptive K with margin M (``PrefillingConfig(adaptive_k=M)``: the chunks
 above the first drop of M robust spreads, at most ``top_k``, and the best chunk's better neighbour when fewer
-than ``top_k``), ``ak<M>-solo`` the same without the neighbour step (a probe: the library has no such option,
-the study patches :func:`dllm.prefilling.selection.kept_chunks` where the pipeline calls it), every other field
-the checkpoint's. Greedy, one token per step, the answer's tokens + 4;
-exact = the first integer of the output is the answer; kept = a chunk the needle overlaps is selected.
+than ``top_k``), ``ak<M>-solo`` the same without the neighbour step, ``ak<M>-top`` with the neighbour kept only
+when it ranks among the ``top_k`` best (probes: the library has no such option, the study patches
+:func:`dllm.prefilling.selection.kept_chunks` where the pipeline calls it), every other field the checkpoint's.
+Greedy, one token per step, the answer's tokens + 4; exact = the first integer of the output is the answer; kept =
+a chunk the needle overlaps is selected.
 
 Writes ``copy_levers.csv`` (one row per case and setting) and ``copy_levers.md`` (per length and setting:
 needle chunk kept, exact where kept, exact in all, mean chunks kept) into the output folder.
@@ -36,34 +37,45 @@ from dllm.eval.evaluation import response_length
 from dllm.eval.tasks import score
 from dllm.model.loader import default_model_dir
 from dllm.prefilling import PrefillingConfig, PromptParts, chunk_char_spans
-from dllm.prefilling.selection import kept_count, select_chunks
+from dllm.prefilling.selection import kept_chunks, kept_count, rank_chunks, select_chunks
 
 TUNE_SEED_BASE = SEED_BASE + 5000
 """Seeds of this study's cases: apart from copy_eval's (``SEED_BASE + k``, k below 5000)."""
 
 
-SOLO = "-solo"
+SOLO, TOP = "-solo", "-top"
 
 
 def parse_setting(name: str, base: PrefillingConfig) -> PrefillingConfig:
-    """``k<N>`` -> ``top_k=N``; ``ak<M>`` and ``ak<M>-solo`` -> ``adaptive_k=M`` (the checkpoint's ``top_k`` as the
-    ceiling; ``-solo``'s missing neighbour is :func:`without_neighbour`, applied by :func:`run_case`).
+    """``k<N>`` -> ``top_k=N``; ``ak<M>``, ``ak<M>-solo`` and ``ak<M>-top`` -> ``adaptive_k=M`` (the checkpoint's
+    ``top_k`` as the ceiling; the ``-solo`` and ``-top`` rules are :func:`without_neighbour` and
+    :func:`neighbour_if_top`, applied by :func:`run_case`).
 
     Raises ``ValueError`` naming the forms for anything else."""
     try:
         if name.startswith("ak"):
-            return dataclasses.replace(base, adaptive_k=float(name[2:].removesuffix(SOLO)))
+            return dataclasses.replace(base, adaptive_k=float(name[2:].removesuffix(SOLO).removesuffix(TOP)))
         if name.startswith("k"):
             return dataclasses.replace(base, top_k=int(name[1:]), adaptive_k=None)
     except ValueError:
         pass
-    raise ValueError(f"setting {name!r}: expected k<N> (top_k=N) or ak<M>[-solo] (adaptive_k=M), e.g. k4 ak1.5")
+    raise ValueError(f"setting {name!r}: expected k<N> (top_k=N) or ak<M>[-solo|-top] (adaptive_k=M), e.g. k4 ak1.5")
 
 
 def without_neighbour(scores, k, adaptive_margin, chunk_ids=None, threshold=None) -> list:
     """:func:`dllm.prefilling.selection.kept_chunks` without its neighbour step: the adaptive count of the best
     chunks only (the ``-solo`` settings)."""
     return select_chunks(scores, kept_count(scores, k, adaptive_margin), chunk_ids, threshold)
+
+
+def neighbour_if_top(scores, k, adaptive_margin, chunk_ids=None, threshold=None) -> list:
+    """:func:`dllm.prefilling.selection.kept_chunks` with its neighbour step kept only when the best chunk's better
+    neighbour ranks among the ``k`` best (the ``-top`` settings): a fact straddling a boundary makes both its
+    chunks score high, a plain neighbour does not."""
+    kept = without_neighbour(scores, k, adaptive_margin, chunk_ids, threshold)
+    full = kept_chunks(scores, k, adaptive_margin, chunk_ids, threshold)
+    extra = [j for j in full if j not in kept]
+    return full if all(j in rank_chunks(scores)[:k] for j in extra) else kept
 
 
 def run_case(model, case, settings: dict[str, PrefillingConfig], base: PrefillingConfig) -> list[dict]:
@@ -76,8 +88,8 @@ def run_case(model, case, settings: dict[str, PrefillingConfig], base: Prefillin
     rows = []
     for name, cfg in settings.items():
         t0 = time.perf_counter()
-        solo = name.endswith(SOLO)
-        with mock.patch("dllm.prefilling.pipeline.kept_chunks", without_neighbour) if solo else nullcontext():
+        rule = {SOLO: without_neighbour, TOP: neighbour_if_top}.get(name[name.rfind("-") :] if "-" in name else "")
+        with mock.patch("dllm.prefilling.pipeline.kept_chunks", rule) if rule else nullcontext():
             res = generate(
                 model, prompt=prompt, method="prefilling", prefilling=cfg, document=doc, gen_length=g, steps=g
             )
