@@ -74,8 +74,8 @@ def neighbour_if_top(scores, k, adaptive_margin, chunk_ids=None, threshold=None)
     chunks score high, a plain neighbour does not."""
     kept = without_neighbour(scores, k, adaptive_margin, chunk_ids, threshold)
     full = kept_chunks(scores, k, adaptive_margin, chunk_ids, threshold)
-    extra = [j for j in full if j not in kept]
-    return full if all(j in rank_chunks(scores)[:k] for j in extra) else kept
+    best = set(rank_chunks(scores)[:k])
+    return full if set(full) - set(kept) <= best else kept
 
 
 def run_case(model, case, settings: dict[str, PrefillingConfig], base: PrefillingConfig) -> list[dict]:

@@ -53,6 +53,20 @@ def _append(s: Sample, ids, seg, role):
     s.role.extend([role] * len(ids))
 
 
+def append_chunks(s: Sample, prefix: str, chunks) -> None:
+    """Append ``[BOS prefix] [BOS chunk]...`` to ``s``, each bracketed part a segment of its own (1, 2, ...: it
+    attends only to itself, the independent chunk caches of Prefilling-dLLM); ``chunks`` are token id lists."""
+    seg = 1
+    if prefix:
+        _append(s, [BOS], seg, "b")
+        _append(s, encode(prefix), seg, "p")
+        seg += 1
+    for ids in chunks:
+        _append(s, [BOS], seg, "b")
+        _append(s, ids, seg, "p")
+        seg += 1
+
+
 def _case(rng: random.Random, task: str, ctx_len: int, phrasing: str = "random", haystack: str = "filler"):
     """A training case (``split="train"``: the evaluation essays and pydoc topics never appear)."""
     seed_depth = rng.random(), rng.randrange(1 << 30)
@@ -130,15 +144,7 @@ def chunked_sample(
     else:
         kept = sorted(needle_chunks | set(rng.sample(others, max(0, min(keep - len(needle_chunks), len(others))))))
     s = Sample([], [], [], "no_needle" if drop_needle else "chunked")
-    seg = 1
-    if case.prefix:
-        _append(s, [BOS], seg, "b")
-        _append(s, encode(case.prefix), seg, "p")
-        seg += 1
-    for i in kept:
-        _append(s, [BOS], seg, "b")
-        _append(s, ctx[cuts[i] : cuts[i] + chunk_len], seg, "p")
-        seg += 1
+    append_chunks(s, case.prefix, [ctx[cuts[i] : cuts[i] + chunk_len] for i in kept])
     _append(s, encode(case.query), 0, "q")
     if answer:
         _append(s, encode(case.answer) + [EOS] * n_eos, 0, "a")

@@ -27,7 +27,7 @@ import random
 import re
 
 from bench.tiny import synthetic
-from bench.tiny.data import BOS, EOS, Sample, _append, _case, encode
+from bench.tiny.data import EOS, Sample, _append, _case, append_chunks, encode
 
 NEEDLE_CHUNKS = {"plain": 0.4, "numbers": 0.3, "report": 0.3}
 OTHER_CHUNKS = {"prose": 0.55, "report": 0.3, "table": 0.15}
@@ -161,15 +161,7 @@ def distractor_chunked_sample(rng: random.Random, total: int, task: str, haystac
         raise RuntimeError(f"{task}: the answer kept occurring outside the needle")
     chunks = others[:place] + [left + needle + right] + others[place:]
     s = Sample([], [], [], "distractor_chunked")
-    seg = 1
-    if case.prefix:
-        _append(s, [BOS], seg, "b")
-        _append(s, encode(case.prefix), seg, "p")
-        seg += 1
-    for text in chunks:
-        _append(s, [BOS], seg, "b")
-        _append(s, encode(text), seg, "p")
-        seg += 1
+    append_chunks(s, case.prefix, [encode(text) for text in chunks])
     _append(s, encode(case.query), 0, "q")
     _append(s, encode(case.answer) + [EOS] * n_eos, 0, "a")
     return s
