@@ -30,15 +30,16 @@ def reference_k(scores, floor, ceiling, margin):
 
 def reference_kept(scores, ceiling, margin):
     """The kept chunks written out: the reference_k best (floor 1), and when fewer than the ceiling, the
-    better-scoring finite neighbour of the best chunk (ties: the earlier one), ascending."""
+    better-scoring finite neighbour of the best chunk (ties: the earlier one) if it is among the ceiling's best,
+    ascending."""
     finite = [j for j, x in enumerate(scores) if math.isfinite(x)]
     order = sorted(finite, key=lambda j: (-scores[j], j))
     k = reference_k(scores, 1, ceiling, margin)
     kept = set(order[:k])
     if k < ceiling:
         near = [j for j in (order[0] - 1, order[0] + 1) if j in finite]
-        if near:
-            kept.add(sorted(near, key=lambda j: (-scores[j], j))[0])
+        if near and (j := sorted(near, key=lambda j: (-scores[j], j))[0]) in order[:ceiling]:
+            kept.add(j)
     return sorted(kept)
 
 
@@ -168,13 +169,18 @@ NEIGHBOUR_CASES = [
     ([0.0, 0.2, 0.1, 9.0, float("-inf"), 0.05, -0.1, 0.02], 8, [2, 3]),
     # equal neighbours: the earlier one
     ([0.0, 0.1, 0.3, 9.0, 0.3, 0.02, -0.1, 0.05], 8, [2, 3]),
+    # the better neighbour (chunk 2: 0.4) is not among the 3 best (3, 6, 1): a plain distractor, left out
+    ([0.0, 0.5, 0.4, 9.0, 0.1, 0.3, 0.6, 0.2], 3, [3]),
+    # ... but among the 4 best it is the fact's other half, kept
+    ([0.0, 0.5, 0.4, 9.0, 0.1, 0.3, 0.6, 0.2], 4, [2, 3]),
 ]
 
 
 @pytest.mark.parametrize("scores, ceiling, kept", NEIGHBOUR_CASES)
 def test_adaptive_kept_chunks_bring_the_best_chunks_neighbour(scores, ceiling, kept):
-    """A fact straddling a boundary lies in two chunks: the lost-in-the-middle pass key whose second sentence
-    alone was kept read '13388' for 32388 (bench/results/adaptive_k.md)."""
+    """A fact straddling a boundary lies in two chunks, both scored high: the lost-in-the-middle pass key whose
+    second sentence alone was kept read '13388' for 32388 (bench/results/adaptive_k.md). A neighbour outside the
+    ceiling's best is a distractor beside the fact (bench/results/copy_levers/neighbour_rules/)."""
     t = torch.tensor(scores)
     assert kept_chunks(t, ceiling, 2.0) == reference_kept(scores, ceiling, 2.0) == kept
     assert kept_chunks(t, ceiling, None) == select_chunks(t, ceiling)  # fixed K: the paper's top-K

@@ -88,7 +88,7 @@ def test_no_cuda_graph_gives_the_same_answer(files, capsys):
 
 @pytest.mark.parametrize("method", ["dense", "prefix_cache", "prefilling"])
 def test_generate_prints_answer_and_stats(files, method, capsys):
-    extra = " --chunk-size 256 --top-k 2 --boundary-snap 0" if method == "prefilling" else ""
+    extra = " --chunk-size 256 --top-k 2 --adaptive-k off --boundary-snap 0" if method == "prefilling" else ""
     cmd = f"generate --prompt-file prompt.txt --context-file doc.txt --method {method} --gen-length 8 --steps 4{extra}"
     cmd += " --stats json"
     rc, out, err = run_cli(capsys, *shlex.split(cmd))

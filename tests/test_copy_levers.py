@@ -14,6 +14,7 @@ from bench.fidelity.copy_eval import SEED_BASE, make_copy_case
 from bench.studies.copy_levers import (
     TUNE_SEED_BASE,
     main,
+    neighbour_always,
     neighbour_if_top,
     parse_setting,
     run_case,
@@ -49,17 +50,34 @@ def test_tuning_seeds_are_apart_from_the_evaluations():
     assert TUNE_SEED_BASE - SEED_BASE >= 5000  # copy_eval draws SEED_BASE + k, k < 5000
 
 
-def test_solo_keeps_the_adaptive_count_and_no_neighbour():
-    """Scores with one chunk standing out: the library keeps it and its better neighbour, -solo the chunk alone."""
+def test_neighbour_rules():
+    """Scores with one chunk standing out: the library keeps it and its better neighbour when that neighbour is
+    among the K best; -solo the chunk alone; -any the neighbour whatever its rank (the rule before)."""
     scores = torch.tensor([0.0, 0.1, 0.2, 9.0, 0.3, 0.0, 0.1, 0.2])
-    assert kept_chunks(scores, 4, 1.5) == [3, 4]
+    assert kept_chunks(scores, 4, 1.5) == neighbour_if_top(scores, 4, 1.5) == neighbour_always(scores, 4, 1.5)
+    assert kept_chunks(scores, 4, 1.5) == [3, 4]  # the neighbour 4 ranks 2nd of 8
     assert without_neighbour(scores, 4, 1.5) == [3]
     assert without_neighbour(scores, 4, None) == kept_chunks(scores, 4, None) == [2, 3, 4, 7]
-    # -top: the neighbour 4 ranks 2nd of 8, among the 4 best: kept; with the neighbours at the bottom: dropped
-    assert neighbour_if_top(scores, 4, 1.5) == [3, 4]
+    # the neighbours at the bottom: -any keeps one anyway, the library and -top do not
     low = torch.tensor([0.5, 0.6, 0.0, 9.0, 0.0, 0.7, 0.8, 0.9])
-    assert kept_chunks(low, 4, 1.5) == [2, 3] and neighbour_if_top(low, 4, 1.5) == [3]
-    assert parse_setting("ak1.5-top", PrefillingConfig()).adaptive_k == 1.5
+    assert neighbour_always(low, 4, 1.5) == [2, 3]
+    assert kept_chunks(low, 4, 1.5) == neighbour_if_top(low, 4, 1.5) == [3]
+    for name in ("ak1.5-top", "ak1.5-any", "ak1.5-solo"):
+        assert parse_setting(name, PrefillingConfig()).adaptive_k == 1.5
+
+
+def test_top_rule_is_the_librarys():
+    """The study's -top rule, built from -any, keeps what the library keeps on random scores (some -inf)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        n = int(torch.randint(2, 12, (1,), generator=g))
+        scores = torch.randn(n, generator=g) * torch.rand(1, generator=g) * 3
+        scores[int(torch.randint(0, n, (1,), generator=g))] += 6.0
+        scores[torch.rand(n, generator=g) < 0.15] = float("-inf")
+        if not torch.isfinite(scores).any():
+            continue
+        k = int(torch.randint(1, n + 1, (1,), generator=g))
+        assert neighbour_if_top(scores, k, 1.5) == kept_chunks(scores, k, 1.5), (scores, k)
 
 
 def test_table_counts_kept_and_exact():

@@ -9,10 +9,12 @@ held-out haystack a dense crop still reads), pass keys and number strings altern
 from ``SEED_BASE + 5000`` (copy_eval draws from ``SEED_BASE``). Per case the document is encoded once
 (:func:`dllm.encode_document`) and each setting of ``--settings`` selects and decodes from that cache:
 ``k<N>`` is ``top_k=N``, ``ak<M>`` is adaptive K with margin M (``PrefillingConfig(adaptive_k=M)``: the chunks
-above the first drop of M robust spreads, at most ``top_k``, and the best chunk's better neighbour when fewer
-than ``top_k``), ``ak<M>-solo`` the same without the neighbour step, ``ak<M>-top`` with the neighbour kept only
-when it ranks among the ``top_k`` best (probes: the library has no such option, the study patches
-:func:`dllm.prefilling.selection.kept_chunks` where the pipeline calls it), every other field the checkpoint's.
+above the first drop of M robust spreads, at most ``top_k``, and when fewer than ``top_k`` the best chunk's better
+neighbour if it ranks among the ``top_k`` best), ``ak<M>-solo`` the same without the neighbour step, ``ak<M>-any``
+with the neighbour kept whatever its rank (the library's rule up to commit 5f118cc), ``ak<M>-top`` the
+library's rule written out again (probes: the library has no such option, the study
+patches :func:`dllm.prefilling.selection.kept_chunks` where the pipeline calls it), every other field the
+checkpoint's.
 Greedy, one token per step, the answer's tokens + 4; exact = the first integer of the output is the answer; kept =
 a chunk the needle overlaps is selected.
 
@@ -37,29 +39,35 @@ from dllm.eval.evaluation import response_length
 from dllm.eval.tasks import score
 from dllm.model.loader import default_model_dir
 from dllm.prefilling import PrefillingConfig, PromptParts, chunk_char_spans
-from dllm.prefilling.selection import kept_chunks, kept_count, rank_chunks, select_chunks
+from dllm.prefilling.selection import kept_count, rank_chunks, select_chunks
 
 TUNE_SEED_BASE = SEED_BASE + 5000
 """Seeds of this study's cases: apart from copy_eval's (``SEED_BASE + k``, k below 5000)."""
 
 
-SOLO, TOP = "-solo", "-top"
+SOLO, ANY, TOP = "-solo", "-any", "-top"
+RULE_SUFFIXES = (SOLO, ANY, TOP)
 
 
 def parse_setting(name: str, base: PrefillingConfig) -> PrefillingConfig:
-    """``k<N>`` -> ``top_k=N``; ``ak<M>``, ``ak<M>-solo`` and ``ak<M>-top`` -> ``adaptive_k=M`` (the checkpoint's
-    ``top_k`` as the ceiling; the ``-solo`` and ``-top`` rules are :func:`without_neighbour` and
-    :func:`neighbour_if_top`, applied by :func:`run_case`).
+    """``k<N>`` -> ``top_k=N``; ``ak<M>`` and ``ak<M>-solo|-any|-top`` -> ``adaptive_k=M`` (the checkpoint's
+    ``top_k`` as the ceiling; the ``-solo``, ``-any`` and ``-top`` rules are :func:`without_neighbour`,
+    :func:`neighbour_always` and :func:`neighbour_if_top`, applied by :func:`run_case`).
 
     Raises ``ValueError`` naming the forms for anything else."""
     try:
         if name.startswith("ak"):
-            return dataclasses.replace(base, adaptive_k=float(name[2:].removesuffix(SOLO).removesuffix(TOP)))
+            margin = name[2:]
+            for suffix in RULE_SUFFIXES:
+                margin = margin.removesuffix(suffix)
+            return dataclasses.replace(base, adaptive_k=float(margin))
         if name.startswith("k"):
             return dataclasses.replace(base, top_k=int(name[1:]), adaptive_k=None)
     except ValueError:
         pass
-    raise ValueError(f"setting {name!r}: expected k<N> (top_k=N) or ak<M>[-solo|-top] (adaptive_k=M), e.g. k4 ak1.5")
+    raise ValueError(
+        f"setting {name!r}: expected k<N> (top_k=N) or ak<M>[-solo|-any|-top] (adaptive_k=M), e.g. k4 ak1.5"
+    )
 
 
 def without_neighbour(scores, k, adaptive_margin, chunk_ids=None, threshold=None) -> list:
@@ -68,12 +76,26 @@ def without_neighbour(scores, k, adaptive_margin, chunk_ids=None, threshold=None
     return select_chunks(scores, kept_count(scores, k, adaptive_margin), chunk_ids, threshold)
 
 
-def neighbour_if_top(scores, k, adaptive_margin, chunk_ids=None, threshold=None) -> list:
-    """:func:`dllm.prefilling.selection.kept_chunks` with its neighbour step kept only when the best chunk's better
-    neighbour ranks among the ``k`` best (the ``-top`` settings): a fact straddling a boundary makes both its
-    chunks score high, a plain neighbour does not."""
+def neighbour_always(scores, k, adaptive_margin, chunk_ids=None, threshold=None) -> list:
+    """The adaptive count of the best chunks and, when below ``k``, the best chunk's better-scoring finite
+    neighbour whatever its rank (ties: the earlier chunk; the ``-any`` settings, the library's rule before the
+    ``-top`` one)."""
     kept = without_neighbour(scores, k, adaptive_margin, chunk_ids, threshold)
-    full = kept_chunks(scores, k, adaptive_margin, chunk_ids, threshold)
+    if adaptive_margin is None or len(kept) >= k:
+        return kept
+    best, total = rank_chunks(scores)[0], int(scores.numel())
+    near = [j for j in (best - 1, best + 1) if 0 <= j < total and bool(torch.isfinite(scores[j]))]
+    if not near:
+        return kept
+    return sorted({*kept, max(near, key=lambda j: (float(scores[j]), -j))})
+
+
+def neighbour_if_top(scores, k, adaptive_margin, chunk_ids=None, threshold=None) -> list:
+    """:func:`neighbour_always` with the neighbour kept only when it ranks among the ``k`` best (the ``-top``
+    settings, the library's rule since it was measured here): a fact straddling a boundary makes both its chunks
+    score high, a plain neighbour does not."""
+    kept = without_neighbour(scores, k, adaptive_margin, chunk_ids, threshold)
+    full = neighbour_always(scores, k, adaptive_margin, chunk_ids, threshold)
     best = set(rank_chunks(scores)[:k])
     return full if set(full) - set(kept) <= best else kept
 
@@ -88,7 +110,8 @@ def run_case(model, case, settings: dict[str, PrefillingConfig], base: Prefillin
     rows = []
     for name, cfg in settings.items():
         t0 = time.perf_counter()
-        rule = {SOLO: without_neighbour, TOP: neighbour_if_top}.get(name[name.rfind("-") :] if "-" in name else "")
+        rules = {SOLO: without_neighbour, ANY: neighbour_always, TOP: neighbour_if_top}
+        rule = rules.get(name[name.rfind("-") :] if "-" in name else "")
         with mock.patch("dllm.prefilling.pipeline.kept_chunks", rule) if rule else nullcontext():
             res = generate(
                 model, prompt=prompt, method="prefilling", prefilling=cfg, document=doc, gen_length=g, steps=g

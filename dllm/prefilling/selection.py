@@ -333,10 +333,13 @@ def kept_chunks(scores: torch.Tensor, k: int, adaptive_margin: float | None, chu
 
     Fixed K (``adaptive_margin`` None): :func:`select_chunks` with K = ``k``, the paper's top-K. Adaptive K
     (our extension): the :func:`adaptive_top_k` best (between 1 and ``k``), and when that is below ``k``, also
-    the better-scoring neighbour (``j - 1`` or ``j + 1``, finite scores only) of the best chunk ``j``: a fact
-    whose sentences straddle a chunk boundary lies in two chunks, and a reader given only the second half misread
-    it (a lost-in-the-middle pass key at 4K and a fresh 100K one, ``bench/results/adaptive_k.md``), as the first
-    stage brings neighbours for the same reason (:func:`first_stage_candidates`).
+    the better-scoring neighbour (``j - 1`` or ``j + 1``, finite scores only) of the best chunk ``j`` when that
+    neighbour ranks among the ``k`` best: a fact whose sentences straddle a chunk boundary lies in two chunks,
+    both of which score high, and a reader given only the second half misread it (a lost-in-the-middle pass key
+    at 4K and a fresh 100K one, ``bench/results/adaptive_k.md``), as the first stage brings neighbours for the
+    same reason (:func:`first_stage_candidates`). A neighbour outside the ``k`` best is a plain distractor
+    beside the fact: keeping it anyway cost 6 of 57 kept facts on the copy evaluation's tuning cases
+    (``bench/results/copy_levers/neighbour_rules/``).
 
     Args:
         scores: ``[N]`` float chunk scores (``-inf``: not a candidate).
@@ -355,12 +358,12 @@ def kept_chunks(scores: torch.Tensor, k: int, adaptive_margin: float | None, chu
     kept = select_chunks(scores, n, chunk_ids, threshold)
     if adaptive_margin is None or n >= k:
         return kept
-    best = rank_chunks(scores)[0]
-    total = int(scores.numel())
+    top = rank_chunks(scores)[:k]
+    best, total = top[0], int(scores.numel())
     near = [j for j in (best - 1, best + 1) if 0 <= j < total and math.isfinite(float(scores[j]))]
     if near:
         j = max(near, key=lambda j: (float(scores[j]), -j))  # ties: the earlier chunk
-        if j not in kept:
+        if j not in kept and j in top:
             kept = sorted([*kept, j])
     return kept
 
