@@ -163,7 +163,7 @@ def test_copy_table_is_the_recorded_one():
     from bench.fidelity.copy_eval import read_rows
 
     before = read_rows(str(RESULTS / "copy_eval.csv"))[0]
-    now = read_rows(str(RESULTS / "copy_eval_levers" / "full_adaptive_k_1.5.csv"))[0]
+    now = read_rows(str(RESULTS / "copy_eval_levers" / "full_adaptive_k_1.5_top.csv"))[0]
     rows = _readme_table("context tokens", "fact's chunk kept (of 40): K=4 / adaptive K")
     assert [r["context tokens"] for r in rows] == ["4096", "16384", "65536", "131072"]
 
