@@ -22,3 +22,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch, request):
+    """The command line tests' working directory: ``tests.cli_files.make_files`` in ``tmp_path``, made current."""
+    from tests.cli_files import make_files
+
+    return make_files(tmp_path, monkeypatch, request.node.name)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import bench.speed.distributed as bd
+import bench.speed.distributed_prediction as bp
 from bench.speed.e2e_dream_shape import dream7b_config
 
 # Dream-v0-Instruct-7B (tests/data/reference/dream-v0-7b/config.json), written out here so that the hand
@@ -27,7 +28,7 @@ def test_prediction_equals_a_hand_computation():
     t, m = 1025, 52  # BOS + C = 1024; 48 query tokens + 4 draft slots
     chunk_flops = LAYERS * (t * _lin() + 4 * HQ * HD * t * t)
     for world, share in ((1, 1024), (3, 342), (8, 128)):
-        p = bd.predict_h200(cfg, 1 << 20, world)
+        p = bp.predict_h200(cfg, 1 << 20, world)
         forwards = math.ceil(share / 32)
         assert p["chunks"] == 1024 and p["chunks_per_rank"] == share
         assert p["encode_flops_per_rank"] == pytest.approx(share * chunk_flops, rel=1e-12)
@@ -43,16 +44,16 @@ def test_prediction_equals_a_hand_computation():
         assert p["kv_bytes_to_root"] == sent
         assert p["comm_s"] == pytest.approx(sent / (0.8 * 450e9) + (0 if world == 1 else 8 * COLL), rel=1e-12)
         assert p["scores_bytes"] == 3 * 4 * 1024
-    one = bd.predict_h200(cfg, 1 << 20, 1)
+    one = bp.predict_h200(cfg, 1 << 20, 1)
     assert 1.3e16 < one["encode_flops_per_rank"] < 1.5e16  # the expected "~15 PFLOP of prefill" at 1M tokens
-    rows = bd.prediction_rows(1 << 20, 8)
+    rows = bp.prediction_rows(1 << 20, 8)
     assert [r["gpus"] for r in rows] == list(range(1, 9)) and rows[0]["encode_speedup"] == 1.0
     assert 7.9 < rows[-1]["encode_speedup"] <= 8.0  # 128 chunks each: almost W, the host time is shared too
 
 
 def test_prediction_refuses_more_ranks_than_chunks():
     with pytest.raises(ValueError, match="cannot be shared by 9 ranks"):
-        bd.predict_h200(dream7b_config(), 8 * 1024, 9)
+        bp.predict_h200(dream7b_config(), 8 * 1024, 9)
 
 
 def test_tiny_two_process_run_is_equal_and_writes_its_files(tmp_path):
@@ -77,9 +78,9 @@ def test_tiny_two_process_run_is_equal_and_writes_its_files(tmp_path):
     assert float(summary["idle_cpu_s_max"]) < 0.5 * float(summary["single_s"])
     # the collectives the prediction counts, as the CPU run made them
     for r in ("r0", "r1"):
-        assert int(summary[f"encode_all_gather_object_{r}_calls"]) == bd.ENCODE_COLLECTIVES
+        assert int(summary[f"encode_all_gather_object_{r}_calls"]) == bp.ENCODE_COLLECTIVES
         kinds = ("all_gather_object", "broadcast_object_list")
-        assert sum(int(summary[f"question_{k}_{r}_calls"]) for k in kinds) == bd.QUESTION_COLLECTIVES
+        assert sum(int(summary[f"question_{k}_{r}_calls"]) for k in kinds) == bp.QUESTION_COLLECTIVES
     # the kept chunks of rank 1 went to rank 0: K and V of 4 layers, 257 rows, 2 KV heads of 32, fp32, and int64 ids
     remote = sum(1 for j in summary["selected_sharded"].split() if int(j) >= 4)
     per_chunk = 2 * 4 * 257 * 2 * 32 * 4 + 257 * 8

@@ -1,13 +1,10 @@
 """Command line: python -m dllm generate / eval on the bundled model; user errors; the --help examples."""
 
-import argparse
 import csv
 import json
 import os
-import re
 import shlex
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,59 +14,10 @@ from dllm.cli import build_parser, main
 from dllm.cli.errors import UserError
 from dllm.cli.files import strip_one_newline as _strip_one_newline
 from dllm.prefilling import PrefillingConfig
+from tests.cli_files import FILLER, PROMPT, run_cli
 from tests.tiny_checkpoints import snapped_starts
 
-PROMPT = "There is a pass key hidden in the text below.\n\n{context}\n\nWhat is the pass key? The pass key is "
-FILLER = "The grass is green. The sky is blue. "
 TUNED = "--context-file doc.txt --method prefilling --chunk-size 256 --score-terms draft_contrast"  # as the demo
-
-
-LONGBENCH_SAMPLE = Path(__file__).parent / "tasks" / "data" / "longbench_tiny.jsonl"
-
-
-def write_example_files(folder):
-    """The input files of the --help examples as the help describes them: prompt.txt (with the newline an
-    editor adds), ask.txt and questions.txt, doc.txt, and hotpotqa.jsonl (the hotpotqa lines of the test
-    suite's LongBench sample)."""
-    (folder / "prompt.txt").write_text(PROMPT + "\n")
-    (folder / "ask.txt").write_text(PROMPT.replace("What is the pass key? ", "{question} ") + "\n")
-    (folder / "questions.txt").write_text("What is the pass key?\nWhich number is hidden in the text?\n")
-    (folder / "doc.txt").write_text(FILLER * 50 + "The pass key is 12345. Remember it. " + FILLER * 30)
-    lines = [
-        x for x in LONGBENCH_SAMPLE.read_text().splitlines() if x.strip() and json.loads(x)["dataset"] == "hotpotqa"
-    ]
-    assert lines
-    (folder / "hotpotqa.jsonl").write_text("\n".join(lines * 2) + "\n")
-
-
-@pytest.fixture()
-def files(tmp_path, monkeypatch, request):
-    monkeypatch.chdir(tmp_path)
-    if "misspelled backend" in request.node.name:
-        monkeypatch.setenv("PREFILLING_DLLM_BACKEND", "tritn")
-    if "misspelled check values" in request.node.name:
-        monkeypatch.setenv("PREFILLING_DLLM_CHECK_VALUES", "on")
-    write_example_files(tmp_path)
-    (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
-    (tmp_path / "slot_last.txt").write_text("Read this: {context}")
-    (tmp_path / "latin1.jsonl").write_bytes('{"input": "caf\xe9"}\n'.encode("latin-1"))
-    (tmp_path / "deep.jsonl").write_text('{"input": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
-    hotpot = json.loads((tmp_path / "hotpotqa.jsonl").read_text().splitlines()[0])
-    lines = [hotpot, {**hotpot, "context": ""}]  # line 2: no context for prefilling to chunk
-    (tmp_path / "empty_context.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    lines = [hotpot, {**hotpot, "context": " \n\t "}]  # line 2: whitespace only (generate refuses it too)
-    (tmp_path / "blank_context.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    lines = [hotpot, {**hotpot, "input": "Why? " * 320}]  # line 2: a question of 1600 tokens
-    (tmp_path / "long_question.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    os.mkfifo(tmp_path / "pipe.fifo")  # a named pipe nobody writes to (only stat-ed)
-    return tmp_path
-
-
-def run_cli(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def test_eval_refuses_an_out_that_links_to_its_data(files, capsys):
@@ -481,96 +429,6 @@ def test_window_note_with_adaptive_k_speaks_of_the_ceiling(files, capsys):
     assert "reach position" in notes[0] and "the stats line shows what was kept" in notes[0]
 
 
-def port() -> str:
-    """A free local TCP port for a one-rank gloo group (MASTER_PORT)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
-
-
-def test_torchrun_window_note_is_json_under_stats_json(files, capsys, monkeypatch):
-    """Under torchrun ``--stats json`` the past-the-window note is a JSON line, as in the one-process CLI (it was
-    plain text). One gloo rank in this process, the environment torchrun
-    sets; the same document and prompt as the test above."""
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", port())
-    rc, _, err = run_cli(
-        capsys, *shlex.split("encode --context-file doc.txt --out book.idx --device cpu --chunk-size 256")
-    )
-    assert rc == 0, err
-    monkeypatch.setenv("MASTER_PORT", port())
-    cmd = "generate --document book.idx --prompt-file prompt.txt --device cpu --top-k 4 --adaptive-k off"
-    cmd += " --gen-length 600 --steps 1"
-    rc, _, err = run_cli(capsys, *shlex.split(cmd + " --stats json"))
-    assert rc == 0, err
-    lines = [json.loads(line) for line in err.strip().splitlines()]  # main: a plain-text "note: ..." line
-    notes = [d["note"] for d in lines if set(d) == {"note"}]
-    assert notes and notes[0].startswith("prefix, kept chunks, query and --gen-length 600 reach position")
-
-
-def test_torchrun_decodes_exactly_the_adaptive_selection(tmp_path, capsys, monkeypatch):
-    """The root decoded its kept chunks with top_k=None and adaptive_k still set, which (since adaptive K
-    applies at K = N) scored and cut them again: another answer and 2 more forwards than one
-    process, under the same stats line. One gloo rank in this process (the environment torchrun sets) against
-    the one-process CLI on the same cache settings: the same answer, kept chunks and forwards."""
-    from dllm.eval.tasks import make_case
-
-    monkeypatch.chdir(tmp_path)
-    case = make_case("kv_retrieval", 4096, 0.3, 4)
-    (tmp_path / "ctx.txt").write_text(case.context)
-    (tmp_path / "prompt.txt").write_text(case.prefix + "{context}" + case.query)
-    flags = "--prompt-file prompt.txt --device cpu --top-k 8 --adaptive-k 1.5 --lexical-weight 0 --candidates all"
-    flags += " --gen-length 8 --stats json"
-    rc, _, err = run_cli(capsys, *shlex.split("encode --context-file ctx.txt --out one.cache --chunk-size 128"))
-    assert rc == 0, err
-    rc, out_one, err = run_cli(capsys, *shlex.split(f"generate --document one.cache {flags}"))
-    assert rc == 0, err
-    one = json.loads(err.strip().splitlines()[-1])
-
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("MASTER_PORT", port())
-    cmd = "encode --context-file ctx.txt --out doc.idx --device cpu --chunk-size 128"
-    rc, _, err = run_cli(capsys, *shlex.split(cmd))
-    assert rc == 0, err
-    monkeypatch.setenv("MASTER_PORT", port())
-    rc, out_dist, err = run_cli(capsys, *shlex.split(f"generate --document doc.idx {flags}"))
-    assert rc == 0, err
-    dist = json.loads(err.strip().splitlines()[-1])
-    assert len(one["selected_chunks"]) >= 2  # a set that a second adaptive cut would shrink
-    assert dist["selected_chunks"] == one["selected_chunks"] and out_dist == out_one
-    assert dist["nfe"] == one["nfe"]
-
-
-def test_torchrun_notes_unencodable_characters_once(files, capsys, monkeypatch):
-    """torchrun's encode and generate gave no note on characters the tokenizer drops (one process did). One
-    gloo rank in this process, the environment torchrun sets."""
-    (files / "accent.txt").write_text((files / "doc.txt").read_text() + " Caf\u00e9.")
-    (files / "tab.txt").write_text("Find the pass key.\t\n\n{context}\n\nWhat is the pass key? The pass key is ")
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("MASTER_PORT", port())
-    rc, _, err = run_cli(capsys, *shlex.split("encode --context-file accent.txt --out a.idx --device cpu"))
-    notes = [line for line in err.splitlines() if line.startswith("note: ")]
-    assert rc == 0 and notes == [
-        "note: --context-file accent.txt: 1 character(s) the model's tokenizer cannot encode are left out or "
-        "replaced: '\u00e9' (U+00E9) x1"
-    ], err
-    monkeypatch.setenv("MASTER_PORT", port())
-    cmd = "generate --document a.idx --prompt-file tab.txt --device cpu --gen-length 2 --steps 1"
-    rc, _, err = run_cli(capsys, *shlex.split(cmd))
-    notes = [line for line in err.splitlines() if line.startswith("note: ")]
-    assert rc == 0 and notes == [
-        "note: the prompt: 1 character(s) the model's tokenizer cannot encode are left out or replaced: "
-        "'\\t' (U+0009) x1"
-    ], err
-
-
 def test_kept_positions_bound_every_snapped_cut():
     """The window check counts the snapped chunks, not ceil(L / C) fixed ones: with snapped boundaries there can
     be more (each at most C tokens), and K of them take up to the K largest sizes plus K anchors. L = 768 =
@@ -620,67 +478,6 @@ def test_debug_shows_the_traceback(files):
         main(["generate", "--prompt-file", "prompt.txt", "--debug"])
     with pytest.raises(ValueError, match="config.json"):
         main(["generate", "--prompt-file", "noslot.txt", "--model", ".", "--debug"])
-
-
-def _parsers():
-    top = build_parser()
-    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
-    return top, subs
-
-
-def test_help_shows_every_default_and_every_choice():
-    top, subs = _parsers()
-    for name, parser in subs.items():
-        text = parser.format_help()
-        formatter = parser._get_formatter()
-        for action in parser._actions:
-            if isinstance(action, argparse._HelpAction):
-                continue
-            if action.option_strings and not action.required and not isinstance(action, argparse._StoreTrueAction):
-                assert "default" in formatter._get_help_string(action), f"{name} {action.option_strings}"
-            for choice in action.choices or ():
-                assert str(choice) in text, f"{name} {action.dest} {choice}"
-    assert "--help" in top.format_help() and "generate" in top.format_help()
-
-
-def help_examples() -> list[str]:
-    """Every command line printed by ``--help`` (the top level and each subcommand), once each."""
-    top, subs = _parsers()
-    found = []
-    for text in [top.format_help()] + [p.format_help() for p in subs.values()]:
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("python -m dllm ") and line not in found:
-                found.append(line)
-    return found
-
-
-def test_help_prints_examples_of_every_subcommand():
-    examples = help_examples()
-    assert {shlex.split(x)[3] for x in examples} == set(_parsers()[1])
-
-
-# Run smaller than printed, to keep the suite fast: every other option stays at its default.
-SMALLER = {"python -m dllm eval passkey --method prefilling": ["--samples", "1"]}  # 5 cases, not 25
-
-
-@pytest.mark.parametrize("line", help_examples())
-def test_help_example_runs(tmp_path, monkeypatch, capsys, line):
-    monkeypatch.chdir(tmp_path)
-    write_example_files(tmp_path)
-    rc, out, err = run_cli(capsys, *shlex.split(line)[3:], *SMALLER.get(line, []))
-    assert rc == 0, err
-    command = shlex.split(line)[3]
-    if command == "generate":
-        assert "12345" in out
-    elif command == "eval":  # it writes into runs/ of the working directory and reports its start-up apart
-        written = re.search(r"wrote (\S+)", out).group(1)
-        assert written.startswith("runs/") and (tmp_path / written).is_file()
-        assert "start-up, not in the table" in out
-    elif command == "encode":
-        assert "wrote doc.cache" in out and (tmp_path / "doc.cache").is_file()
-    else:
-        assert command == "info" and "dream" in out
 
 
 def test_eval_writes_csv_rows_after_an_untimed_warm_up(tmp_path, monkeypatch, capsys):

@@ -9,15 +9,7 @@ import pytest
 import dllm
 from dllm.cli.options import decode_kwargs
 from dllm.cli.parser import build_parser
-from tests.test_cli import run_cli, write_example_files
-
-
-@pytest.fixture()
-def files(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    write_example_files(tmp_path)
-    (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
-    return tmp_path
+from tests.cli_files import run_cli
 
 
 @pytest.mark.parametrize("cmd", [["generate"], ["eval", "needle"]])

@@ -21,7 +21,7 @@ import dllm.prefilling.chunks
 from dllm.cli import build_parser, main
 from dllm.cli.generate import _one_line_answer
 from dllm.prefilling import PrefillingConfig, chunk_char_spans
-from tests.test_cli import FILLER, PROMPT, run_cli, write_example_files
+from tests.cli_files import FILLER, PROMPT, cli_notes, run_cli, unencodable_note
 from tests.tiny_checkpoints import DREAM_TOKENIZER, snapped_starts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,16 +40,6 @@ def _option_help(parser, flag) -> str:
     text = " ".join(parser.format_help().split())
     text = text[text.index("options:") :]  # past the usage lines
     return text[text.index(flag + " ") :][:400]
-
-
-@pytest.fixture()
-def files(tmp_path, monkeypatch):
-    """A working directory with the --help examples' files (tests.test_cli.write_example_files) and a prompt
-    without slots."""
-    monkeypatch.chdir(tmp_path)
-    write_example_files(tmp_path)
-    (tmp_path / "noslot.txt").write_text("What is the pass key? The pass key is ")
-    return tmp_path
 
 
 # ---------------------------------------------------------------- help
@@ -555,11 +545,9 @@ def test_unencodable_characters_of_the_bundled_and_a_bpe_tokenizer():
 def test_dropped_characters_get_one_note(files, capsys):
     (files / "accents.txt").write_text((files / "doc.txt").read_text() + " Caf\u00e9 \u00e1\u00e1.")
     cmd = "generate --prompt-file prompt.txt --context-file accents.txt --gen-length 4 --steps 2"
-    rc, out, err = run_cli(capsys, *shlex.split(cmd))
-    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    rc, notes, err = cli_notes(capsys, cmd)
     assert rc == 0 and notes == [
-        "note: --context-file accents.txt: 3 character(s) the model's tokenizer cannot encode are left out or "
-        "replaced: '\u00e9' (U+00E9) x1, '\u00e1' (U+00E1) x2"
+        unencodable_note("--context-file accents.txt", 3, "'\u00e9' (U+00E9) x1, '\u00e1' (U+00E1) x2")
     ], err
     rc, out, err = run_cli(capsys, *shlex.split(cmd.replace("accents.txt", "doc.txt")))
     assert rc == 0 and "cannot encode" not in err
@@ -570,13 +558,10 @@ def test_the_prompt_is_counted_once_and_the_questions_apart(files, capsys):
     (files / "tab.txt").write_text("There is a pass key.\t\n\n{context}\n\n{question} The pass key is ")
     (files / "q3.txt").write_text("What is the pass key?\nWhich number?\nWhat is the key\u00e9?\n")
     cmd = "generate --prompt-file tab.txt --context-file doc.txt --questions-file q3.txt --gen-length 2 --steps 1"
-    rc, out, err = run_cli(capsys, *shlex.split(cmd))
-    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    rc, notes, err = cli_notes(capsys, cmd)
     assert rc == 0 and notes == [
-        "note: the prompt: 1 character(s) the model's tokenizer cannot encode are left out or replaced: "
-        "'\\t' (U+0009) x1",
-        "note: the questions: 1 character(s) the model's tokenizer cannot encode are left out or replaced: "
-        "'\u00e9' (U+00E9) x1",
+        unencodable_note("the prompt", 1, "'\\t' (U+0009) x1"),
+        unencodable_note("the questions", 1, "'\u00e9' (U+00E9) x1"),
     ], err
 
 

@@ -13,6 +13,7 @@ import torch
 
 from bench.budget import TimeBudget
 from bench.speed import e2e_dream_shape as E
+from bench.speed import host_step as H
 from dllm import DiffusionLM, PrefillingConfig
 
 
@@ -241,12 +242,12 @@ def test_host_time_mode_at_two_layers(tmp_path):
     assert len(rows) == 7  # header + eager, forward, graph, replay, graph total, predicted eager launches
     assert "(2 layers, 28 query / 4 KV heads, GQA group 7)" in text
 
-    cfg = E.host_config(2)
+    cfg = H.host_config(2)
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.gqa_group, cfg.num_layers) == (28, 4, 7, 2)
-    assert E.host_config().num_layers == 28
-    m = E.measure_host_step(cfg, rounds=1, gen=4)
-    assert m["steps"] == 4 and m["layers"] == 2 and m["live_tokens"] == E.HOST_QUERY + 4
-    assert m["kept_tokens"] == E.HOST_PREFIX + 4 * (E.HOST_CHUNK + 1)  # prefix + 4 chunks with their BOS anchor
+    assert H.host_config().num_layers == 28
+    m = H.measure_host_step(cfg, rounds=1, gen=4)
+    assert m["steps"] == 4 and m["layers"] == 2 and m["live_tokens"] == H.HOST_QUERY + 4
+    assert m["kept_tokens"] == H.HOST_PREFIX + 4 * (H.HOST_CHUNK + 1)  # prefix + 4 chunks with their BOS anchor
     for key in ("eager_cpu_s", "eager_wall_s", "graph_cpu_s", "graph_wall_s"):
         assert 0 < m[key] < 5.0, key
     assert m["graph_cpu_s"] < m["eager_cpu_s"]  # the graph step drops the whole forward
@@ -256,7 +257,7 @@ def test_host_time_mode_at_two_layers(tmp_path):
     # Dream-7B's step reads 2 x 7.62e9 bf16 weights at 80% of 4.8 TB/s (~4 ms); its FLOPs take less
     n = E.n_params(E.dream7b_config())
     weights_s = 2 * n / (0.8 * 4.8e12)
-    gpu_s = E.predict_step_gpu_s(E.dream7b_config(), 32, 1024, 4)
+    gpu_s = H.predict_step_gpu_s(E.dream7b_config(), 32, 1024, 4)
     kv_s = 2 * 28 * 4 * 128 * (16 + 4 * 1025) * 2 / (0.8 * 4.8e12)
     assert gpu_s == pytest.approx(weights_s + kv_s, rel=1e-9)
     flops_s = 2 * n * (48 + 32) / (0.5 * 989e12)

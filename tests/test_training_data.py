@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from bench.tiny import data, train
+from bench.tiny.curriculum import PHASES, draw_batch, draw_sample, run_at, schedule
 from bench.tiny.tokenizer import CHARS
-from bench.tiny.train import PHASES, draw_batch, draw_sample, make_batch, parse_args, run_at, schedule
+from bench.tiny.train import make_batch, parse_args
 
 
 def text(ids):

@@ -12,9 +12,10 @@ from collections import Counter
 import pytest
 import torch
 
-from bench.tiny import distractors, sources, train
+from bench.tiny import curriculum, distractors, sources, train
+from bench.tiny.curriculum import PHASES, draw_sample
 from bench.tiny.tokenizer import CHARS
-from bench.tiny.train import PHASES, draw_sample, make_batch, parse_args
+from bench.tiny.train import make_batch, parse_args
 from dllm.eval.tasks.digits import NUMBER_STRING, PASSKEY
 
 PREFIXES = set(PASSKEY.wording.prefixes) | set(NUMBER_STRING.wording.prefixes)
@@ -47,7 +48,7 @@ def only_distractors():
 def test_phase12_is_a_trial_run_alone_from_given_weights_with_the_stated_shares():
     ph = phase12()
     assert ph is PHASES[11] and ph.trial and ph.lr == (3e-4, 50)
-    assert ph.first == PHASES[10].end and ph.end - ph.first == train.DISTRACTOR_STEPS
+    assert ph.first == PHASES[10].end and ph.end - ph.first == curriculum.DISTRACTOR_STEPS
     args = parse_args(["--phase", "12", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
     assert args.phase == 12 and args.lr12 == 3e-4 and not args.bf16
     assert f"phase 12 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0003" in train.__doc__

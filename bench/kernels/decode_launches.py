@@ -5,7 +5,7 @@
 In a CUDA graph a short kernel still costs its launch latency and drain (3-4 us), so the
 step's kernel count decides much of its time. This counts, without a GPU, the launches a CUDA step
 would issue: the model (Dream-v0-7B's 28 layers and 28 / 4 heads at tiny widths,
-:func:`bench.speed.e2e_dream_shape.host_config`) runs one prefilling step's forward
+:func:`bench.speed.host_step.host_config`) runs one prefilling step's forward
 (``PrefillingPolicy.logits``) with every ``triton_kernels`` op on its CUDA branch
 (``PREFILLING_DLLM_BACKEND=triton``, planned for the H200: :func:`triton_kernels.plan.assume_gpu`) inside
 :func:`triton_kernels._launch.stub_launches`, which records each Triton launch and runs none. A
@@ -16,7 +16,7 @@ q/k/v and gate/up GEMMs).
 
 Then the rest of the step, what runs outside a captured forward (unmasking, write-back): the same
 denoising loop with the forward replaced by a replay stand-in returning fixed logits (as
-:func:`bench.speed.e2e_dream_shape.measure_host_step` does), counting its ops and its host reads (scalar
+:func:`bench.speed.host_step.measure_host_step` does), counting its ops and its host reads (scalar
 reads and data-dependent shapes: each one a device-to-host sync on CUDA) per step.
 
 Output: ``decode_launches.md`` (the tables and the command). Counts, not times: no GPU figure here.
@@ -107,7 +107,7 @@ def count_forward(policy, resp: torch.Tensor, fused: bool) -> tuple[dict, collec
 
 def count_outside(model, parts, pcfg, gen: int) -> dict:
     """Ops and host reads per denoising step outside the captured forward (median over the loop's steps)."""
-    from bench.speed.e2e_dream_shape import _ReplayStandIn
+    from bench.speed.host_step import _ReplayStandIn
     from dllm.decode.denoise import denoise
     from dllm.decode.timer import PhaseTimer
     from dllm.decode.unmasking import UnmaskingConfig
@@ -150,7 +150,8 @@ def run(layers: int = 28, gen: int = 32, chunk: int = 1024) -> dict:
     """Build the tiny-width Dream-layout model (bf16, as on the GPU: the torch path's casts are kernels there)
     and its prefilling policy on CPU over a prefix + 4 chunks of ``chunk`` tokens + the query; count both
     forward paths and the step's outside-the-forward work. Returns a dict of the counts (see :func:`report`)."""
-    from bench.speed.e2e_dream_shape import build_random_model, host_config
+    from bench.speed.e2e_dream_shape import build_random_model
+    from bench.speed.host_step import host_config
     from dllm.decode.timer import PhaseTimer
     from dllm.prefilling import PrefillingConfig, PromptParts, build_prefilling_policy
 

@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.tiny import data
-from bench.tiny.train import ARCH, ARCH_FLAGS, SizeError, _init_model, arch_of, lr_at
+from bench.tiny.curriculum import lr_at
+from bench.tiny.train import ARCH, ARCH_FLAGS, SizeError, _init_model, arch_of
 
 # The default size: 6.7M parameters (2.3x the bundled model), the largest 6-layer width whose resumable state
 # (8 bytes a parameter: 51 MiB) and the packed corpus (~6 MiB) fit the 64 MiB the device tool carries, so a
