@@ -1,4 +1,4 @@
-"""``make bench``: every benchmark this machine allows, within ~20 minutes on 2 CPU cores.
+"""``make bench``: every benchmark this machine allows, in about 22 minutes on 2 CPU cores (1312 s, 2026-12-07).
 
 On a CUDA machine the kernel microbenchmarks run compiled on the GPU; elsewhere their
 CPU comparison of the torch paths runs (labelled CPU). Then the end-to-end studies on

@@ -189,7 +189,8 @@ class PrefillingConfig:
             median absolute deviation of the chunks' scores), ``top_k`` when no drop is that large (our
             extension; :func:`dllm.prefilling.selection.adaptive_top_k`; 1.2533 x the mean absolute deviation
             when half the scores or more tie). Below the ceiling the best chunk's better neighbour is kept too
-            (a fact straddling a boundary: :func:`dllm.prefilling.selection.kept_chunks`). m = 1.5 was chosen
+            when it ranks among the ``top_k`` best (a fact straddling a boundary scores high in both chunks:
+            :func:`dllm.prefilling.selection.kept_chunks`). m = 1.5 was chosen
             on held-out registers (``bench/results/adaptive_k.md``): the needle chunk kept as often as the best
             fixed K with about half the tokens, and the bundled pass keys as with K=4.
         lexical_weight: 0 (the paper: the predictive score alone) or a weight w > 0: the chunk score becomes
