@@ -233,9 +233,9 @@ def test_out_of_memory_is_a_row_not_a_crash(monkeypatch):
 
 
 def test_host_time_mode_at_two_layers(tmp_path):
-    """--host-time on a 2-layer copy of the layout: the report's rows, positive and consistent numbers, and
+    """bench.speed.host_step on a 2-layer copy of the layout: the report's rows, positive and consistent numbers, and
     the predicted GPU time of a Dream-7B step checked against the weight read it is bound by."""
-    assert E.main(["--host-time", "--host-layers", "2", "--host-rounds", "1", "--out", str(tmp_path)]) == 0
+    assert H.main(["--layers", "2", "--rounds", "1", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "e2e_dream_shape_host.md").read_text()
     assert text.startswith("# Host time per denoising step") and "Machine: CPU" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")]

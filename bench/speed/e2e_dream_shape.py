@@ -1,7 +1,6 @@
 """End-to-end speed at the shape of Dream-7B with random weights: the paper's headline, ready to measure.
 
     python -m bench.speed.e2e_dream_shape [--shape dream7b|cpu] [--out DIR] [--budget-s 200] [--predict-only]
-    python -m bench.speed.e2e_dream_shape --host-time [--host-rounds 10] [--out DIR]
 
 Decoding speed does not depend on the weights: every method runs a fixed number of denoising steps
 (Dream's ``maskgit_plus`` rule, one token per step by default) and the same shapes whatever the
@@ -34,9 +33,8 @@ GQA group of 7) and short contexts, for the CPU test and the dry run of ``bench/
 timings mean nothing. Writes ``e2e_dream_shape.csv`` (provenance on every row) and
 ``e2e_dream_shape.md`` to ``--out`` (default ``runs/bench/``, git-ignored).
 
-``--host-time`` measures on this CPU the host time of one prefilling denoising step at Dream-7B's layer
-and head layout with tiny widths, beside the predicted H200 GPU time of the same step
-(:mod:`bench.speed.host_step`). Writes ``e2e_dream_shape_host.md`` to ``--out``.
+The host time of one prefilling denoising step at Dream-7B's layer and head layout, beside the predicted H200
+GPU time of the same step, is :mod:`bench.speed.host_step`'s (``e2e_dream_shape_host.md``).
 """
 
 from __future__ import annotations
@@ -455,14 +453,6 @@ def main(argv=None) -> int:
     p.add_argument("--predict-only", action="store_true", help="print the predicted table, run nothing")
     p.add_argument("--out", default=str(REPO_ROOT / "runs" / "bench"), help="output folder (default: runs/bench/)")
     p.add_argument(
-        "--host-time",
-        action="store_true",
-        help="measure the host time of one prefilling step at Dream-7B's layout on this CPU (tiny widths) "
-        "against its predicted H200 GPU time; writes e2e_dream_shape_host.md",
-    )
-    p.add_argument("--host-layers", type=int, default=28, help="--host-time: layers (default 28, Dream-7B's)")
-    p.add_argument("--host-rounds", type=int, default=10, help="--host-time: timed rounds per mode (default 10)")
-    p.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -470,10 +460,6 @@ def main(argv=None) -> int:
         "thread made steps 50x slower)",
     )
     args = p.parse_args(argv)
-    if args.host_time:
-        from bench.speed.host_step import host_time_main  # it imports this module's roofline
-
-        return host_time_main(args)
     shape = shape_of(args.shape)
     device = torch.device(args.device or ("cuda" if args.shape == "dream7b" else "cpu"))
     steps = args.steps or args.gen_length

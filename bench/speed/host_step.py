@@ -1,25 +1,27 @@
 """Host time of one prefilling denoising step at Dream-7B's layout, measured on this CPU, beside its predicted
 H200 GPU time: is the GPU kept busy, eager or from a CUDA graph?
 
-    python -m bench.speed.e2e_dream_shape --host-time [--host-layers 28] [--host-rounds 10] [--out DIR]
+    python -m bench.speed.host_step [--layers 28] [--rounds 10] [--threads 1] [--out DIR]
 
 :func:`measure_host_step` runs one prefilling step at Dream-v0-7B's layer and head layout with tiny widths
 (:func:`host_config`), so that its arithmetic is negligible and what is timed is host work: the eager step, and
 what a CUDA-graph step leaves on the host (everything outside the captured forward; the replay call itself is an
 assumed cost, :data:`REPLAY_HOST_S`). :func:`predict_step_gpu_s` is the same step's GPU time by the roofline of
 :func:`bench.speed.e2e_dream_shape.predict_cell_s`. :func:`host_report` writes ``e2e_dream_shape_host.md``.
-Split from :mod:`bench.speed.e2e_dream_shape` (which keeps the ``--host-time`` flag) to keep each file to one
-measurement.
+Split from :mod:`bench.speed.e2e_dream_shape` (whose ``--host-time`` flag it was) to keep each file to one
+measurement; it reads that module's roofline. Writes ``e2e_dream_shape_host.md`` to ``--out`` (default
+``runs/bench/``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
 import torch
 
-from bench.outputs import save_text
+from bench.outputs import REPO_ROOT, save_text
 from bench.provenance import machine_line
 from bench.speed import flop_model
 from bench.speed.e2e_dream_shape import (
@@ -326,18 +328,36 @@ def host_report(m: dict, gpu_s: float, *, command: str, machine: str, load: str 
     return "\n".join(lines) + "\n"
 
 
-def host_time_main(args) -> int:
-    """``--host-time``: measure, write ``e2e_dream_shape_host.md`` to ``--out``, print it."""
+def main(argv=None) -> int:
+    """Measure, write ``e2e_dream_shape_host.md`` to ``--out``, print it."""
+    import argparse
     import os
 
-    torch.set_num_threads(args.threads or 1)
-    m = measure_host_step(host_config(args.host_layers), rounds=args.host_rounds)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=28, help="layers (default 28, Dream-7B's; fewer for a quick check)")
+    p.add_argument("--rounds", type=int, default=10, help="timed rounds per mode (default 10)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a small shared box an OpenMP team waiting for a descheduled "
+        "thread made steps 50x slower)",
+    )
+    p.add_argument("--out", default=str(REPO_ROOT / "runs" / "bench"), help="output folder (default: runs/bench/)")
+    args = p.parse_args(argv)
+    if args.layers < 1 or args.rounds < 1 or args.threads < 1:
+        print("error: --layers, --rounds and --threads must be >= 1", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    m = measure_host_step(host_config(args.layers), rounds=args.rounds)
     gpu_s = predict_step_gpu_s(dream7b_config(), GPU_GEN, 1024, 4)
     load = "Load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    cmd = "python -m bench.speed.e2e_dream_shape --host-time" + (
-        f" --host-layers {args.host_layers}" if args.host_layers != 28 else ""
-    )
-    cmd += f" --host-rounds {args.host_rounds}" if args.host_rounds != 10 else ""
+    cmd = "python -m bench.speed.host_step" + (f" --layers {args.layers}" if args.layers != 28 else "")
+    cmd += f" --rounds {args.rounds}" if args.rounds != 10 else ""
     text = host_report(m, gpu_s, command=cmd, machine=machine_line("cpu"), load=load)
     save_text(args.out, "e2e_dream_shape_host.md", text)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

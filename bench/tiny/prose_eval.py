@@ -121,7 +121,8 @@ def main(argv=None) -> int:
     text = (
         f"# {os.path.relpath(model_dir) if not os.path.relpath(model_dir).startswith('..') else model_dir}: "
         f"natural prose, held-out split\n\nCommand: `{cmd.strip()}`  \n"
-        f"{machine_line(str(model.device))}\n\nPrefilling: C={cfg.chunk_size}, K={cfg.top_k}, "
+        f"{machine_line(str(model.device))}\n\nPrefilling: C={cfg.chunk_size}, K={cfg.top_k} "
+        f"(adaptive_k {cfg.adaptive_k}, candidates {cfg.candidates!r}, lexical_weight {cfg.lexical_weight:g}), "
         f"score terms {', '.join(cfg.score_terms)}, boundary snap {cfg.boundary_snap}; seeds from 2**31, "
         f'`phrasing="random"`.\n\n'
         f"{by_len}\n\nPer depth (prefilling, all tasks):\n\n{by_depth}\n"
