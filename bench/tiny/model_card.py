@@ -243,13 +243,14 @@ it ({eval_minutes:.0f} minutes).
 
 `python -m bench.tiny.prose_eval` (`bench/results/tiny_prose_eval/`): the held-out essays and pydoc
 topics, 5 needle depths x 3 random wordings per cell, greedy; Prefilling-dLLM with the model's
-defaults at 4K-32K tokens (C=256, K=4, chunk boundaries snapped to sentence ends within 64 tokens),
-dense at 1K. Phase 9 took the needle chunk kept for the digit tasks from 47% (phase-7 weights,
-`baseline_phase7.md` there) to 99%. Fixed chunks cut the needle wherever a boundary fell inside it
-(every depth-0.5 case: exact 51% for pass keys and number strings, `fixed_chunks_phase9.md`); snapped
-boundaries keep it whole: pass keys 97%, number strings 44% (one or two digits off), 71% in all.
-Word facts are never answered (nor found: the model copies digits after a phrase, not words), and
-a phase-10 copy fine-tune did not change that (`bench/results/tiny_phase10_trial.md`).
+defaults at 4K-32K tokens (C=256, K chosen per question under a ceiling of 4, the first stage from 64
+chunks, the lexical term, chunk boundaries snapped to sentence ends within 64 tokens), dense at 1K. Phase 9
+took the needle chunk kept for the digit tasks from 47% (phase-7 weights, `baseline_phase7.md` there) to 99%.
+Fixed chunks cut the needle wherever a boundary fell inside it (every depth-0.5 case: exact 51% for pass keys
+and number strings, `fixed_chunks_phase9.md`); snapped boundaries keep it whole: pass keys 99%, number
+strings 48% (one or two digits off), 73% in all. Word facts are never answered (the lexical term finds their
+chunk, 98%; the model copies digits after a phrase, not words), and a phase-10 copy fine-tune did not change
+that (`bench/results/tiny_phase10_trial.md`).
 
 {prose}
 
