@@ -15,7 +15,9 @@ measurement; it reads that module's roofline. Writes ``e2e_dream_shape_host.md``
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -330,9 +332,6 @@ def host_report(m: dict, gpu_s: float, *, command: str, machine: str, load: str 
 
 def main(argv=None) -> int:
     """Measure, write ``e2e_dream_shape_host.md`` to ``--out``, print it."""
-    import argparse
-    import os
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=28, help="layers (default 28, Dream-7B's; fewer for a quick check)")
     p.add_argument("--rounds", type=int, default=10, help="timed rounds per mode (default 10)")

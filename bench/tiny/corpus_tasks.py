@@ -15,7 +15,7 @@ import random
 
 from bench.tiny import synthetic
 from bench.tiny.corpus import Corpus
-from bench.tiny.data import BOS, EOS, Sample, _append, encode
+from bench.tiny.data import BOS, EOS, Sample, _append, append_chunks, encode
 
 _WORDS = {
     "city": ["Lisbon", "Nairobi", "Kyoto", "Dublin", "Denver", "Hanoi", "Zurich", "Lima", "Tunis", "Bergen", "Austin"],
@@ -187,15 +187,7 @@ class CorpusSamples:
             kept = sorted(rng.sample(others, min(keep, len(others))))
         prefix, query = (x.format(name=name) for x in LAYOUTS[layout])
         s = Sample([], [], [], "chunked" if needle else "no_needle")
-        seg = 1
-        if prefix:
-            _append(s, [BOS], seg, "b")
-            _append(s, encode(prefix), seg, "p")
-            seg += 1
-        for i in kept:
-            _append(s, [BOS], seg, "b")
-            _append(s, ctx[cuts[i] : cuts[i] + chunk_len], seg, "p")
-            seg += 1
+        append_chunks(s, prefix, [ctx[cuts[i] : cuts[i] + chunk_len] for i in kept])
         _append(s, encode(query), 0, "q")
         if answer and needle:
             _append(s, encode(value) + [EOS] * n_eos, 0, "a")
