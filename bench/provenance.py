@@ -44,3 +44,16 @@ def write_csv(path, rows: list[dict], device: str | None = None) -> Path:
         writer.writeheader()
         writer.writerows(full)
     return path
+
+
+def read_csv(path) -> tuple[list[dict], str]:
+    """The rows of a CSV that :func:`write_csv` wrote (cells as text) and its first row's "Machine: ..." line
+    (empty without rows). Raises ``OSError`` if it cannot be read."""
+    with Path(path).open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        return rows, ""
+    r = rows[0]
+    machine = (f"Machine: {r['device_kind']} {r['device_name']}; torch {r['torch']}, triton {r['triton']}; "
+               f"commit {r['commit']}; {r['date_utc']}")  # fmt: skip
+    return rows, machine

@@ -30,3 +30,30 @@ def files(tmp_path, monkeypatch, request):
     from tests.cli_files import make_files
 
     return make_files(tmp_path, monkeypatch, request.node.name)
+
+
+@pytest.fixture(scope="session")
+def held_runs():
+    """12-word runs of every held-out text the training phases must not see: the held-out sources devil, registers and
+    debian-changelog whole, and the evaluation splits of the essays and pydoc topics (whose training splits
+    the phases use), raw and as the prose haystacks read them (digit-holding words dropped). A run that the
+    training split holds as well is not held-out text (pydoc topics repeat sentences across topics: "the
+    local and global namespaces of the caller ..." is in a training and an evaluation topic)."""
+    from pydoc_data.topics import topics
+
+    from bench.tiny import sources
+    from dllm.eval.tasks.essays import load_essays
+    from dllm.eval.tasks.prose import prose_docs, pydoc_topic_names
+
+    split = {}
+    for name in ("train", "eval"):
+        runs = set()
+        for _, t in load_essays(name):
+            runs |= sources.word_runs(t)
+        for topic in pydoc_topic_names(name):
+            runs |= sources.word_runs(sources.to_charset(topics[topic]))
+        for h in ("essays", "pydoc"):
+            for words in prose_docs(h, name):
+                runs |= sources.word_runs(" ".join(words))
+        split[name] = runs
+    return sources.held_out_runs(("devil", "registers", "debian-changelog")) | (split["eval"] - split["train"])

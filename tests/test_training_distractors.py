@@ -9,7 +9,6 @@ import random
 import re
 from collections import Counter
 
-import pytest
 import torch
 
 from bench.tiny import curriculum, distractors, sources, train
@@ -100,32 +99,6 @@ def test_the_needle_chunks_answer_is_the_learned_span_among_number_dense_chunks(
         is_answer = torch.tensor([r == "a" for r in s.role])
         assert (weights[i, :n] > 0).any() and not ((weights[i, :n] > 0) & ~is_answer).any()
         assert not ((inputs[i, :n] == 3) & ~is_answer).any()
-
-
-@pytest.fixture(scope="module")
-def held_runs():
-    """12-word runs of every held-out text phase 12 must not see: the held-out sources devil, registers and
-    debian-changelog whole, and the evaluation splits of the essays and pydoc topics (whose training splits
-    the phases use), raw and as the prose haystacks read them (digit-holding words dropped). A run that the
-    training split holds as well is not held-out text (pydoc topics repeat sentences across topics: "the
-    local and global namespaces of the caller ..." is in a training and an evaluation topic)."""
-    from pydoc_data.topics import topics
-
-    from dllm.eval.tasks.essays import load_essays
-    from dllm.eval.tasks.prose import prose_docs, pydoc_topic_names
-
-    split = {}
-    for name in ("train", "eval"):
-        runs = set()
-        for _, t in load_essays(name):
-            runs |= sources.word_runs(t)
-        for topic in pydoc_topic_names(name):
-            runs |= sources.word_runs(sources.to_charset(topics[topic]))
-        for h in ("essays", "pydoc"):
-            for words in prose_docs(h, name):
-                runs |= sources.word_runs(" ".join(words))
-        split[name] = runs
-    return sources.held_out_runs(("devil", "registers", "debian-changelog")) | (split["eval"] - split["train"])
 
 
 def test_distractor_samples_hold_no_held_out_text(held_runs):

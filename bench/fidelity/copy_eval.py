@@ -51,7 +51,6 @@ Writes ``copy_eval.csv`` (one row per case, provenance columns first; rows appen
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import os
 import random
@@ -63,7 +62,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.provenance import machine_line, write_csv
+from bench.provenance import machine_line, read_csv, write_csv
 from dllm import encode_text, generate, load_model
 from dllm.eval.evaluation import case_inputs, response_length
 from dllm.eval.tasks import TaskCase, score
@@ -407,16 +406,10 @@ def kinds_table(rows: list[dict]) -> str:
 
 def read_rows(path: str) -> tuple[list[dict], str]:
     """The rows of a ``copy_eval.csv`` (booleans parsed) and its first row's machine line."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows, machine = read_csv(path)
     for r in rows:
         for k in ("kept", "needle_last") + tuple(f"{c}_correct" for c in COLUMNS):
             r[k] = r[k] == "True"
-    machine = ""
-    if rows:
-        r = rows[0]
-        machine = (f"Machine: {r['device_kind']} {r['device_name']}; torch {r['torch']}, triton {r['triton']}; "
-                   f"commit {r['commit']}; {r['date_utc']}")  # fmt: skip
     return rows, machine
 
 

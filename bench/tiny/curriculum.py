@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from bench.tiny import data, distractors
+from bench.tiny import data, distractors, multipart
 
 TASK_WEIGHTS = {"passkey": 0.3, "number_string": 0.25, "kv_retrieval": 0.15, "needle": 0.3}
 POOL_NAMES = {data.COPY_POOL: "letters, digits and spaces", data.DIGIT_POOL: "digits", data.HEX_POOL: "hex and dash"}
@@ -22,9 +22,10 @@ class Layout:
     """One kind of sample in a phase's mix (``bench.tiny.data`` builds it).
 
     kind: "dense", "chunked" (both with the answer), "query" (chunks and query, only the query
-    masked), "copy" (a random string and its copy), "essays" (packed text, all masked) or
+    masked), "copy" (a random string and its copy), "essays" (packed text, all masked),
     "distractors" (chunked answers with number-dense chunks beside the needle's:
-    ``bench.tiny.distractors``; answer-only masking).
+    ``bench.tiny.distractors``; answer-only masking) or "multipart" / "multipart_dense" (2-4 numbered pass
+    keys asked for in one answer, chunked or in one segment: ``bench.tiny.multipart``; answer-only masking).
     tasks: task weights drawn for this layout (None: the task the phase drew before the layout).
     canonical, prefix: dense only: probability of the canonical wording and of the instruction prefix.
     max_eos: dense only: most EOS tokens after the answer.
@@ -151,6 +152,19 @@ def distractor_tune() -> tuple[tuple[float, Layout], ...]:
     return (new, *_prose_layouts((0.45, 0.6, 0.75, 0.875), PROSE_TASKS, 0.5))
 
 
+MULTIPART_STEPS = 400
+MULTIPART_FIRST = 14000 + PROSE_STEPS + COPY_STEPS + WORD_STEPS + DISTRACTOR_STEPS
+
+
+def multipart_tune() -> tuple[tuple[float, Layout], ...]:
+    """Phase 13's mix: 45% chunked and 15% one-segment multi-part answers (``bench.tiny.multipart``: 2-4
+    numbered pass keys in chunks of :data:`PROSE_MIX`'s training text, number-dense chunks beside them),
+    then phase 9's layouts: 4% copy strings, 10% dense and 10% chunked answers (:data:`PROSE_TASKS`), 8% + 8%
+    query-only masking beside chunk sets with and without the needle (the selection signal)."""
+    new = ((0.45, Layout("multipart", haystacks=PROSE_MIX)), (0.6, Layout("multipart_dense", haystacks=PROSE_MIX)))
+    return (*new, *_prose_layouts((0.64, 0.74, 0.84, 0.92), PROSE_TASKS, 0.5))
+
+
 # Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new
 # shape every step cost 2-4 s of a ~1.5 s step in a probe.
 PHASES: tuple[Phase, ...] = (
@@ -246,6 +260,15 @@ PHASES: tuple[Phase, ...] = (
           "answers with number-dense chunks of training text beside the needle's (2-5 chunks, the needle's "
           "at any place), the rest phase 9's layouts with its 25% query-only masking kept whole (chunk "
           "selection's signal)"),
+    Phase(MULTIPART_FIRST, MULTIPART_FIRST + MULTIPART_STEPS, (3e-4, 50),
+          (768, 1024, 1280, 1536), mix=multipart_tune(), tasks=None, trial=True,
+          why="the answer-format fine-tune for multi-part questions, run with --phase 13 --init <bundled "
+          "checkpoint>, NOT bundled (the multi-part evaluation's reader, bench.fidelity.multipart_eval): the "
+          "bundled model answers one key per question (asked for several it gives one key, then noise), so an "
+          "evaluation of re-selection across an answer's blocks needs a reader that writes 'The first pass key "
+          "is ... The second pass key is ...'. From the bundled weights with a fresh optimizer and a modest "
+          "peak, 60% multi-part answers on training text (chunked and in one segment), the rest phase 9's "
+          "layouts with its query-only masking (chunk selection's signal)"),
 )  # fmt: skip
 assert all(a.end == b.first for a, b in zip(PHASES, PHASES[1:])) and PHASES[0].first == 0 and PHASES[0].lr
 BUNDLED_STEPS = max(p.end for p in PHASES if not p.trial)
@@ -329,6 +352,9 @@ def draw_sample(rng: random.Random, essays: data.EssayStream, total: int, phase:
     if layout.kind == "distractors":
         hay = _weighted(rng, dict(layout.haystacks)) if layout.haystacks else "filler"
         return distractors.distractor_chunked_sample(rng, total, task, haystack=hay), "answer"
+    if layout.kind in ("multipart", "multipart_dense"):
+        hay = _weighted(rng, dict(layout.haystacks)) if layout.haystacks else "filler"
+        return multipart.multipart_sample(rng, total, hay, dense=layout.kind == "multipart_dense"), "answer"
     hay = "filler"
     if layout.haystacks and layout.kind in ("query", "chunked"):
         hay = _weighted(rng, dict(layout.haystacks))
@@ -377,6 +403,8 @@ def _layout_text(layout: Layout) -> str:
         "essays": "packed essays",
         "copy": "copy strings",
         "distractors": "chunked answers among number-dense chunks",
+        "multipart": "chunked multi-part answers",
+        "multipart_dense": "one-segment multi-part answers",
         "query": "query-only beside the needle chunk" if layout.needle else "query-only beside needle-free chunks",
     }[layout.kind]
     notes = []

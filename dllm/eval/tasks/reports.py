@@ -199,55 +199,24 @@ def _occurrences(text: str, answer: str) -> int:
     return len(re.findall(rf"(?i)\b{re.escape(answer)}\b", text))
 
 
-def make_report(
+def compose(
+    rng: random.Random,
+    num: _Numbers,
+    groups: Sequence[tuple[str, str, str]],
+    depths: Sequence[float],
     length: int,
-    needles: Sequence[tuple[str, float]],
-    seed: int,
-    *,
-    distractor_share: float = DISTRACTOR_SHARE,
-    near_distractors: bool = True,
-) -> Report:
-    """A register document of at most ``length`` characters with one needle per ``(task, depth)``.
-
-    Each needle group is ``near-distractor needle near-distractor`` (two register sentences drawn for it) at
-    the sentence boundary inside a section nearest to ``depth`` times the filler's characters. The document
-    is cut at a word boundary so that it holds at most ``length`` characters (the bundled tokenizer is
-    character-level: characters are tokens).
-
-    Args:
-        length: the document's maximum length in characters (>= 512 and room for the needles).
-        needles: ``(task, depth)`` pairs, task in :data:`NEEDLE_TASKS`, depth in [0, 1]; at most one per task
-            (an answer is unique in the document, so two questions never share one).
-        seed: any int.
-        distractor_share: the share of a section's sentences that are register sentences (numbers), in
-            [0, 1]; the rest are the dictionary's. Headings and title lines (section numbers, a date) stay.
-        near_distractors: False leaves out the two register sentences around each needle (the same
-            document otherwise: the same draws are made): a probe of what they cost.
+    distractor_share: float,
+) -> tuple[str, list[tuple[int, int]]]:
+    """A register document of at most ``length`` characters with each ``(before, sentence, after)`` group put at
+    the sentence boundary nearest its depth (a share of the filler's characters), as :func:`make_report`
+    builds it; ``num`` draws the distractors (it forbids the answers).
 
     Returns:
-        :class:`Report`; ``context[n.start:n.end]`` is each needle's sentence, and each answer occurs in
-        the context only inside its needle (as "{x} is the pass key" wordings repeat it: only there).
+        ``(context, spans)``: the document and each group's sentence span, in the order of ``groups``.
 
     Raises:
-        ValueError: an unknown task, a task given twice, a depth outside [0, 1], no needle, a share outside
-            [0, 1], or a length too short for the needles plus 512 characters of filler.
+        ValueError: a length too short for the groups plus 512 characters of filler.
     """
-    length = check_length(length)
-    if not 0 <= distractor_share <= 1:
-        raise ValueError(f"distractor_share must be in [0, 1], got {distractor_share!r}")
-    if not needles:
-        raise ValueError("make_report needs at least one (task, depth) needle")
-    tasks = [check_choice("task", t, NEEDLE_TASKS) for t, _ in needles]
-    if len(set(tasks)) != len(tasks):
-        raise ValueError(f"each task may hold one needle of a report, got {tasks}")
-    depths = [check_depth(d) for _, d in needles]
-    rng = random.Random(stable_seed("reports", int(seed), length, tuple(zip(tasks, depths))))
-    drawn = [_draw_needle(rng, t) for t in tasks]
-    num = _Numbers(rng, [a for a, *_ in drawn])
-    near = _register_sentence  # the distractors drawn for each needle, one before and one after it
-    groups = [(" " + near(num) + " ", sentence, " " + near(num)) for _a, sentence, *_ in drawn]
-    if not near_distractors:  # drawn all the same, so the rest of the document is the same
-        groups = [(" ", sentence, "") for _b, sentence, _a in groups]
     cost = sum(len(a) + len(b) + len(c) for a, b, c in groups)
     budget = length - cost
     if budget < 512:
@@ -298,6 +267,59 @@ def make_report(
         pieces.append(u)
         pos += len(u)
     context = "".join(pieces)
+    return context, spans
+
+
+def make_report(
+    length: int,
+    needles: Sequence[tuple[str, float]],
+    seed: int,
+    *,
+    distractor_share: float = DISTRACTOR_SHARE,
+    near_distractors: bool = True,
+) -> Report:
+    """A register document of at most ``length`` characters with one needle per ``(task, depth)``.
+
+    Each needle group is ``near-distractor needle near-distractor`` (two register sentences drawn for it) at
+    the sentence boundary inside a section nearest to ``depth`` times the filler's characters. The document
+    is cut at a word boundary so that it holds at most ``length`` characters (the bundled tokenizer is
+    character-level: characters are tokens).
+
+    Args:
+        length: the document's maximum length in characters (>= 512 and room for the needles).
+        needles: ``(task, depth)`` pairs, task in :data:`NEEDLE_TASKS`, depth in [0, 1]; at most one per task
+            (an answer is unique in the document, so two questions never share one).
+        seed: any int.
+        distractor_share: the share of a section's sentences that are register sentences (numbers), in
+            [0, 1]; the rest are the dictionary's. Headings and title lines (section numbers, a date) stay.
+        near_distractors: False leaves out the two register sentences around each needle (the same
+            document otherwise: the same draws are made): a probe of what they cost.
+
+    Returns:
+        :class:`Report`; ``context[n.start:n.end]`` is each needle's sentence, and each answer occurs in
+        the context only inside its needle (as "{x} is the pass key" wordings repeat it: only there).
+
+    Raises:
+        ValueError: an unknown task, a task given twice, a depth outside [0, 1], no needle, a share outside
+            [0, 1], or a length too short for the needles plus 512 characters of filler.
+    """
+    length = check_length(length)
+    if not 0 <= distractor_share <= 1:
+        raise ValueError(f"distractor_share must be in [0, 1], got {distractor_share!r}")
+    if not needles:
+        raise ValueError("make_report needs at least one (task, depth) needle")
+    tasks = [check_choice("task", t, NEEDLE_TASKS) for t, _ in needles]
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"each task may hold one needle of a report, got {tasks}")
+    depths = [check_depth(d) for _, d in needles]
+    rng = random.Random(stable_seed("reports", int(seed), length, tuple(zip(tasks, depths))))
+    drawn = [_draw_needle(rng, t) for t in tasks]
+    num = _Numbers(rng, [a for a, *_ in drawn])
+    near = _register_sentence  # the distractors drawn for each needle, one before and one after it
+    groups = [(" " + near(num) + " ", sentence, " " + near(num)) for _a, sentence, *_ in drawn]
+    if not near_distractors:  # drawn all the same, so the rest of the document is the same
+        groups = [(" ", sentence, "") for _b, sentence, _a in groups]
+    context, spans = compose(rng, num, groups, depths, length, distractor_share)
     out = []
     for (task, depth), (answer, sentence, prefix, query), (s, e) in zip(zip(tasks, depths), drawn, spans):
         assert context[s:e] == sentence
