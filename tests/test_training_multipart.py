@@ -36,11 +36,11 @@ def only(kind):
 
 def test_phase13_is_a_trial_run_alone_from_given_weights_with_the_stated_shares():
     ph = phase13()
-    assert ph is PHASES[12] and ph.trial and ph.lr == (3e-4, 50)
+    assert ph is PHASES[12] and ph.trial and ph.lr == (5e-4, 50)
     assert ph.first == PHASES[11].end and ph.end - ph.first == curriculum.MULTIPART_STEPS
     args = parse_args(["--phase", "13", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
-    assert args.phase == 13 and args.lr13 == 3e-4
-    assert f"phase 13 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0003" in train.__doc__
+    assert args.phase == 13 and args.lr13 == 5e-4
+    assert f"phase 13 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0005" in train.__doc__
     rng = random.Random(5)
     kinds, n = Counter(), 400
     for _ in range(n):
