@@ -13,6 +13,8 @@ def test_grid_turns_the_part_counts_and_answers_fit_whole_blocks():
                                 (3, me.SEED_BASE + 1), (4, me.SEED_BASE + 1), (2, me.SEED_BASE + 2)]  # fmt: skip
     # 29 characters a part ("The first pass key is 12345." and a space): 58 + 6 -> 64, 87 + 6 -> 96, 116 + 6 -> 128
     assert [me.gen_length(make_multipart(4096, n, 1)) for n in (2, 3, 4)] == [64, 96, 128]
+    assert [me.gen_length(make_multipart(4096, n, 1), 100) for n in (2, 3, 4)] == [128, 128, 128]
+    assert me.gen_length(make_multipart(4096, 2, 1), 256) == 256
 
 
 def test_part_chunks_are_the_chunks_each_needle_overlaps():
@@ -58,3 +60,6 @@ def test_counts_below_one_are_a_usage_error(flag, capsys):
     with pytest.raises(SystemExit) as e:
         me.main([flag, "0"])
     assert e.value.code == 2 and f"{flag} must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        me.main(["--gen-length", "-1"])
+    assert e.value.code == 2 and "--gen-length must be 0" in capsys.readouterr().err

@@ -6,7 +6,8 @@ Each case is :func:`dllm.eval.tasks.multipart.make_multipart`: 2, 3 or 4 numbere
 register document of *The Devil's Dictionary* (a source no training phase saw; dated title lines and
 numbered sections as distractors), asked for in one answer ("The first pass key is ... The second pass key
 is ..."), decoded greedily one token a step in blocks of 32 tokens, the answer length the gold answer's plus
-at least 6 tokens, rounded up to a block (64, 96 and 128 tokens at 2, 3, 4 parts: 2-4 blocks). Per case:
+at least 6 tokens, rounded up to a block (64, 96 and 128 tokens at 2, 3, 4 parts: 2-4 blocks; ``--gen-length``
+sets a longer one, the rest EOS). Per case:
 
 - ``off``: Prefilling-dLLM at the checkpoint's defaults, the question's selection serving the whole answer;
 - ``on``: the same with ``reselect=1``: at every block start after the first the chunks are re-scored against
@@ -47,9 +48,10 @@ CROP = 1024
 PARTS = (2, 3, 4)
 
 
-def gen_length(case: MultipartCase) -> int:
-    """The response length: the gold answer's characters + 6 (EOS room), rounded up to a block."""
-    return BLOCK * math.ceil((len(case.answer) + 6) / BLOCK)
+def gen_length(case: MultipartCase, at_least: int = 0) -> int:
+    """The response length: the gold answer's characters + 6 (EOS room), rounded up to a block; at least
+    ``at_least`` (rounded up to a block too)."""
+    return BLOCK * math.ceil(max(len(case.answer) + 6, at_least) / BLOCK)
 
 
 def grid(length: int, n: int) -> list[tuple[int, int]]:
@@ -66,9 +68,10 @@ def _kept_parts(chunks: list[list[int]], kept: set) -> int:
     return sum(bool(set(c) & kept) for c in chunks)
 
 
-def evaluate_case(model, case: MultipartCase, cfg: PrefillingConfig, crop_chars: int) -> dict:
-    """One case's row: the answers of ``off``, ``on`` and ``crop``, parts right and parts' chunks kept."""
-    g = gen_length(case)
+def evaluate_case(model, case: MultipartCase, cfg: PrefillingConfig, crop_chars: int, at_least: int = 0) -> dict:
+    """One case's row: the answers of ``off``, ``on`` and ``crop``, parts right and parts' chunks kept
+    (``at_least``: the shortest response, :func:`gen_length`)."""
+    g = gen_length(case, at_least)
     prompt = PromptParts(
         encode_text(model, case.prefix, bos=True), encode_text(model, case.context), encode_text(model, case.query)
     )
@@ -153,12 +156,15 @@ def main(argv=None) -> int:
     p.add_argument("--cases", type=int, default=24, help="cases per length (2, 3, 4 parts in turn)")
     p.add_argument("--crop", type=int, default=CROP, help="characters of the crop holding every part")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--gen-length", type=int, default=0, help="the shortest response in tokens (default: the answer's)")
     p.add_argument("--notes", default="", help="a paragraph put before the tables")
     p.add_argument("--report-from", default=None, metavar="CSV", help="write the Markdown from this CSV, stop")
     args = p.parse_args(argv)
     for name in ("cases", "crop", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.gen_length < 0:
+        p.error("--gen-length must be 0 (the answer's) or more")
     cmd = "python -m bench.fidelity.multipart_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     model_dir = args.model or default_model_dir()
     cfg = PrefillingConfig.from_pretrained(model_dir)
@@ -179,7 +185,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         for ln in args.lengths:
             for n, seed in grid(ln, args.cases):
-                r = evaluate_case(model, make_multipart(ln, n, seed), cfg, args.crop) | {"command": cmd.strip()}
+                case = make_multipart(ln, n, seed)
+                r = evaluate_case(model, case, cfg, args.crop, args.gen_length) | {"command": cmd.strip()}
                 rows.append(r)
                 write_csv(path, rows, str(model.device))  # a stopped run keeps its finished cases
                 print(f"[{time.perf_counter() - t0:.0f}s] {ln} parts={n} right off/on/crop "
