@@ -247,6 +247,9 @@ def test_gpu_train_script_dry_runs_on_cpu_and_resumes(tmp_path):
     assert a.keys() == b.keys()
     diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert 0 < diff < 0.05  # two small warm-up steps away from the phase-7 weights
+    # the fine-tune keeps the bundled inference defaults (chunk size, K rule): the library's would read it badly
+    bundled_cfg = (root / "dllm" / "assets" / "tiny-dream" / "prefilling_config.json").read_text()
+    assert (out / "model" / "prefilling_config.json").read_text() == bundled_cfg
 
 
 def test_size_flags_train_a_model_of_that_shape_and_init_keeps_its_own(tmp_path):
@@ -269,6 +272,7 @@ def test_size_flags_train_a_model_of_that_shape_and_init_keeps_its_own(tmp_path)
             torch.set_num_threads(threads)
 
     assert run(*size, "--save-every", "1") == 0
+    assert not (out / "prefilling_config.json").exists()  # from scratch: no initial checkpoint's to keep
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (96, 2, 6)
     assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["max_window_layers"]) == (3, 160, 2)

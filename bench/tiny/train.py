@@ -42,6 +42,7 @@ import csv
 import json
 import os
 import random
+import shutil
 import sys
 import time
 
@@ -319,7 +320,12 @@ def train(args):
 
 
 def export(model, args, vocab):
-    """Write config.json + model.safetensors (fp32) into args.out (tokenizer files are already there)."""
+    """Write config.json + model.safetensors (fp32) into args.out (tokenizer files are already there); a
+    fine-tune (``--init``) keeps the initial checkpoint's ``prefilling_config.json``: without it the library's
+    defaults (C=1024, fixed K) would read the fine-tuned weights in a layout the tiny model never saw."""
+    init_cfg = os.path.join(args.init, "prefilling_config.json") if args.init else ""
+    if init_cfg and os.path.isfile(init_cfg) and os.path.abspath(args.init) != os.path.abspath(args.out):
+        shutil.copyfile(init_cfg, os.path.join(args.out, "prefilling_config.json"))
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(dream_config_json(vocab, args.window, args.arch), f, indent=2)
     with open(os.path.join(args.out, "generation_config.json"), "w") as f:
