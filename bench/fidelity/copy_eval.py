@@ -485,6 +485,7 @@ def main(argv=None) -> int:
                    help="print these runs (copy_eval.csv files of the same cases) side by side, stop")  # fmt: skip
     p.add_argument("--top-k", type=int, default=None, help="K over the checkpoint's (a lever to measure)")
     p.add_argument("--adaptive-k", type=adaptive_k_arg, default=None, help="adaptive K's margin, or off (a fixed K)")
+    p.add_argument("--chunk-size", type=int, default=None, help="C over the checkpoint's (a lever to measure)")
     args = p.parse_args(argv)
     if args.compare:
         runs = {}
@@ -497,7 +498,10 @@ def main(argv=None) -> int:
         return 0
     cmd = "python -m bench.fidelity.copy_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     model_dir = args.model or default_model_dir()
-    levers = {k: v for k, v in (("top_k", args.top_k), ("adaptive_k", args.adaptive_k)) if v is not None}
+    if args.chunk_size is not None and args.chunk_size < 1:
+        p.error("--chunk-size must be at least 1")
+    pairs = (("top_k", args.top_k), ("adaptive_k", args.adaptive_k), ("chunk_size", args.chunk_size))
+    levers = {k: v for k, v in pairs if v is not None}
     levers = {k: None if v == "off" else v for k, v in levers.items()}
     cfg = PrefillingConfig.from_pretrained(model_dir, **levers)
     where = "the checkpoint's defaults" + (f" with {levers}" if levers else "")
