@@ -11,9 +11,10 @@ from dllm.eval.tasks.multipart import make_multipart
 def test_grid_turns_the_part_counts_and_answers_fit_whole_blocks():
     assert me.grid(4096, 7) == [(2, me.SEED_BASE), (3, me.SEED_BASE), (4, me.SEED_BASE), (2, me.SEED_BASE + 1),
                                 (3, me.SEED_BASE + 1), (4, me.SEED_BASE + 1), (2, me.SEED_BASE + 2)]  # fmt: skip
-    # 29 characters a part ("The first pass key is 12345." and a space): 58 + 6 -> 64, 87 + 6 -> 96, 116 + 6 -> 128
-    assert [me.gen_length(make_multipart(4096, n, 1)) for n in (2, 3, 4)] == [64, 96, 128]
-    assert [me.gen_length(make_multipart(4096, n, 1), 100) for n in (2, 3, 4)] == [128, 128, 128]
+    # 32 characters a part ("The pass key number 1 is 12345.") and a space between: 65 + 6 -> 96, 98 + 6 -> 128,
+    # 131 + 6 -> 160
+    assert [me.gen_length(make_multipart(4096, n, 1)) for n in (2, 3, 4)] == [96, 128, 160]
+    assert [me.gen_length(make_multipart(4096, n, 1), 100) for n in (2, 3, 4)] == [128, 128, 160]
     assert me.gen_length(make_multipart(4096, 2, 1), 256) == 256
 
 
@@ -48,7 +49,7 @@ def test_one_case_runs_end_to_end_and_is_written(tmp_path):
     assert me.main(["--lengths", "1024", "--cases", "1", "--out", str(out)]) == 0
     (row,) = list(csv.DictReader(open(out / "multipart_eval.csv")))
     case = make_multipart(1024, 2, me.SEED_BASE)
-    assert row["gold"] == case.answer and row["gen_length"] == "64" and row["parts"] == "2"
+    assert row["gold"] == case.answer and row["gen_length"] == "96" and row["parts"] == "2"
     assert int(row["crop_chars"]) <= me.CROP + 1 and row["commit"]
     for m in ("off", "on", "crop"):
         assert 0 <= int(row[f"{m}_right"]) <= 2

@@ -4,9 +4,9 @@
 
 Each case is :func:`dllm.eval.tasks.multipart.make_multipart`: 2, 3 or 4 numbered pass keys far apart in a
 register document of *The Devil's Dictionary* (a source no training phase saw; dated title lines and
-numbered sections as distractors), asked for in one answer ("The first pass key is ... The second pass key
-is ..."), decoded greedily one token a step in blocks of 32 tokens, the answer length the gold answer's plus
-at least 6 tokens, rounded up to a block (64, 96 and 128 tokens at 2, 3, 4 parts: 2-4 blocks; ``--gen-length``
+numbered sections as distractors), asked for in one answer ("The pass key number 1 is ... The pass key
+number 2 is ..."), decoded greedily one token a step in blocks of 32 tokens, the answer length the gold answer's plus
+at least 6 tokens, rounded up to a block (96, 128 and 160 tokens at 2, 3, 4 parts: 3-5 blocks; ``--gen-length``
 sets a longer one, the rest EOS). Per case:
 
 - ``off``: Prefilling-dLLM at the checkpoint's defaults, the question's selection serving the whole answer;
@@ -16,7 +16,7 @@ sets a longer one, the rest EOS). Per case:
   (:func:`dllm.eval.tasks.multipart.crop_parts`: ``--crop`` characters, an equal window around each needle,
   in document order) and the query: the same question asked of a reader that is given every part.
 
-Scored part by part (:func:`dllm.eval.tasks.multipart.part_scores`: the key named under its ordinal), with
+Scored part by part (:func:`dllm.eval.tasks.multipart.part_scores`: the key named under its number), with
 whether each part's chunk was kept (``off``: by the question's selection; ``on``: by any of the answer's
 selections). Writes ``multipart_eval.csv`` (a row per case, appended as cases finish) and
 ``multipart_eval.md`` into ``--out``.
@@ -140,7 +140,7 @@ def report(rows: list[dict], cmd: str, machine: str, cfg_line: str, model_line: 
         "# Multi-part answers: re-selection across the answer's blocks, off and on, against a crop\n\n"
         f"Command: `{cmd}`  \n{machine}\n\n{model_line} {cfg_line}\n\n{notes}"
         "Documents: registers of *The Devil's Dictionary* (held out of every training phase) with 2-4 numbered "
-        "pass keys far apart; the answer names each key under its ordinal, scored part by part. `off`: the "
+        "pass keys far apart; the answer names each key under its number, scored part by part. `off`: the "
         "question's selection serves the whole answer; `on`: `reselect=1`, the chunks re-scored at every block "
         f"start against the query and the answer so far; `crop`: dense decoding of a {CROP}-character crop "
         "holding every part (an equal window around each). Blocks of 32 tokens, one token a step, greedy.\n\n"

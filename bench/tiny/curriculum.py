@@ -266,10 +266,12 @@ PHASES: tuple[Phase, ...] = (
           "checkpoint>, NOT bundled (the multi-part evaluation's reader, bench.fidelity.multipart_eval): the "
           "bundled model was trained on one key per question (asked for several, in a dry run of 3 cases, it "
           "wrote no key: 'The sequence of digits ...'), so an evaluation of re-selection across an answer's "
-          "blocks needs a reader that writes 'The first pass key is ... The second pass key is ...'. From the "
-          "bundled weights with a fresh optimizer and phase 6's peak (a lookup by ordinal is a new skill), 60% "
-          "multi-part answers on training text (chunked and in one segment), the rest phase 9's layouts with "
-          "its query-only masking (chunk selection's signal)"),
+          "blocks needs a reader that writes 'The pass key number 1 is ... The pass key number 2 is ...'. From "
+          "the bundled weights with a fresh optimizer and phase 6's peak (a lookup by number is a new skill), "
+          "60% multi-part answers on training text (chunked and in one segment), the rest phase 9's layouts "
+          "with its query-only masking (chunk selection's signal). A first run with ordinal words ('The second "
+          "pass key is ...') learned the format and read no key (0/216 parts): the word that tells the keys "
+          "apart stood ten characters before the digits; the number now stands right before them ('2 is ')"),
 )  # fmt: skip
 assert all(a.end == b.first for a, b in zip(PHASES, PHASES[1:])) and PHASES[0].first == 0 and PHASES[0].lr
 BUNDLED_STEPS = max(p.end for p in PHASES if not p.trial)

@@ -19,11 +19,10 @@ from dllm.eval.tasks.reports import make_report
 def test_keys_sit_far_apart_once_each_in_their_numbered_needles(length, n):
     case = make_multipart(length, n, seed=7)
     assert len(case.context) <= length and len(case.keys) == n == len(case.spans)
-    ordinals = ["first", "second", "third", "fourth"][:n]
     starts = []
     for i, (key, (s, e)) in enumerate(zip(case.keys, case.spans)):
         sentence = case.context[s:e]
-        assert re.fullmatch(r"\d{5}", key) and key in sentence and ordinals[i] in sentence
+        assert re.fullmatch(r"\d{5}", key) and f"pass key number {i + 1} is {key}." in sentence
         # the key occurs in the document only inside its needle, not inside a longer number either
         assert len(re.findall(rf"(?<!\d){key}(?!\d)", case.context)) == sentence.count(key)
         assert not re.search(rf"\d{key}|{key}\d", case.context)
@@ -31,8 +30,8 @@ def test_keys_sit_far_apart_once_each_in_their_numbered_needles(length, n):
     assert starts == sorted(starts)  # first to last in document order
     gaps = [b - a for a, b in zip([0, *starts], [*starts, len(case.context)])]
     assert min(gaps[1:-1], default=length) > 0.25 * length / n  # each in its own share, not bunched
-    assert case.answer == " ".join(f"The {o} pass key is {k}." for o, k in zip(ordinals, case.keys))
-    assert case.query.startswith("\n\nWhat are the ") and ["two", "three", "four"][n - 2] in case.query
+    assert case.answer == " ".join(f"The pass key number {i} is {k}." for i, k in enumerate(case.keys, 1))
+    assert case.query == f"\n\nWhat are the pass keys number 1 to {n}? "
 
 
 def test_documents_are_seeded_and_carry_the_registers_distractors():
@@ -56,14 +55,15 @@ def test_the_document_is_the_register_generator_with_the_needles_put_in():
 @pytest.mark.parametrize(
     "prediction,expected",
     [
-        ("The first pass key is 11111. The second pass key is 22222. The third pass key is 33333.", [1, 1, 1]),
-        ("The first pass key is 11111. The second pass key is 22223. The third pass key is 33333.", [1, 0, 1]),
-        ("The second pass key is 22222. The first pass key is 11111.", [1, 1, 0]),  # order of mention is free
-        ("the FIRST pass key is 11111", [1, 0, 0]),  # case is free
-        ("11111 22222 33333", [0, 0, 0]),  # numbers without their ordinals are not parts
-        ("The first pass key is 22222. The second pass key is 11111.", [0, 0, 0]),  # swapped keys
-        ("The first pass key is 99999. The first pass key is 11111.", [0, 0, 0]),  # the first mention counts
-        ("The first pass key is 111112.", [0, 0, 0]),  # a longer number is not the key
+        ("The pass key number 1 is 11111. The pass key number 2 is 22222. The pass key number 3 is 33333.", [1, 1, 1]),
+        ("The pass key number 1 is 11111. The pass key number 2 is 22223. The pass key number 3 is 33333.", [1, 0, 1]),
+        ("The pass key number 2 is 22222. The pass key number 1 is 11111.", [1, 1, 0]),  # order of mention is free
+        ("the PASS KEY number 1 is 11111", [1, 0, 0]),  # case is free
+        ("11111 22222 33333", [0, 0, 0]),  # keys without their numbers are not parts
+        ("The pass key number 1 is 22222. The pass key number 2 is 11111.", [0, 0, 0]),  # swapped keys
+        ("The pass key number 1 is 99999. The pass key number 1 is 11111.", [0, 0, 0]),  # the first mention counts
+        ("The pass key number 1 is 111112.", [0, 0, 0]),  # a longer number is not the key
+        ("The pass key number 12 is 11111.", [0, 0, 0]),  # number 12 is not number 1
         ("", [0, 0, 0]),
     ],
 )
@@ -75,7 +75,7 @@ def test_the_gold_answer_scores_every_part_and_round_trips():
     case = make_multipart(4096, 4, seed=5)
     assert part_scores(case.answer, case.keys) == [True] * 4
     assert answer_text(case.keys) == case.answer
-    assert needle_text(2, "12345") == "The third pass key is 12345."
+    assert needle_text(2, "12345") == "The pass key number 3 is 12345."
 
 
 def test_crop_holds_every_part_in_order_within_its_width():
@@ -84,7 +84,7 @@ def test_crop_holds_every_part_in_order_within_its_width():
     assert len(crop) <= 900 + 2
     at = [crop.index(case.context[s:e]) for s, e in case.spans]
     assert at == sorted(at)
-    assert part_scores(crop.replace("Remember the", "The").replace(" key:", " key is"), case.keys) == [True] * 3
+    assert part_scores(crop, case.keys) == [True] * 3  # every needle wording reads as its part
 
 
 @pytest.mark.parametrize("n", [1, 5, 0, True, 2.0])

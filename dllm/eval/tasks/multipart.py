@@ -1,22 +1,25 @@
 """Multi-part answers: two to four numbered pass keys far apart in one document, asked for in one answer.
 
 A question about a long document often wants several facts that sit in different places ("list the keys",
-"a field from each section"). Here the document holds ``n`` pass keys (2-4), numbered by ordinal words
-("The second pass key is 40917."), at depths spread over the document (one in each ``n``-th of it, drawn
-inside the middle 70% of that share: far apart). The question asks for all of them in order and the answer
-names each one in the needle's own wording::
+"a field from each section"). Here the document holds ``n`` pass keys (2-4), each with its number ("The pass
+key number 2 is 40917."), at depths spread over the document (one in each ``n``-th of it, drawn inside the
+middle 70% of that share: far apart). The question asks for all of them in order and the answer names each
+one in the needle's own wording::
 
-    What are the three pass keys, from the first to the last? The first pass key is 31785. The second pass
-    key is 40917. The third pass key is 66052.
+    What are the pass keys number 1 to 3? The pass key number 1 is 31785. The pass key number 2 is 40917. The
+    pass key number 3 is 66052.
 
-so an answer is 29 characters a part (58-116 tokens of a character-level tokenizer at 2-4 parts): it runs
+so an answer is 32 characters a part (64-128 tokens of a character-level tokenizer at 2-4 parts): it runs
 over several 32-token blocks, and the part a block writes is named in the answer before its digits, which is
-what a selection re-scored against the answer so far (:mod:`dllm.prefilling.reselect`) can follow.
+what a selection re-scored against the answer so far (:mod:`dllm.prefilling.reselect`) can follow. The part's
+number sits right before its digits ("2 is "): a first wording with ordinal words ("The second pass key is
+...", the word ten characters before the digits) was learned as a format and never read by the bundled
+model's architecture (``bench/results/multipart_eval/``).
 
 The documents are :mod:`dllm.eval.tasks.reports`' registers (*The Devil's Dictionary*, held out of every
 training phase of the bundled model, in numbered sections with dated title lines); ``distractor_share``
 adds register sentences with dates, amounts and codes. Every key occurs in the document only inside its
-needle. :func:`part_scores` reads an answer part by part (the ordinal's key must be the right one).
+needle. :func:`part_scores` reads an answer part by part (each number's key must be the right one).
 
 The wording is this module's own (:data:`NEEDLES`, :data:`PREFIX`, :func:`query_text`, :func:`answer_text`);
 ``bench.tiny.multipart`` trains the answer format on training text with the same wording.
@@ -33,8 +36,7 @@ from .reports import _Numbers, compose, crop_around
 from .text import check_length, stable_seed
 
 __all__ = [
-    "ORDINALS",
-    "COUNTS",
+    "PARTS",
     "NEEDLES",
     "PREFIX",
     "MultipartCase",
@@ -46,33 +48,37 @@ __all__ = [
     "crop_parts",
 ]
 
-ORDINALS = ("first", "second", "third", "fourth")
-COUNTS = {2: "two", 3: "three", 4: "four"}
-NEEDLES = ("The {o} pass key is {x}.", "The {o} pass key is {x}. Remember it.", "Remember the {o} pass key: {x}.")
-PREFIX = "Several pass keys are hidden in the text below, numbered from the first. Find them and remember them.\n\n"
-_PART = re.compile(r"\b(first|second|third|fourth) pass key is (\d+)", re.IGNORECASE)
+PARTS = (2, 3, 4)
+NEEDLES = (
+    "The pass key number {i} is {x}.",
+    "The pass key number {i} is {x}. Remember it.",
+    "Remember that the pass key number {i} is {x}.",
+)
+PREFIX = "Several numbered pass keys are hidden in the text below. Find them and remember them.\n\n"
+_PART = re.compile(r"\bpass key number (\d+) is (\d+)", re.IGNORECASE)
 
 
 def _check_parts(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n not in COUNTS:
+    if isinstance(n, bool) or not isinstance(n, int) or n not in PARTS:
         raise ValueError(f"a multi-part question has 2 to 4 parts, got {n!r}")
     return n
 
 
 def needle_text(i: int, key: str, template: str = NEEDLES[0]) -> str:
-    """The needle sentence of part ``i`` (0-based) with ``key``, in ``template`` (one of :data:`NEEDLES`)."""
-    return template.format(o=ORDINALS[i], x=key)
+    """The needle sentence of part ``i`` (0-based: number ``i + 1``) with ``key``, in ``template`` (one of
+    :data:`NEEDLES`)."""
+    return template.format(i=i + 1, x=key)
 
 
 def query_text(n: int) -> str:
     """The question asked after the context, for ``n`` parts (2-4). Raises ValueError otherwise."""
-    return f"\n\nWhat are the {COUNTS[_check_parts(n)]} pass keys, from the first to the last? "
+    return f"\n\nWhat are the pass keys number 1 to {_check_parts(n)}? "
 
 
 def answer_text(keys: Sequence[str]) -> str:
-    """The gold answer: ``"The first pass key is K1. The second pass key is K2. ..."`` (2-4 keys)."""
+    """The gold answer: ``"The pass key number 1 is K1. The pass key number 2 is K2. ..."`` (2-4 keys)."""
     _check_parts(len(keys))
-    return " ".join(f"The {ORDINALS[i]} pass key is {k}." for i, k in enumerate(keys))
+    return " ".join(f"The pass key number {i + 1} is {k}." for i, k in enumerate(keys))
 
 
 @dataclass(frozen=True)
@@ -137,13 +143,13 @@ def make_multipart(length: int, n_parts: int, seed: int, *, distractor_share: fl
 
 
 def part_scores(prediction: str, keys: Sequence[str]) -> list[bool]:
-    """Per part, whether ``prediction`` names the right key for its ordinal ("The second pass key is K2"; the
-    first mention of each ordinal counts, so a part cannot be right by listing every number). Order, extra
-    text and case do not matter; a key under the wrong ordinal is wrong."""
+    """Per part, whether ``prediction`` names the right key for its number ("The pass key number 2 is K2"; the
+    first mention of each number counts, so a part cannot be right by listing every key). Order, extra text
+    and case do not matter; a key under the wrong number is wrong."""
     said: dict[str, str] = {}
-    for ordinal, digits in _PART.findall(prediction):
-        said.setdefault(ordinal.lower(), digits)
-    return [said.get(ORDINALS[i]) == k for i, k in enumerate(keys)]
+    for number, digits in _PART.findall(prediction):
+        said.setdefault(number, digits)
+    return [said.get(str(i + 1)) == k for i, k in enumerate(keys)]
 
 
 def crop_parts(context: str, spans: Sequence[tuple[int, int]], width: int) -> str:
