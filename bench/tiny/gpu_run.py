@@ -478,8 +478,9 @@ def export(state: str, model_dir: str) -> None:
     vocab = len(save_char_tokenizer(model_dir))
     model = _init_model(vocab, meta["arch"])
     model.load_state_dict({k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")})
-    # the same config.json, generation_config.json and weights as a CPU-trained checkpoint
-    train_export(model, argparse.Namespace(out=model_dir, window=meta["window"], arch=meta["arch"]), vocab)
+    # the same config.json, generation_config.json and weights as a CPU-trained checkpoint; a GPU run starts from
+    # random weights (init=None), so there is no initial prefilling_config.json to carry over
+    train_export(model, argparse.Namespace(out=model_dir, window=meta["window"], arch=meta["arch"], init=None), vocab)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
