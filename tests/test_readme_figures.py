@@ -176,3 +176,22 @@ def test_copy_table_is_the_recorded_one():
         assert row["fact's chunk kept (of 40): K=4 / adaptive K"] == f"{len(b)} / {len(a)}"
         assert row["prefilling exact where kept: K=4 (before) / adaptive K (now)"] == f"{pct(b, 'b')} / {pct(a, 'b')}"
         assert row["dense 1K crop, adaptive K's kept cases"] == pct(a, "e")
+
+
+def test_multipart_recall_and_parts_right_are_the_recorded_ones():
+    """The README's sentence on multi-part answers: the parts' chunks kept, re-selection on / off at each length,
+    and the parts right, against the record it links."""
+    section = "Answers with several parts far apart in the document"
+    path = _linked(section)
+    assert path.name == "multipart_eval.md"
+    text = " ".join(README[README.index(section) : README.index(section) + 900].split())
+    said = re.search(r"keeps the chunk of ([\d% /]+) of the parts at ([\dK /]+) against ([\d% /]+) for", text)
+    assert said, text
+    on, lengths, off = ([c.strip() for c in said[i].split("/")] for i in (1, 2, 3))
+    rows = {r["context tokens"]: r for r in _record_table(path, "context tokens")}
+    assert [f"{int(k[:-1]) * 1024}" for k in lengths] == list(rows)
+    kept = [re.findall(r"(\d+)% \(", rows[n]["parts' chunks kept: off / on"]) for n in rows]
+    assert [k[0] + "%" for k in kept] == off and [k[1] + "%" for k in kept] == on
+    right = sum(int(m) for r in rows.values() for m in re.findall(r"\((\d+)/", r["parts right: off / on / crop"]))
+    parts = sum(int(r["parts"]) for r in rows.values())
+    assert f"({right}/{parts}," in text

@@ -19,7 +19,9 @@ Example::
     case = make_case("passkey", 4096, 0.5, seed=0)
     ok = score("passkey", model_output, case)
 
-LongBench data (local JSONL) and metrics live in :mod:`dllm.eval.longbench`.
+LongBench data (local JSONL) and metrics live in :mod:`dllm.eval.longbench`; held-out register documents
+with distractors in :mod:`dllm.eval.tasks.reports`, and questions whose answer has 2-4 parts far apart
+(numbered pass keys, scored part by part) in :mod:`dllm.eval.tasks.multipart`.
 """
 
 from __future__ import annotations
