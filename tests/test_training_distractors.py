@@ -16,6 +16,7 @@ from bench.tiny.curriculum import PHASES, draw_sample
 from bench.tiny.tokenizer import CHARS
 from bench.tiny.train import make_batch, parse_args
 from dllm.eval.tasks.digits import NUMBER_STRING, PASSKEY
+from tests.mix_shares import drawn_shares
 
 PREFIXES = set(PASSKEY.wording.prefixes) | set(NUMBER_STRING.wording.prefixes)
 DIGITS = re.compile(r"\d+")
@@ -51,19 +52,14 @@ def test_phase12_is_a_trial_run_alone_from_given_weights_with_the_stated_shares(
     args = parse_args(["--phase", "12", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
     assert args.phase == 12 and args.lr12 == 3e-4 and not args.bf16
     assert f"phase 12 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0003" in train.__doc__
-    rng = random.Random(5)
-    kinds = Counter()
-    n = 400
-    for _ in range(n):
-        s, mode = draw_sample(rng, None, 900, ph)
-        kinds[(mode, s.kind)] += 1
+    shares = drawn_shares(ph, 900)
     # 40% distractor-chunked answers, 5% copy, 15% dense, 15% chunked, 12.5% + 12.5% query-only; 400 draws:
     # 3 standard deviations are <= 0.075
-    assert abs(kinds[("answer", "distractor_chunked")] / n - 0.40) < 0.075
-    assert abs(kinds[("answer", "copy")] / n - 0.05) < 0.035
-    assert abs(kinds[("answer", "dense")] / n - 0.15) < 0.055
-    assert abs(kinds[("query", "chunked")] / n - 0.125) < 0.05
-    assert abs(kinds[("query", "no_needle")] / n - 0.125) < 0.05
+    assert abs(shares[("answer", "distractor_chunked")] - 0.40) < 0.075
+    assert abs(shares[("answer", "copy")] - 0.05) < 0.035
+    assert abs(shares[("answer", "dense")] - 0.15) < 0.055
+    assert abs(shares[("query", "chunked")] - 0.125) < 0.05
+    assert abs(shares[("query", "no_needle")] - 0.125) < 0.05
 
 
 def test_the_needle_chunks_answer_is_the_learned_span_among_number_dense_chunks():

@@ -17,6 +17,7 @@ from bench.tiny.curriculum import PHASES, draw_sample
 from bench.tiny.tokenizer import CHARS
 from bench.tiny.train import make_batch, parse_args
 from dllm.eval.tasks.multipart import PREFIX, answer_text, part_scores
+from tests.mix_shares import drawn_shares
 
 KEY_SENTENCE = re.compile(r"pass key number (\d) is (\d{5})")
 
@@ -41,15 +42,11 @@ def test_phase13_is_a_trial_run_alone_from_given_weights_with_the_stated_shares(
     args = parse_args(["--phase", "13", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
     assert args.phase == 13 and args.lr13 == 5e-4
     assert f"phase 13 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0005" in train.__doc__
-    rng = random.Random(5)
-    kinds, n = Counter(), 400
-    for _ in range(n):
-        s, mode = draw_sample(rng, None, 1000, ph)
-        kinds[(mode, s.kind)] += 1
+    shares = drawn_shares(ph, 1000)
     # 45% chunked and 15% one-segment multi-part answers; 400 draws: 3 standard deviations <= 0.075
-    assert abs(kinds[("answer", "multipart")] / n - 0.45) < 0.075
-    assert abs(kinds[("answer", "multipart_dense")] / n - 0.15) < 0.055
-    assert abs(kinds[("query", "chunked")] / n - 0.08) < 0.045
+    assert abs(shares[("answer", "multipart")] - 0.45) < 0.075
+    assert abs(shares[("answer", "multipart_dense")] - 0.15) < 0.055
+    assert abs(shares[("query", "chunked")] - 0.08) < 0.045
 
 
 def test_each_key_is_copied_from_one_chunk_in_order():

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.outputs import save_text
 from bench.provenance import machine_line, read_csv, write_csv
 from dllm import encode_text, generate, load_model
 from dllm.eval.evaluation import case_inputs, response_length
@@ -530,10 +531,7 @@ def main(argv=None) -> int:
                       + " ".join(f"{c}:{int(r[f'{c}_correct'])}={r[f'{c}_answer']!r}" for c in COLUMNS),
                       flush=True)  # fmt: skip
         text = report(rows, cmd, machine_line(str(model.device)), cfg_line, notes)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "copy_eval.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_text(args.out, "copy_eval.md", text)
     return 0
 
 

@@ -36,6 +36,7 @@ from collections import defaultdict
 
 import torch
 
+from bench.outputs import save_text
 from bench.provenance import machine_line, read_csv, write_csv
 from dllm import encode_text, generate, load_model
 from dllm.eval.tasks.multipart import MultipartCase, crop_parts, make_multipart, part_scores
@@ -193,9 +194,7 @@ def main(argv=None) -> int:
                       f"{r['off_right']}/{r['on_right']}/{r['crop_right']} kept {r['off_parts_kept']}/"
                       f"{r['on_parts_kept']} on={r['on_answer']!r}", flush=True)  # fmt: skip
         text = report(rows, cmd, machine_line(str(model.device)), cfg_line, model_line, notes)
-    with open(os.path.join(args.out, "multipart_eval.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_text(args.out, "multipart_eval.md", text)
     return 0
 
 

@@ -24,7 +24,7 @@ import re
 
 import torch
 
-from bench.outputs import RUNS_DIR
+from bench.outputs import RUNS_DIR, save_text
 from bench.provenance import machine_line, write_csv
 from bench.tiny.data import EOS
 from bench.tiny.multipart import multipart_sample
@@ -93,9 +93,7 @@ def main(argv=None) -> int:
     cmd = f"python -m bench.tiny.multipart_probe{flags} --out {args.out}"
     model_line = f"Model: `{args.model}`." if args.model else "Model: the bundled tiny model."
     text = report(rows, cmd, machine_line(str(model.device)), model_line)
-    with open(os.path.join(args.out, "multipart_probe.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_text(args.out, "multipart_probe.md", text)
     return 0
 
 
