@@ -19,8 +19,10 @@ def is_training_log(path: Path) -> bool:
     """The training log of bench.tiny.train (and of the H200 training probes): headerless step rows appended
     across resumed runs, read by column index (bench.tiny.model_card.plot_loss), kept beside the checkpoint's
     records under a name with 'loss' in it; not a results table."""
-    first = path.read_text().split(",", 1)[0]
-    return "loss" in path.stem and first.strip().isdigit()
+    if "loss" not in path.stem:
+        return False
+    with path.open() as f:
+        return f.readline().split(",", 1)[0].strip().isdigit()
 
 
 def test_every_recorded_csv_carries_its_provenance():

@@ -21,11 +21,12 @@ import math
 import os
 import random
 import re
+import time
 
 import torch
 
-from bench.outputs import RUNS_DIR, save_text
-from bench.provenance import machine_line, write_csv
+from bench.outputs import RUNS_DIR, write_report
+from bench.provenance import write_csv
 from bench.tiny.data import EOS
 from bench.tiny.multipart import multipart_sample
 from dllm import decode_text, generate, load_model
@@ -50,28 +51,21 @@ def probe_case(model, seed: int) -> dict:
             "all": all(right)}  # fmt: skip
 
 
-def report(rows: list[dict], command: str, machine: str, model_line: str) -> str:
-    """The Markdown page: what was decoded and the parts right."""
+def report(rows: list[dict], model_line: str) -> list[str]:
+    """The page's paragraphs after its command and machine lines: what was decoded, the parts right, a row a
+    sample."""
     parts, right = sum(r["parts"] for r in rows), sum(r["right"] for r in rows)
     every = sum(r["all"] for r in rows)
-    lines = [
-        "# Multi-part answers on the reader's own training layout",
-        "",
-        f"Command: `{command}`  ",
-        machine,
-        "",
-        model_line + " One-segment samples of `bench.tiny.multipart` on training filler, dense decoding, "
-        "greedy, one token a step, blocks of 32 tokens.",
-        "",
-        f"Parts right: **{right}/{parts}**; every part right: {every}/{len(rows)}.",
-        "",
-        "| seed | parts | right | gold | answer |",
-        "|---:|---:|---:|---|---|",
-    ]
+    table = ["| seed | parts | right | gold | answer |", "|---:|---:|---:|---|---|"]
     for r in rows:
         ans = r["answer"].replace("|", "\\|").replace("\n", "\\n")[: len(r["gold"]) + 8]
-        lines.append(f"| {r['seed']} | {r['parts']} | {r['right']} | {r['gold']} | {ans} |")
-    return "\n".join(lines) + "\n"
+        table.append(f"| {r['seed']} | {r['parts']} | {r['right']} | {r['gold']} | {ans} |")
+    return [
+        model_line + " One-segment samples of `bench.tiny.multipart` on training filler, dense decoding, "
+        "greedy, one token a step, blocks of 32 tokens.",
+        f"Parts right: **{right}/{parts}**; every part right: {every}/{len(rows)}.",
+        "\n".join(table),
+    ]
 
 
 def main(argv=None) -> int:
@@ -86,14 +80,13 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
+    t0 = time.perf_counter()
     rows = [probe_case(model, SEED_BASE + i) for i in range(args.cases)]
-    os.makedirs(args.out, exist_ok=True)
     write_csv(os.path.join(args.out, "multipart_probe.csv"), rows, str(model.device))
-    flags = f"{' --model ' + args.model if args.model else ''} --cases {args.cases}"
-    cmd = f"python -m bench.tiny.multipart_probe{flags} --out {args.out}"
     model_line = f"Model: `{args.model}`." if args.model else "Model: the bundled tiny model."
-    text = report(rows, cmd, machine_line(str(model.device)), model_line)
-    save_text(args.out, "multipart_probe.md", text)
+    write_report(os.path.join(args.out, "multipart_probe.md"), "Multi-part answers on the reader's own training layout",
+                 "bench.tiny.multipart_probe", argv, str(model.device), time.perf_counter() - t0,
+                 report(rows, model_line))  # fmt: skip
     return 0
 
 
