@@ -53,7 +53,7 @@ $(COMPAT_STAMP): setup.py
 
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import transformers, triton; print('[compat] transformers', transformers.__version__, 'triton', triton.__version__)"
-	$(COMPAT_VENV)/bin/python -m pytest -q -m compat tests
+	COMPILE_GATE_ARCHS="90 80" $(COMPAT_VENV)/bin/python -m pytest -q -m compat tests
 
 # lm-evaluation-harness (the harness extra) in a venv of its own, so that `make test` runs without it: the
 # tests marked `harness` (tests/test_harness_lm_eval.py, offline on the local tasks of tests/data/harness/).

@@ -7,7 +7,9 @@ subprocess without TRITON_INTERPRET: the launchers plan every ``gate`` case of
 joint scoring N=1 T=4096, top-B gather, merge; the decode step's add + RMSNorm, RoPE,
 SwiGLU) for a fake 132-SM sm_90 and 108-SM sm_80
 device, in bf16 and fp16, and each launch is compiled to a cubin by the ptxas of the Triton
-wheel. It runs on the newest Triton (``make test``) and on Triton 3.6.0 (``make test-compat``).
+wheel. ``make test-compat`` (Triton 3.6.0, the GPU machines' version) compiles for both arches; ``make test``
+(the newest Triton) for sm_90 only, the arch of the H100 / H200 the project is lent, which halves its 100 s
+on a 2-core machine. ``COMPILE_GATE_ARCHS="90 80"`` picks the arches by hand.
 On a GPU the other tests compile and run the kernels for that machine.
 """
 
@@ -27,6 +29,7 @@ from triton_kernels.plan import A100, H200
 from ._helpers import KERNELS, ON_GPU
 
 ROOT = Path(__file__).resolve().parents[2]
+ARCHS = [int(a) for a in os.environ.get("COMPILE_GATE_ARCHS", "90").split()]
 
 DOT_KERNELS = {"_split_s_partial_kernel", "_row_lse_kernel", "_column_mass_kernel", "_row_mass_kernel"}
 
@@ -37,7 +40,8 @@ def gate(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.kernels.compile_check", "--jobs", "2", "--json", str(out)],
+        [sys.executable, "-m", "bench.kernels.compile_check", "--arch", *map(str, ARCHS), "--jobs", "2"]
+        + ["--json", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -78,7 +82,7 @@ def test_every_launch_passes(gate):
 def test_gate_covers_every_kernel_case_arch_and_dtype(gate):
     _, rows = gate
     assert {r["kernel"] for r in rows} == KERNELS
-    assert {(r["arch"], r["dtype"]) for r in rows} == {(90, "bf16"), (90, "fp16"), (80, "bf16"), (80, "fp16")}
+    assert {(r["arch"], r["dtype"]) for r in rows} == {(a, d) for a in ARCHS for d in ("bf16", "fp16")}
     assert {r["case"] for r in rows} == {f"{c.op}:{c.name}" for c in cases("gate")}
     ragged = [r for r in rows if r["kernel"] == "_split_s_partial_kernel" and "ragged" in r["case"]]
     assert ragged and all(r["constexprs"]["HAS_LIVE_LENS"] == "True" for r in ragged)
@@ -92,4 +96,5 @@ def test_gate_compiled_the_h200_plans(gate):
     assert _row(rows, 90, "bf16", dream, "_merge_states_kernel")["ctas"] >= H200.sm_count
     joint = "chunk_attention_scores:dream7b/n1-t4096-m64"
     assert _row(rows, 90, "bf16", joint, "_row_lse_kernel")["ctas"] >= H200.sm_count
-    assert _row(rows, 80, "bf16", dream, "_merge_states_kernel")["ctas"] >= A100.sm_count
+    if 80 in ARCHS:
+        assert _row(rows, 80, "bf16", dream, "_merge_states_kernel")["ctas"] >= A100.sm_count
