@@ -62,6 +62,27 @@ def test_phase12_is_a_trial_run_alone_from_given_weights_with_the_stated_shares(
     assert abs(shares[("query", "no_needle")] - 0.125) < 0.05
 
 
+def test_phase14_is_phase12_with_number_strings_given_back_at_a_lower_peak():
+    ph = PHASES[13]
+    assert ph.trial and ph.lr == (2e-4, 50) and ph.first == PHASES[12].end
+    assert ph.end - ph.first == curriculum.DISTRACTOR2_STEPS
+    args = parse_args(["--phase", "14", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
+    assert args.phase == 14 and args.lr14 == 2e-4
+    assert f"phase 14 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0002" in train.__doc__
+    shares = drawn_shares(ph, 900)
+    # 30% distractor-chunked answers, 10% copy, 25% dense, 15% chunked, 10% + 10% query-only (400 draws)
+    assert abs(shares[("answer", "distractor_chunked")] - 0.30) < 0.07
+    assert abs(shares[("answer", "copy")] - 0.10) < 0.045
+    assert abs(shares[("answer", "dense")] - 0.25) < 0.065
+    assert abs(shares[("query", "chunked")] - 0.10) < 0.045
+    assert abs(shares[("query", "no_needle")] - 0.10) < 0.045
+    # number strings weighted up in every answer layout (phase 12: 60% of its distractor answers, 30% elsewhere)
+    answer_layouts = [lay for _, lay in ph.mix if lay.kind in ("distractors", "dense", "chunked")]
+    assert len(answer_layouts) == 3
+    assert all(lay.tasks["number_string"] > max(w for t, w in lay.tasks.items() if t != "number_string")
+               for lay in answer_layouts)  # fmt: skip
+
+
 def test_the_needle_chunks_answer_is_the_learned_span_among_number_dense_chunks():
     rng = random.Random(7)
     places, counts, numbers = Counter(), Counter(), []
