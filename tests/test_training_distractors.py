@@ -11,12 +11,12 @@ from collections import Counter
 
 import torch
 
-from bench.tiny import curriculum, distractors, sources, train
+from bench.tiny import curriculum, distractors, sources
 from bench.tiny.curriculum import PHASES, draw_sample
 from bench.tiny.tokenizer import CHARS
-from bench.tiny.train import make_batch, parse_args
+from bench.tiny.train import make_batch
 from dllm.eval.tasks.digits import NUMBER_STRING, PASSKEY
-from tests.mix_shares import drawn_shares
+from tests.mix_shares import assert_shares, assert_trial_phase
 
 PREFIXES = set(PASSKEY.wording.prefixes) | set(NUMBER_STRING.wording.prefixes)
 DIGITS = re.compile(r"\d+")
@@ -46,36 +46,18 @@ def only_distractors():
 
 
 def test_phase12_is_a_trial_run_alone_from_given_weights_with_the_stated_shares():
-    ph = phase12()
-    assert ph is PHASES[11] and ph.trial and ph.lr == (3e-4, 50)
-    assert ph.first == PHASES[10].end and ph.end - ph.first == curriculum.DISTRACTOR_STEPS
-    args = parse_args(["--phase", "12", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
-    assert args.phase == 12 and args.lr12 == 3e-4 and not args.bf16
-    assert f"phase 12 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0003" in train.__doc__
-    shares = drawn_shares(ph, 900)
-    # 40% distractor-chunked answers, 5% copy, 15% dense, 15% chunked, 12.5% + 12.5% query-only; 400 draws:
-    # 3 standard deviations are <= 0.075
-    assert abs(shares[("answer", "distractor_chunked")] - 0.40) < 0.075
-    assert abs(shares[("answer", "copy")] - 0.05) < 0.035
-    assert abs(shares[("answer", "dense")] - 0.15) < 0.055
-    assert abs(shares[("query", "chunked")] - 0.125) < 0.05
-    assert abs(shares[("query", "no_needle")] - 0.125) < 0.05
+    ph = assert_trial_phase(12, curriculum.DISTRACTOR_STEPS, 3e-4)
+    assert ph is phase12()
+    # 40% distractor-chunked answers, 5% copy, 15% dense, 15% chunked, 12.5% + 12.5% query-only
+    stated = {("answer", "distractor_chunked"): 0.40, ("answer", "copy"): 0.05, ("answer", "dense"): 0.15}
+    assert_shares(ph, 900, stated | {("query", "chunked"): 0.125, ("query", "no_needle"): 0.125})
 
 
 def test_phase14_is_phase12_with_number_strings_given_back_at_a_lower_peak():
-    ph = PHASES[13]
-    assert ph.trial and ph.lr == (2e-4, 50) and ph.first == PHASES[12].end
-    assert ph.end - ph.first == curriculum.DISTRACTOR2_STEPS
-    args = parse_args(["--phase", "14", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
-    assert args.phase == 14 and args.lr14 == 2e-4
-    assert f"phase 14 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0002" in train.__doc__
-    shares = drawn_shares(ph, 900)
-    # 30% distractor-chunked answers, 10% copy, 25% dense, 15% chunked, 10% + 10% query-only (400 draws)
-    assert abs(shares[("answer", "distractor_chunked")] - 0.30) < 0.07
-    assert abs(shares[("answer", "copy")] - 0.10) < 0.045
-    assert abs(shares[("answer", "dense")] - 0.25) < 0.065
-    assert abs(shares[("query", "chunked")] - 0.10) < 0.045
-    assert abs(shares[("query", "no_needle")] - 0.10) < 0.045
+    ph = assert_trial_phase(14, curriculum.DISTRACTOR2_STEPS, 2e-4)
+    # 30% distractor-chunked answers, 10% copy, 25% dense, 15% chunked, 10% + 10% query-only
+    stated = {("answer", "distractor_chunked"): 0.30, ("answer", "copy"): 0.10, ("answer", "dense"): 0.25}
+    assert_shares(ph, 900, stated | {("query", "chunked"): 0.10, ("query", "no_needle"): 0.10})
     # number strings weighted up in every answer layout (phase 12: 60% of its distractor answers, 30% elsewhere)
     answer_layouts = [lay for _, lay in ph.mix if lay.kind in ("distractors", "dense", "chunked")]
     assert len(answer_layouts) == 3

@@ -12,12 +12,12 @@ from collections import Counter
 
 import torch
 
-from bench.tiny import curriculum, sources, train
+from bench.tiny import curriculum, sources
 from bench.tiny.curriculum import PHASES, draw_sample
 from bench.tiny.tokenizer import CHARS
-from bench.tiny.train import make_batch, parse_args
+from bench.tiny.train import make_batch
 from dllm.eval.tasks.multipart import PREFIX, answer_text, part_scores
-from tests.mix_shares import drawn_shares
+from tests.mix_shares import assert_shares, assert_trial_phase
 
 KEY_SENTENCE = re.compile(r"pass key number (\d) is (\d{5})")
 
@@ -36,17 +36,11 @@ def only(kind):
 
 
 def test_phase13_is_a_trial_run_alone_from_given_weights_with_the_stated_shares():
-    ph = phase13()
-    assert ph is PHASES[12] and ph.trial and ph.lr == (5e-4, 50)
-    assert ph.first == PHASES[11].end and ph.end - ph.first == curriculum.MULTIPART_STEPS
-    args = parse_args(["--phase", "13", "--init", "dllm/assets/tiny-dream", "--no-bf16"])
-    assert args.phase == 13 and args.lr13 == 5e-4
-    assert f"phase 13 (steps {ph.first}-{ph.end}, own warm-up and cosine from lr 0.0005" in train.__doc__
-    shares = drawn_shares(ph, 1000)
-    # 45% chunked and 15% one-segment multi-part answers; 400 draws: 3 standard deviations <= 0.075
-    assert abs(shares[("answer", "multipart")] - 0.45) < 0.075
-    assert abs(shares[("answer", "multipart_dense")] - 0.15) < 0.055
-    assert abs(shares[("query", "chunked")] - 0.08) < 0.045
+    ph = assert_trial_phase(13, curriculum.MULTIPART_STEPS, 5e-4)
+    assert ph is phase13()
+    # 45% chunked and 15% one-segment multi-part answers, 8% query-only beside the needle chunk
+    stated = {("answer", "multipart"): 0.45, ("answer", "multipart_dense"): 0.15, ("query", "chunked"): 0.08}
+    assert_shares(ph, 1000, stated)
 
 
 def test_each_key_is_copied_from_one_chunk_in_order():

@@ -290,13 +290,9 @@ PHASES: tuple[Phase, ...] = (
           "apart stood ten characters before the digits; the number now stands right before them ('2 is ')"),
     Phase(DISTRACTOR2_FIRST, DISTRACTOR2_FIRST + DISTRACTOR2_STEPS, (2e-4, 50),
           (512, 768, 1024, 1280, 1536), mix=distractor_tune_v2(), tasks=None, trial=True,
-          why="the second distractor-chunk fine-tune, run with --phase 14 --init <bundled checkpoint>, NOT "
-          "bundled: phase 12's trial (bench/results/tiny_phase12_trial/) read kept pass keys among number-dense "
-          "chunks far better (prefilling 40% of kept facts against the bundled 28%, the crop 34%) but lost "
-          "number strings, in the crop (17/59 -> 7/55) and on the held-out essays and pydoc (43 -> 28 of 180 "
-          "cases' number strings). This run keeps the layout at 30% and gives number strings back: 65% of its "
-          "distractor answers, 45% of phase 9's layouts' answers, dense answers 25% (phase 12: 15%), copy "
-          "strings 10%, and a lower peak (2e-4) from the bundled weights with a fresh optimizer"),
+          why="phase 12 with number strings given back (its trial lost them), run with --phase 14 --init "
+          "<bundled checkpoint>, NOT bundled: bench/results/tiny_phase14_trial/ (at or above the crop on "
+          "copy_eval at every length; held-out essays and pydoc 120/180 against the bundled 132/180)"),
 )  # fmt: skip
 assert all(a.end == b.first for a, b in zip(PHASES, PHASES[1:])) and PHASES[0].first == 0 and PHASES[0].lr
 BUNDLED_STEPS = max(p.end for p in PHASES if not p.trial)
