@@ -23,9 +23,10 @@ def drawn_shares(phase, total: int, n: int = 400, seed: int = 5) -> Counter:
 
 def assert_shares(phase, total: int, stated: dict, n: int = 400) -> None:
     """Each ``(mode, kind)`` of ``stated`` drawn (:func:`drawn_shares`) within three standard deviations of a
-    binomial share over ``n`` draws (plus 0.005 of slack) of the share the phase states."""
+    binomial share over ``n`` draws (plus 0.005 of slack) of the share the phase states, and drawn at least once."""
     shares = drawn_shares(phase, total, n)
     for key, p in stated.items():
+        assert shares[key] > 0, (key, "never drawn")  # a small stated share would pass within its tolerance
         assert abs(shares[key] - p) < 3 * math.sqrt(p * (1 - p) / n) + 0.005, (key, shares[key], p)
 
 

@@ -50,14 +50,16 @@ def test_phase12_is_a_trial_run_alone_from_given_weights_with_the_stated_shares(
     assert ph is phase12()
     # 40% distractor-chunked answers, 5% copy, 15% dense, 15% chunked, 12.5% + 12.5% query-only
     stated = {("answer", "distractor_chunked"): 0.40, ("answer", "copy"): 0.05, ("answer", "dense"): 0.15}
-    assert_shares(ph, 900, stated | {("query", "chunked"): 0.125, ("query", "no_needle"): 0.125})
+    stated |= {("answer", "chunked"): 0.15, ("query", "chunked"): 0.125, ("query", "no_needle"): 0.125}
+    assert_shares(ph, 900, stated)
 
 
 def test_phase14_is_phase12_with_number_strings_given_back_at_a_lower_peak():
     ph = assert_trial_phase(14, curriculum.DISTRACTOR2_STEPS, 2e-4)
     # 30% distractor-chunked answers, 10% copy, 25% dense, 15% chunked, 10% + 10% query-only
     stated = {("answer", "distractor_chunked"): 0.30, ("answer", "copy"): 0.10, ("answer", "dense"): 0.25}
-    assert_shares(ph, 900, stated | {("query", "chunked"): 0.10, ("query", "no_needle"): 0.10})
+    stated |= {("answer", "chunked"): 0.15, ("query", "chunked"): 0.10, ("query", "no_needle"): 0.10}
+    assert_shares(ph, 900, stated)
     # number strings weighted up in every answer layout (phase 12: 60% of its distractor answers, 30% elsewhere)
     answer_layouts = [lay for _, lay in ph.mix if lay.kind in ("distractors", "dense", "chunked")]
     assert len(answer_layouts) == 3

@@ -30,6 +30,7 @@ from ._helpers import KERNELS, ON_GPU
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = [int(a) for a in os.environ.get("COMPILE_GATE_ARCHS", "90").split()]
+assert ARCHS and set(ARCHS) <= {90, 80}, f"COMPILE_GATE_ARCHS: one or both of 90 80, got {ARCHS}"
 
 DOT_KERNELS = {"_split_s_partial_kernel", "_row_lse_kernel", "_column_mass_kernel", "_row_mass_kernel"}
 
@@ -88,6 +89,7 @@ def test_gate_covers_every_kernel_case_arch_and_dtype(gate):
     assert ragged and all(r["constexprs"]["HAS_LIVE_LENS"] == "True" for r in ragged)
 
 
+@pytest.mark.skipif(90 not in ARCHS, reason="COMPILE_GATE_ARCHS leaves sm_90 out")
 def test_gate_compiled_the_h200_plans(gate):
     """The specialisations compiled are those of the 132-SM plan (not the CPU branch)."""
     _, rows = gate
