@@ -36,8 +36,12 @@ $(STAMP): setup.py
 	@if grep -q "include-system-site-packages = false" $(VENV)/pyvenv.cfg; then $(PIP) check; fi
 	@touch $(STAMP)
 
+# One pytest-xdist worker per core (TEST_WORKERS=0: one process); a test file stays on one worker, so its
+# module fixtures (a loaded model, a compiled kernel set) are built once.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # The oldest versions we declare support for, in a second venv: the tests marked `compat`
 # (loading, tokenizers, config parsing, one prefilling case, the AOT compile gate) run there.

@@ -33,7 +33,7 @@ setup(
         "numpy>=1.24",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-benchmark>=4", "ruff>=0.5"],
+        "dev": ["pytest>=8", "pytest-benchmark>=4", "pytest-xdist>=3", "ruff>=0.5"],
         # lm-evaluation-harness model prefilling-dllm (python -m dllm.harness; make test-harness)
         "harness": [f"lm-eval=={LM_EVAL}"],
         # the harness's LongBench tasks (longbench_*): lm-eval's own extra, jieba, fuzzywuzzy and rouge for their

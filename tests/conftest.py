@@ -13,6 +13,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # make test runs one pytest-xdist worker per core: a second OpenMP team per worker (and per subprocess a
+    # test starts) would oversubscribe the cores, which on a busy 2-core box makes torch ops many times slower
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="module")
 def one_thread():
