@@ -1,6 +1,7 @@
 """bench.tiny.interpolate (WiSE-FT weight interpolation): values against hand-computed blends, the files it
 writes, a checkpoint that loads and reads like its input, and clear errors."""
 
+import hashlib
 import json
 import os
 
@@ -58,8 +59,9 @@ def test_checkpoint_blend_of_the_bundled_weights_with_a_shifted_copy(tmp_path):
     assert (out / "config.json").read_bytes() == (tuned / "config.json").read_bytes()
     record = json.loads((out / "interpolation.json").read_text())
     assert record["alpha"] == 0.5
-    assert record["base_sha256"] == interpolate.sha256(os.path.join(BUNDLED, "model.safetensors"))
-    assert record["tuned_sha256"] == interpolate.sha256(str(tuned / "model.safetensors"))
+    bundled_bytes = open(os.path.join(BUNDLED, "model.safetensors"), "rb").read()
+    assert record["base_sha256"] == hashlib.sha256(bundled_bytes).hexdigest()
+    assert record["tuned_sha256"] == hashlib.sha256((tuned / "model.safetensors").read_bytes()).hexdigest()
 
 
 def test_alpha_zero_loads_and_reads_like_the_bundled_model(tmp_path):

@@ -22,13 +22,13 @@ import shutil
 import sys
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 WEIGHTS = "model.safetensors"
 
 
 def interpolate_state(base: dict, tuned: dict, alpha: float) -> dict:
-    """``(1 - alpha) * base + alpha * tuned`` tensor by tensor, computed in fp32.
+    """``(1 - alpha) * base + alpha * tuned`` tensor by tensor, computed in fp32 (WiSE-FT, arXiv 2109.01903).
 
     base, tuned: name -> floating tensor, the same names and shapes (any float dtype; the result is fp32).
     alpha: in [0, 1]; 0 gives ``base``, 1 gives ``tuned``.
@@ -51,14 +51,6 @@ def interpolate_state(base: dict, tuned: dict, alpha: float) -> dict:
     return out
 
 
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_interpolated(base_dir: str, tuned_dir: str, alpha: float, out_dir: str) -> str:
     """Write the interpolated checkpoint into ``out_dir`` (made if missing; must not be either input).
 
@@ -72,7 +64,8 @@ def write_interpolated(base_dir: str, tuned_dir: str, alpha: float, out_dir: str
             raise FileNotFoundError(f"no {WEIGHTS} in {os.path.dirname(p) or '.'}")
     if os.path.abspath(out_dir) in {os.path.abspath(base_dir), os.path.abspath(tuned_dir)}:
         raise ValueError("--out must be a new folder, not one of the inputs")
-    state = interpolate_state(load_file(paths[0]), load_file(paths[1]), alpha)
+    base, tuned = (open(p, "rb").read() for p in paths)  # read once: parsed and hashed from the same bytes
+    state = interpolate_state(load(base), load(tuned), alpha)
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(tuned_dir):
         src = os.path.join(tuned_dir, name)
@@ -81,7 +74,8 @@ def write_interpolated(base_dir: str, tuned_dir: str, alpha: float, out_dir: str
     out = os.path.join(out_dir, WEIGHTS)
     save_file(state, out)
     record = {"method": "WiSE-FT, arXiv 2109.01903", "alpha": alpha}
-    record |= {"base": base_dir, "base_sha256": sha256(paths[0]), "tuned": tuned_dir, "tuned_sha256": sha256(paths[1])}
+    record |= {"base": base_dir, "base_sha256": hashlib.sha256(base).hexdigest()}
+    record |= {"tuned": tuned_dir, "tuned_sha256": hashlib.sha256(tuned).hexdigest()}
     with open(os.path.join(out_dir, "interpolation.json"), "w") as f:
         json.dump(record, f, indent=2)
     return out
