@@ -67,6 +67,24 @@ def test_phase14_is_phase12_with_number_strings_given_back_at_a_lower_peak():
                for lay in answer_layouts)  # fmt: skip
 
 
+def test_phase15_is_phase14_with_its_chunked_answers_in_essays_and_pydoc_training_text():
+    ph = assert_trial_phase(15, curriculum.PROSE_CHUNKED_STEPS, 2e-4)
+    # 30% distractor-chunked answers, 10% copy, 15% dense, 25% chunked, 10% + 10% query-only
+    stated = {("answer", "distractor_chunked"): 0.30, ("answer", "copy"): 0.10, ("answer", "dense"): 0.15}
+    stated |= {("answer", "chunked"): 0.25, ("query", "chunked"): 0.10, ("query", "no_needle"): 0.10}
+    assert_shares(ph, 900, stated)
+    chunked = [lay for _, lay in ph.mix if lay.kind == "chunked"]
+    assert len(chunked) == 1 and dict(chunked[0].haystacks) == {"essays": 0.5, "pydoc": 0.5}
+    assert chunked[0].tasks["number_string"] == 0.6
+    # plain chunked answers: no chunk beside the needle's is number-dense (the distractor layout's are)
+    rng = random.Random(3)
+    only = dataclasses.replace(ph, mix=((1.0, chunked[0]),))
+    for _ in range(20):
+        s, mode = draw_sample(rng, None, rng.randint(512, 1528), only)
+        assert mode == "answer" and s.kind == "chunked"
+        assert all(len(DIGITS.findall(c)) <= 3 for c in segments(s)), segments(s)
+
+
 def test_the_needle_chunks_answer_is_the_learned_span_among_number_dense_chunks():
     rng = random.Random(7)
     places, counts, numbers = Counter(), Counter(), []
