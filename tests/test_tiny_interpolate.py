@@ -81,3 +81,11 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert "error: no model.safetensors in" in capsys.readouterr().err
     assert interpolate.main(["--base", BUNDLED, "--tuned", BUNDLED, "--alpha", "0.5", "--out", BUNDLED]) == 2
     assert "must be a new folder" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    args = ["--base", BUNDLED, "--tuned", str(bad), "--alpha", "0.5", "--out", str(tmp_path / "z")]
+    assert interpolate.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "bad/model.safetensors is not a readable safetensors file" in err
+    assert err.count("\n") == 1 and not (tmp_path / "z").exists()

@@ -22,6 +22,7 @@ import shutil
 import sys
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 WEIGHTS = "model.safetensors"
@@ -51,12 +52,19 @@ def interpolate_state(base: dict, tuned: dict, alpha: float) -> dict:
     return out
 
 
+def _parse(raw: bytes, path: str) -> dict:
+    try:
+        return load(raw)
+    except SafetensorError as e:  # a truncated or foreign file: say which one, as a ValueError the CLI reports
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from e
+
+
 def write_interpolated(base_dir: str, tuned_dir: str, alpha: float, out_dir: str) -> str:
     """Write the interpolated checkpoint into ``out_dir`` (made if missing; must not be either input).
 
     Returns the path of the written ``model.safetensors``. Raises ValueError as
-    :func:`interpolate_state`, or when ``out_dir`` is an input folder; FileNotFoundError when an input
-    has no ``model.safetensors``.
+    :func:`interpolate_state`, when ``out_dir`` is an input folder or an input's ``model.safetensors`` does
+    not parse; FileNotFoundError when an input has no ``model.safetensors``.
     """
     paths = [os.path.join(d, WEIGHTS) for d in (base_dir, tuned_dir)]
     for p in paths:
@@ -65,7 +73,7 @@ def write_interpolated(base_dir: str, tuned_dir: str, alpha: float, out_dir: str
     if os.path.abspath(out_dir) in {os.path.abspath(base_dir), os.path.abspath(tuned_dir)}:
         raise ValueError("--out must be a new folder, not one of the inputs")
     base, tuned = (open(p, "rb").read() for p in paths)  # read once: parsed and hashed from the same bytes
-    state = interpolate_state(load(base), load(tuned), alpha)
+    state = interpolate_state(_parse(base, paths[0]), _parse(tuned, paths[1]), alpha)
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(tuned_dir):
         src = os.path.join(tuned_dir, name)
