@@ -55,3 +55,12 @@ def test_table_counts_exact_and_kept_per_cell():
     lines = table(rows, ("haystack", "method", "length")).splitlines()
     assert lines[2] == "| essays | dense | 1024 | 100% (1/1) | - | 1 |"
     assert lines[3] == "| essays | prefilling | 4096 | 33% (1/3) | 67% (2/3) | 3 |"
+
+
+def test_tuning_seeds_are_other_cases_than_the_evaluations():
+    grid = dict(haystacks=["essays"], tasks=["number_string"], lengths=[4096], depths=[0.5])
+    recorded = eval_cases(**grid, seeds=3)
+    tuning = eval_cases(**grid, seeds=3, first_seed=3)
+    assert [c.seed for _, c in tuning] == [SEED_BASE + 3, SEED_BASE + 4, SEED_BASE + 5]
+    assert {c.answer for _, c in recorded}.isdisjoint(c.answer for _, c in tuning)
+    assert eval_cases(**grid, seeds=6)[3:] == tuning  # the same cases as a longer grid's tail

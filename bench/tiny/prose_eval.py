@@ -35,10 +35,12 @@ from dllm.prefilling.chunks import chunk_spans
 SEED_BASE = 1 << 31  # seeds no training run draws (train.py draws below 2**30)
 
 
-def eval_cases(haystacks, tasks, lengths, depths, seeds):
-    """The grid's cases, ordered by haystack, task, length, depth, seed."""
+def eval_cases(haystacks, tasks, lengths, depths, seeds, first_seed: int = 0):
+    """The grid's cases, ordered by haystack, task, length, depth, seed: seeds ``SEED_BASE + first_seed`` to
+    ``SEED_BASE + first_seed + seeds - 1`` (the recorded evaluation: ``first_seed=0``, 3 seeds; tuning cases
+    apart from it start at 3 or later)."""
     return [
-        (h, make_case(t, ln, d, SEED_BASE + s, phrasing="random", split="eval", haystack=h))
+        (h, make_case(t, ln, d, SEED_BASE + first_seed + s, phrasing="random", split="eval", haystack=h))
         for h in haystacks for t in tasks for ln in lengths for d in depths for s in range(seeds)
     ]  # fmt: skip
 
@@ -83,6 +85,10 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
     p.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     p.add_argument("--seeds", type=int, default=3, help="cases (random wordings) per cell")
+    p.add_argument(
+        "--first-seed", type=int, default=0,
+        help="seed offset from 2**31 (default 0, the recorded evaluation; >= 3 for tuning cases apart from it)",
+    )  # fmt: skip
     p.add_argument("--dense-length", type=int, default=1024, help="dense decoding at this length (0: none)")
     p.add_argument(
         "--boundary-snap", type=int, default=None, help="PrefillingConfig.boundary_snap (default: the checkpoint's)"
@@ -95,10 +101,11 @@ def main(argv=None) -> int:
         cfg = replace(cfg, boundary_snap=args.boundary_snap)
     grid = []  # the cheapest first, so a stopped run has whole cells
     if args.dense_length:
-        dense = eval_cases(args.haystacks, args.tasks, [args.dense_length], args.depths, args.seeds)
+        dense = eval_cases(args.haystacks, args.tasks, [args.dense_length], args.depths, args.seeds, args.first_seed)
         grid += [("dense", h, c) for h, c in dense]
     for ln in args.lengths:
-        grid += [("prefilling", h, c) for h, c in eval_cases(args.haystacks, args.tasks, [ln], args.depths, args.seeds)]
+        cases = eval_cases(args.haystacks, args.tasks, [ln], args.depths, args.seeds, args.first_seed)
+        grid += [("prefilling", h, c) for h, c in cases]
     rows: list[dict] = []
     t0 = time.perf_counter()
     for i, (method, hay, case) in enumerate(grid):
@@ -123,7 +130,8 @@ def main(argv=None) -> int:
         f"natural prose, held-out split\n\nCommand: `{cmd.strip()}`  \n"
         f"{machine_line(str(model.device))}\n\nPrefilling: C={cfg.chunk_size}, K={cfg.top_k} "
         f"(adaptive_k {cfg.adaptive_k}, candidates {cfg.candidates!r}, lexical_weight {cfg.lexical_weight:g}), "
-        f"score terms {', '.join(cfg.score_terms)}, boundary snap {cfg.boundary_snap}; seeds from 2**31, "
+        f"score terms {', '.join(cfg.score_terms)}, boundary snap {cfg.boundary_snap}; "
+        f"seeds from 2**31 + {args.first_seed}, "
         f'`phrasing="random"`.\n\n'
         f"{by_len}\n\nPer depth (prefilling, all tasks):\n\n{by_depth}\n"
     )
