@@ -112,6 +112,14 @@ def test_grid_covers_haystacks_tasks_depths_with_distinct_seeds():
     assert {(t, d) for h, t, d, _ in g[:20] if h == "devil"} == {(t, d) for t in TASKS for d in DEPTHS}
 
 
+def test_tuning_grid_is_the_same_cells_with_other_seeds():
+    g, tune = grid(4096, 40), grid(4096, 40, first_seed=1000)
+    assert [c[:3] for c in tune] == [c[:3] for c in g]
+    assert [c[3] - 1000 for c in tune] == [c[3] for c in g]
+    h, t, d, s = tune[0]
+    assert make_copy_case(h, t, 4096, d, s).context != make_copy_case(h, t, 4096, d, g[0][3]).context
+
+
 def test_pure_pieces():
     spans = [(0, 10), (10, 25), (25, 40), (40, 52)]
     assert needle_chunks(spans, 12, 20) == [1] and needle_chunks(spans, 20, 30) == [1, 2]

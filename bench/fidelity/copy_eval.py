@@ -179,19 +179,20 @@ GRID_SLOTS = ("devil", "devil-registers", "devil", "debian-changelog")
 """The haystacks of one round of the grid: ``devil`` twice (each with its own seed), the others once."""
 
 
-def grid(length: int, n: int, slots=GRID_SLOTS) -> list[tuple[str, str, float, int]]:
+def grid(length: int, n: int, slots=GRID_SLOTS, first_seed: int = 0) -> list[tuple[str, str, float, int]]:
     """The first ``n`` (haystack, task, depth, seed) of ``length``. Case ``i`` of a round of
     ``2 x len(slots) x 5`` takes slot ``i % len(slots)`` and depth ``i % 5`` (every pair once in each half
     round), the task alternating between the slots and flipped in the second half: a run cut short still
     covers every haystack, task and depth. A repeated (haystack, task, depth) takes the next seed
-    (``SEED_BASE + k`` for its k-th case)."""
+    (``SEED_BASE + first_seed + k`` for its k-th case; ``first_seed`` 0 is the recorded evaluation, tuning cases
+    apart from it take 1000 or more)."""
     k = len(slots) * len(DEPTHS)
     seen: dict = defaultdict(int)
     out = []
     for i in range(n):
         j = i % (2 * k)
         cell = (slots[j % len(slots)], TASKS[((j % len(slots)) // 2 + j // k) % 2], DEPTHS[j % len(DEPTHS)])
-        out.append((*cell, SEED_BASE + seen[cell]))
+        out.append((*cell, SEED_BASE + first_seed + seen[cell]))
         seen[cell] += 1
     return out
 
@@ -471,6 +472,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results", help="output folder (copy_eval.csv, copy_eval.md)")
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     p.add_argument("--cases", type=int, default=40, help="cases per length")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seed offset (default 0: the recorded evaluation; 1000 or more: tuning cases apart from it)",
+    )
     p.add_argument("--cases-for", nargs="*", default=[], metavar="LENGTH=N", help="another case count per length")
     p.add_argument("--haystacks", nargs="+", default=list(GRID_SLOTS), choices=HAYSTACKS,
                    help="one round of the grid's haystacks (one may repeat: more cases of it)")  # fmt: skip
@@ -523,7 +530,7 @@ def main(argv=None) -> int:
         rows: list[dict] = []
         t0 = time.perf_counter()
         for ln in args.lengths:
-            for h, t, d, s in grid(ln, counts.get(ln, args.cases), tuple(args.haystacks)):
+            for h, t, d, s in grid(ln, counts.get(ln, args.cases), tuple(args.haystacks), args.first_seed):
                 r = evaluate_case(model, make_copy_case(h, t, ln, d, s), cfg, h) | {"command": cmd.strip()}
                 rows.append(r)
                 write_csv(path, rows, str(model.device))  # a stopped run keeps its finished cases
