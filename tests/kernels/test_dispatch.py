@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -69,8 +73,32 @@ def test_value_checks_can_be_disabled(monkeypatch):
     tk.split_s_attention(q, kp, vp, bad.clamp(max=2), lens, kl, vl)  # no check, valid data: runs
 
 
+_FRESH = "PREFILLING_DLLM_FRESH_PROCESS"
+
+
+def _ran_in_fresh_process(request) -> bool:
+    """Run the calling test again in a new interpreter and return True (its outcome is asserted here), or return
+    False inside that interpreter, where the test body runs.
+
+    Why: torch.compile traces our Python wrappers through whatever process state earlier tests left. In a fresh
+    clone under pytest-xdist (2026-12-07) both fullgraph tests once failed with dynamo's "unhashable type:
+    'numpy.ndarray'", which neither a run of this file alone nor a second full run reproduced; a user's compile
+    starts from their program's state, not from our other tests'."""
+    if os.environ.get(_FRESH) == "1":
+        return False
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", request.node.nodeid]
+    r = subprocess.run(
+        cmd, env={**os.environ, _FRESH: "1"}, cwd=request.config.rootpath, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout, r.stdout[-2000:]
+    return True
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_compile_fullgraph_split_s(backend):
+def test_compile_fullgraph_split_s(backend, request):
+    if _ran_in_fresh_process(request):
+        return
     torch._dynamo.reset()
 
     def step(q, kp, vp, slots, lens, kl, vl):
@@ -86,7 +114,9 @@ def test_compile_fullgraph_split_s(backend):
     assert max_err(got[0], ref * 2 + 1) <= 1e-4
 
 
-def test_compile_fullgraph_scoring_pipeline():
+def test_compile_fullgraph_scoring_pipeline(request):
+    if _ran_in_fresh_process(request):
+        return
     """chunk scores -> top-b gather -> merge in one compiled graph (default dispatch)."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(1)
