@@ -193,15 +193,10 @@ def prose_chunked_tune() -> tuple[tuple[float, Layout], ...]:
     answers (:data:`NUMBER_TASKS` over :data:`PROSE_MIX`), 25% chunked answers in :data:`TRAINING_PROSE` weighted
     to number strings (:data:`PROSE_CHUNKED_TASKS`), 10% + 10% query-only masking beside chunk sets with and
     without the needle (the selection signal, over :data:`PROSE_MIX`)."""
-    pools = ((data.DIGIT_POOL, 0.6), (data.COPY_POOL, 0.4))
-    return (
-        (0.3, Layout("distractors", tasks=DISTRACTOR2_TASKS, haystacks=PROSE_MIX)),
-        (0.4, Layout("copy", pools=pools)),
-        (0.55, Layout("dense", tasks=NUMBER_TASKS, canonical=0.4, prefix=0.6, max_eos=6, haystacks=PROSE_MIX)),
-        (0.8, Layout("chunked", tasks=PROSE_CHUNKED_TASKS, haystacks=TRAINING_PROSE)),
-        (0.9, Layout("query", tasks=PROSE_TASKS, needle=True, haystacks=PROSE_MIX)),
-        (1.0, Layout("query", tasks=PROSE_TASKS, haystacks=PROSE_MIX)),
-    )
+    new = (0.3, Layout("distractors", tasks=DISTRACTOR2_TASKS, haystacks=PROSE_MIX))
+    chunked = Layout("chunked", tasks=PROSE_CHUNKED_TASKS, haystacks=TRAINING_PROSE)
+    rest = _prose_layouts((0.4, 0.55, 0.8, 0.9), NUMBER_TASKS, 0.6)
+    return (new, *((u, chunked if lay.kind == "chunked" else lay) for u, lay in rest))
 
 
 # Batch shapes come from a few buckets: CPU matmul kernels (oneDNN) are built per shape, and a new

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
@@ -72,7 +73,7 @@ def write_interpolated(base_dir: str, tuned_dir: str, alpha: float, out_dir: str
             raise FileNotFoundError(f"no {WEIGHTS} in {os.path.dirname(p) or '.'}")
     if os.path.abspath(out_dir) in {os.path.abspath(base_dir), os.path.abspath(tuned_dir)}:
         raise ValueError("--out must be a new folder, not one of the inputs")
-    base, tuned = (open(p, "rb").read() for p in paths)  # read once: parsed and hashed from the same bytes
+    base, tuned = (Path(p).read_bytes() for p in paths)  # read once: parsed and hashed from the same bytes
     state = interpolate_state(_parse(base, paths[0]), _parse(tuned, paths[1]), alpha)
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(tuned_dir):
