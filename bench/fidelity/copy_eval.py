@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import random
 import re
@@ -88,6 +89,7 @@ DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEED_BASE = 1 << 31  # seeds no training run draws
 CROP = 1024
 COLUMNS = ("b", "c", "d", "e", "f", "g")
+DENSE_COLUMNS = COLUMNS[1:]  # (b) always runs; ``--columns`` picks among these
 TITLES = {
     "a": "(a) needle chunk kept",
     "b": "(b) prefilling",
@@ -288,8 +290,10 @@ def _text(case: TaskCase, span: tuple) -> str:
     return case.context[span[0] : span[1]]
 
 
-def evaluate_case(model, case: TaskCase, cfg: PrefillingConfig, haystack: str) -> dict:
-    """One case's row: (a)-(g) answers, exact match and answer kind."""
+def evaluate_case(model, case: TaskCase, cfg: PrefillingConfig, haystack: str, columns=DENSE_COLUMNS) -> dict:
+    """One case's row: (a)-(g) answers, exact match and answer kind. ``columns``: the dense columns to decode
+    (a subset of :data:`DENSE_COLUMNS`); the others get an empty answer and ``None`` for exact and kind (not
+    run, unlike ``False``: run and wrong)."""
     g = response_length(case)
     t0 = time.perf_counter()
     res = generate(model, **case_inputs(model, case, "prefilling"), method="prefilling", prefilling=cfg,
@@ -312,16 +316,21 @@ def evaluate_case(model, case: TaskCase, cfg: PrefillingConfig, haystack: str) -
         "b_answer": res.text[0],
     }  # fmt: skip
     t1 = time.perf_counter()
-    for col in ("c", "d", "e", "f", "g"):
-        if col not in p.dense:
+    for col in DENSE_COLUMNS:
+        if col not in columns:
+            row[f"{col}_answer"] = ""
+        elif col not in p.dense:
             row[f"{col}_answer"] = ""  # the needle is in none of the pieces: wrong, not decoded
-        elif col == "d" and row["needle_last"]:
+        elif col == "d" and row["needle_last"] and "c" in columns:
             row["d_answer"] = row["c_answer"]  # the same prompt
         else:
             row[f"{col}_answer"] = generate(model, p.dense[col], method="dense", gen_length=g, steps=g).text[0]
         if col in ("c", "d", "f", "g"):
             row[f"{col}_tokens"] = p.dense[col].shape[1] if col in p.dense else ""
     for col in COLUMNS:
+        if col != "b" and col not in columns:
+            row[f"{col}_correct"] = row[f"{col}_kind"] = None
+            continue
         row[f"{col}_correct"] = bool(row[f"{col}_answer"]) and score(case.task, row[f"{col}_answer"], case)
         row[f"{col}_kind"] = answer_kind(row[f"{col}_answer"], case) if row[f"{col}_answer"] else ""
     row |= {"prefill_s": round(t_pre, 2), "dense_s": round(time.perf_counter() - t1, 2)}
@@ -331,6 +340,18 @@ def evaluate_case(model, case: TaskCase, cfg: PrefillingConfig, haystack: str) -
 # ----------------------------------------------------------------------------------------------- report
 def _pct(k: int, n: int) -> str:
     return f"{100 * k / n:.0f}% ({k}/{n})" if n else "-"
+
+
+def _rate(rows: list[dict], col: str) -> str:
+    """``col``'s exact answers over ``rows`` as ``_pct``; "not run" where ``--columns`` left it out."""
+    if any(r[f"{col}_correct"] is None for r in rows):
+        return "not run"
+    return _pct(sum(r[f"{col}_correct"] for r in rows), len(rows))
+
+
+def ran(rows: list[dict], col: str) -> bool:
+    """Whether column ``col`` was decoded in every row (``--columns``)."""
+    return all(r[f"{col}_correct"] is not None for r in rows)
 
 
 def tables(rows: list[dict], by: tuple = ("length",)) -> str:
@@ -344,14 +365,14 @@ def tables(rows: list[dict], by: tuple = ("length",)) -> str:
     for k in keys:
         rs = cells[k]
         n = len(rs)
-        vals = [_pct(sum(r["kept"] for r in rs), n)] + [_pct(sum(r[f"{c}_correct"] for r in rs), n) for c in COLUMNS]
+        vals = [_pct(sum(r["kept"] for r in rs), n)] + [_rate(rs, c) for c in COLUMNS]
         lines.append("| " + " | ".join(map(str, k)) + f" | {n} | " + " | ".join(vals) + " |")
     lines += ["", "Where the needle chunk was kept:", ""]
     lines += ["| " + " | ".join(by) + " | kept | " + " | ".join(TITLES[c] for c in COLUMNS) + " |",
               "|" + "---|" * len(by) + "---:|" * (1 + len(COLUMNS))]  # fmt: skip
     for k in keys:
         rs = [r for r in cells[k] if r["kept"]]
-        vals = [_pct(sum(r[f"{c}_correct"] for r in rs), len(rs)) for c in COLUMNS]
+        vals = [_rate(rs, c) for c in COLUMNS]
         lines.append("| " + " | ".join(map(str, k)) + f" | {len(rs)} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
@@ -366,8 +387,7 @@ def position_table(rows: list[dict]) -> str:
              + " |", "|---|---:|---:|---:|---:|"]  # fmt: skip
     for k in sorted(cells):
         rs = cells[k]
-        lines.append(f"| {k} | {len(rs)} | " + " | ".join(_pct(sum(r[f"{c}_correct"] for r in rs), len(rs))
-                                                          for c in "bcd") + " |")  # fmt: skip
+        lines.append(f"| {k} | {len(rs)} | " + " | ".join(_rate(rs, c) for c in "bcd") + " |")
     return "\n".join(lines)
 
 
@@ -385,7 +405,7 @@ def numbers_table(rows: list[dict]) -> str:
         cell = []
         for c, key in (("c", "numbers_kept"), ("d", "numbers_kept"), ("g", "numbers_random"), ("e", "numbers_crop")):
             rs = [r for r in kept if a <= int(r[key]) <= b]
-            cell.append(_pct(sum(r[f"{c}_correct"] for r in rs), len(rs)))
+            cell.append(_rate(rs, c))
         lines.append(f"| {name} | " + " | ".join(cell) + " |")
     mean = {k: sum(int(r[k]) for r in kept) / max(1, len(kept)) for k in ("numbers_kept", "numbers_random",
                                                                           "numbers_crop")}  # fmt: skip
@@ -399,7 +419,7 @@ def kinds_table(rows: list[dict]) -> str:
     kept = [r for r in rows if r["kept"]]
     lines = ["| column | wrong | another number of the document | the answer, 1-2 digits off | other |",
              "|---|---:|---:|---:|---:|"]  # fmt: skip
-    for c in COLUMNS:
+    for c in [c for c in COLUMNS if ran(kept, c)]:
         wrong = [r for r in kept if not r[f"{c}_correct"]]
         n = {k: sum(r[f"{c}_kind"] == k for r in wrong) for k in ("distractor", "near", "other")}
         lines.append(f"| {TITLES[c]} | {len(wrong)} | {n['distractor']} | {n['near']} | {n['other']} |")
@@ -410,8 +430,10 @@ def read_rows(path: str) -> tuple[list[dict], str]:
     """The rows of a ``copy_eval.csv`` (booleans parsed) and its first row's machine line."""
     rows, machine = read_csv(path)
     for r in rows:
-        for k in ("kept", "needle_last") + tuple(f"{c}_correct" for c in COLUMNS):
+        for k in ("kept", "needle_last"):
             r[k] = r[k] == "True"
+        for k in (f"{c}_correct" for c in COLUMNS):
+            r[k] = None if r[k] == "" else r[k] == "True"  # empty: the column was not run
     return rows, machine
 
 
@@ -436,6 +458,35 @@ def compare_table(runs: dict[str, list[dict]], haystack: str | None = None) -> s
     return "\n".join(lines)
 
 
+def sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test (binomial, p = 1/2) of ``wins`` against ``losses`` discordant pairs."""
+    n, k = wins + losses, min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+
+
+def paired_table(rows: list[dict]) -> str:
+    """Markdown: (b) prefilling against (e) the 1K crop on the same kept cases, per length and over all: both
+    rates, the gap in points with its 90% interval (normal approximation over the per-case differences
+    -1/0/+1), the discordant cases each way and their two-sided sign test. Issue 48's bar is a gap of at least
+    -5 points at every length."""
+    lines = ["| length | kept | (b) prefilling | (e) 1K crop | (b) - (e), points | 90% interval | (b) right, (e) "
+             "wrong | (e) right, (b) wrong | sign test p |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lengths = sorted({int(r["length"]) for r in rows})
+    for length in [*lengths, "all"]:
+        kept = [r for r in rows if r["kept"] and length in ("all", int(r["length"]))]
+        d = [int(r["b_correct"]) - int(r["e_correct"]) for r in kept]
+        n = len(d)
+        if not n:
+            continue
+        mean = sum(d) / n
+        half = 1.645 * math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, n - 1) / n)
+        wins, losses = d.count(1), d.count(-1)
+        lines.append(f"| {length} | {n} | {_rate(kept, 'b')} | {_rate(kept, 'e')} | {100 * mean:+.1f} | "
+                     f"{100 * (mean - half):+.1f} to {100 * (mean + half):+.1f} | {wins} | {losses} | "
+                     f"{sign_test_p(wins, losses):.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def report(rows: list[dict], cmd: str, machine: str, cfg_line: str, notes: str = "") -> str:
     """``copy_eval.md``'s text."""
     devil = [r for r in rows if r["haystack"] == "devil"]
@@ -450,7 +501,8 @@ def report(rows: list[dict], cmd: str, machine: str, cfg_line: str, notes: str =
         "not kept, in document order.\n\n"
         f"{notes}"
         f"## Per length\n\n{tables(rows)}\n\n"
-        f"## Per length and haystack\n\n{tables(rows, ('length', 'haystack'))}\n\n"
+        + (f"## Prefilling against the crop, paired (kept cases)\n\n{paired_table(rows)}\n\n" if ran(rows, "e") else "")
+        + f"## Per length and haystack\n\n{tables(rows, ('length', 'haystack'))}\n\n"
         f"## Per task\n\n{tables(rows, ('task',))}\n\n"
         f"## By the needle chunk's place among the kept chunks (kept cases, all lengths)\n\n{position_table(rows)}\n\n"
         f"## devil: by the numbers beside the needle (kept cases, all lengths)\n\n{numbers_table(devil)}\n\n"
@@ -494,6 +546,9 @@ def main(argv=None) -> int:
     p.add_argument("--top-k", type=int, default=None, help="K over the checkpoint's (a lever to measure)")
     p.add_argument("--adaptive-k", type=adaptive_k_arg, default=None, help="adaptive K's margin, or off (a fixed K)")
     p.add_argument("--chunk-size", type=int, default=None, help="C over the checkpoint's (a lever to measure)")
+    p.add_argument("--columns", nargs="+", default=list(DENSE_COLUMNS), choices=DENSE_COLUMNS,
+                   help="the dense columns to decode ((b) always runs; e.g. 'e' alone: prefilling against the crop, "
+                   "the bar of issue 48, in a fraction of the time)")  # fmt: skip
     args = p.parse_args(argv)
     if args.compare:
         runs = {}
@@ -502,6 +557,8 @@ def main(argv=None) -> int:
             if not sep:
                 p.error(f"--compare {item!r}: expected NAME=CSV")
             runs[name] = read_rows(path)[0]
+            if not ran(runs[name], "e"):
+                p.error(f"--compare {path}: column (e) was not run there")
         print(f"All haystacks:\n\n{compare_table(runs)}\n\ndevil:\n\n{compare_table(runs, 'devil')}")
         return 0
     cmd = "python -m bench.fidelity.copy_eval " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -531,11 +588,13 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         for ln in args.lengths:
             for h, t, d, s in grid(ln, counts.get(ln, args.cases), tuple(args.haystacks), args.first_seed):
-                r = evaluate_case(model, make_copy_case(h, t, ln, d, s), cfg, h) | {"command": cmd.strip()}
+                case = make_copy_case(h, t, ln, d, s)
+                r = evaluate_case(model, case, cfg, h, tuple(args.columns)) | {"command": cmd.strip()}
                 rows.append(r)
                 write_csv(path, rows, str(model.device))  # a stopped run keeps its finished cases
                 print(f"[{time.perf_counter() - t0:.0f}s] {ln} {h} {t} d={d} gold={r['gold']} kept={int(r['kept'])} "
-                      + " ".join(f"{c}:{int(r[f'{c}_correct'])}={r[f'{c}_answer']!r}" for c in COLUMNS),
+                      + " ".join(f"{c}:{int(r[f'{c}_correct'])}={r[f'{c}_answer']!r}" for c in COLUMNS
+                                 if r[f"{c}_correct"] is not None),
                       flush=True)  # fmt: skip
         text = report(rows, cmd, machine_line(str(model.device)), cfg_line, notes)
     save_text(args.out, "copy_eval.md", text)
