@@ -470,7 +470,7 @@ def paired_table(rows: list[dict]) -> str:
     -1/0/+1), the discordant cases each way and their two-sided sign test. Issue 48's bar is a gap of at least
     -5 points at every length."""
     lines = ["| length | kept | (b) prefilling | (e) 1K crop | (b) - (e), points | 90% interval | (b) right, (e) "
-             "wrong | (e) right, (b) wrong | sign test p |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "wrong | (e) right, (b) wrong | sign test p |", "|---:" * 9 + "|"]  # fmt: skip
     lengths = sorted({int(r["length"]) for r in rows})
     for length in [*lengths, "all"]:
         kept = [r for r in rows if r["kept"] and length in ("all", int(r["length"]))]
