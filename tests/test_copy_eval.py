@@ -33,6 +33,10 @@ from bench.fidelity.copy_eval import (
     needle_chunks,
     occurs_elsewhere,
     ordered_spans,
+    paired_table,
+    read_rows,
+    sign_test_p,
+    tables,
 )
 from bench.provenance import write_csv
 from bench.tiny.sources import HELD_OUT_SOURCES, TRAINING_SOURCES
@@ -248,3 +252,60 @@ def test_compare_reads_the_runs_csvs_and_adaptive_k_off_is_a_fixed_k(tmp_path, c
     assert (adaptive_k_arg("off"), adaptive_k_arg(" OFF "), adaptive_k_arg("1.5")) == ("off", "off", 1.5)
     with pytest.raises(ValueError):
         adaptive_k_arg("none")
+
+
+def test_columns_e_decodes_only_prefilling_and_the_crop_and_the_csv_keeps_not_run_apart_from_wrong(tmp_path):
+    model, cfg = _model(), _cfg()
+    case = make_copy_case("devil", "passkey", 4096, 0.7, SEED_BASE)
+    row = evaluate_case(model, case, cfg, "devil", ("e",))
+    g = len(case.answer) + 4
+    # independent references: the prefilling run and dense decoding of prefix + crop + query, done here
+    res = dllm.generate(
+        model, method="prefilling", prompt=dllm.PromptParts(
+            dllm.encode_text(model, case.prefix, bos=True), dllm.encode_text(model, case.context),
+            dllm.encode_text(model, case.query)), prefilling=cfg, gen_length=g, steps=g,
+    )  # fmt: skip
+    crop, _ = centred_crop(case.context, case.needle_start, case.needle_end)
+    ids = dllm.encode_text(model, case.prefix + crop + case.query, bos=True)[None]
+    dense = dllm.generate(model, ids, method="dense", gen_length=g, steps=g).text[0]
+    assert (row["b_answer"], row["e_answer"]) == (res.text[0], dense)
+    assert row["b_correct"] == (re.findall(r"\d+", res.text[0])[:1] == [case.answer])
+    assert row["e_correct"] == (re.findall(r"\d+", dense)[:1] == [case.answer])
+    for c in "cdfg":
+        assert row[f"{c}_answer"] == "" and row[f"{c}_correct"] is None and row[f"{c}_kind"] is None
+    keys = {"command": "python -m bench.fidelity.copy_eval --columns e"}
+    write_csv(tmp_path / "copy_eval.csv", [row | keys])
+    back = read_rows(str(tmp_path / "copy_eval.csv"))[0][0]
+    assert back["c_correct"] is None and back["e_correct"] is row["e_correct"] and back["kept"] is row["kept"]
+    line = tables([back]).splitlines()[4]
+    assert line.count("not run") == 4 and line.startswith("| 4096 | 1 | ")
+
+
+def test_compare_refuses_a_run_without_the_crop_column(tmp_path, capsys):
+    from bench.fidelity.copy_eval import main
+
+    row = {**_compare_row(4096, "devil", True, True, None, 2), "needle_last": False, "command": "x",
+           **{f"{c}_correct": None for c in "cdfg"}}  # fmt: skip
+    write_csv(tmp_path / "a.csv", [row])
+    with pytest.raises(SystemExit) as e:
+        main(["--compare", "x=" + str(tmp_path / "a.csv")])
+    assert e.value.code == 2 and "column (e) was not run" in capsys.readouterr().err
+
+
+def test_sign_test_p_is_the_two_sided_binomial_tail():
+    # by hand: 0 of 5 discordant pairs one way: 2 x (1/2)^5; 1 of 10: 2 x (1 + 10) / 1024
+    assert sign_test_p(0, 5) == pytest.approx(0.0625)
+    assert sign_test_p(9, 1) == pytest.approx(22 / 1024)
+    assert sign_test_p(3, 3) == 1.0 and sign_test_p(0, 0) == 1.0
+
+
+def test_paired_table_pairs_prefilling_and_the_crop_on_the_kept_cases():
+    rows = [_compare_row(4096, "devil", True, b, e, 2) for b, e in ((1, 0), (0, 1), (0, 1), (1, 1))]
+    rows.append(_compare_row(4096, "devil", False, True, False, 2))  # not kept: left out
+    rows.append(_compare_row(16384, "devil", True, True, True, 2))
+    lines = paired_table(rows).splitlines()
+    # 4096 by hand: differences +1, -1, -1, 0: mean -0.25, sample variance 2.75 / 3, its standard error
+    # sqrt(0.9167 / 4) = 0.4787, 1.645 x 0.4787 = 0.7875: -103.7 to +53.7 points; 1 win, 2 losses, p = 1
+    assert "| 4096 | 4 | 50% (2/4) | 75% (3/4) | -25.0 | -103.7 to +53.7 | 1 | 2 | 1.00 |" in lines
+    assert "| 16384 | 1 | 100% (1/1) | 100% (1/1) | +0.0 | +0.0 to +0.0 | 0 | 0 | 1.00 |" in lines
+    assert lines[-1].startswith("| all | 5 | 60% (3/5) | 80% (4/5) | -20.0 |")
