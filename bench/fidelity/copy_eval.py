@@ -44,6 +44,11 @@ chunks, in (g)'s random chunks and in the crop (the needle left out). Each wrong
 ``distractor`` (its first integer is a number of the document other than the answer), ``near`` (as many
 digits as the answer, at most 2 of them wrong), ``other``.
 
+``--columns`` picks the dense columns to decode ((b) always runs): ``--columns e`` measures prefilling against
+the crop alone, issue 48's bar, at about a third of the time per case; the others' cells then say "not run"
+(empty in the CSV, never counted as wrong). ``copy_eval.md`` pairs (b) and (e) on the kept cases: their gap
+with a 90% interval and a sign test.
+
 Writes ``copy_eval.csv`` (one row per case, provenance columns first; rows appended as cases finish) and
 ``copy_eval.md`` into ``--out``.
 """
