@@ -464,7 +464,8 @@ def compare_table(runs: dict[str, list[dict]], haystack: str | None = None) -> s
 
 
 def sign_test_p(wins: int, losses: int) -> float:
-    """Two-sided exact sign test (binomial, p = 1/2) of ``wins`` against ``losses`` discordant pairs."""
+    """Two-sided exact sign test (binomial, p = 1/2) of ``wins`` against ``losses`` discordant pairs: McNemar's
+    exact test of two readers on the same cases (McNemar 1947)."""
     n, k = wins + losses, min(wins, losses)
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
 
