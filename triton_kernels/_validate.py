@@ -280,11 +280,19 @@ def signature(op: str, tensors: tuple, extra: tuple):
     checks run in full: FakeTensors under tracing, wrong types that must raise). Every op calls it
     first, so it also applies :func:`check_no_grad`.
 
+    Also None while ``torch.compile`` traces the caller: the memo is an eager fast path, and a traced read
+    of it would make dynamo wrap the whole process-wide dict, whose keys may hold numpy scalars from earlier
+    eager calls (``topb_gather(..., b=np.int64(4))``), which dynamo cannot hash: every later compile of any
+    op failed with "unhashable type: 'numpy.ndarray'". A traced read also guarded the compiled graph on
+    the memo's contents, so any eager call with new shapes recompiled it.
+
     Raises:
         RuntimeError: from :func:`check_no_grad`.
     """
     if torch.is_grad_enabled():
         check_no_grad(op, tensors)
+    if torch.compiler.is_compiling():
+        return None
     sig = [op, extra]
     for t in tensors:
         if t is None:

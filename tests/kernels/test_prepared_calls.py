@@ -255,8 +255,9 @@ def test_topb_prepared_call_skips_the_generic_launch_path(stubbed, monkeypatch):
     finally:
         sys.setprofile(None)
     assert generic == [] and [name for name, _ in stubbed] == ["_select_topb_kernel", "_gather_rows_kernel"]
-    # the public op, backend, signature, memo, policy, _run, 4 output specs, 2 launch records, ...
-    assert len(frames) <= 20, frames
+    # the public op, backend, signature, memo, policy, _run, 4 output specs, 2 launch records, ...; 22, not
+    # 20, since the signature's is_compiling check (2 frames: traced calls keep off the memo, test_dispatch)
+    assert len(frames) <= 22, frames
     scores[1, 0, 3] = float("nan")
     monkeypatch.setenv("PREFILLING_DLLM_CHECK_VALUES", "1")
     with pytest.raises(ValueError, match="NaN"):
