@@ -22,7 +22,11 @@ OFF_WORDS = ("0", "false", "no")
 
 
 def env(name: str, default: str) -> str:
-    """``os.environ.get(name, default)``, cheaper on POSIX (no encode/decode on a repeated value)."""
+    """``os.environ.get(name, default)``, cheaper on POSIX (no encode/decode on a repeated value).
+
+    Under ``torch.compile`` it is read once, when the caller is traced, and the graph keeps that value (as
+    dynamo does for ``os.environ.get``): setting a variable later takes effect after ``torch._dynamo.reset()``.
+    """
     if _ENV_BYTES is None:
         return os.environ.get(name, default)
     raw = _ENV_BYTES.get(name.encode() if name not in _ENV_KEYS else _ENV_KEYS[name])
@@ -32,6 +36,13 @@ def env(name: str, default: str) -> str:
     if value is None:
         value = _ENV_SEEN[(name, raw)] = os.fsdecode(raw)
     return value
+
+
+# What torch.compiler.assume_constant_result(env) sets, without importing dynamo at import time (1 s): dynamo
+# then calls env while tracing instead of tracing into it. Traced, the read of os.environ's own dict guarded
+# every compiled op on the environment's size: any variable set anywhere recompiled it, and fullgraph failed
+# after 8 (recompile_limit).
+env._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def env_switch(name: str, default: bool) -> bool:

@@ -151,6 +151,24 @@ def test_eager_calls_between_compiled_calls_do_not_recompile():
     assert counters["stats"]["unique_graphs"] == 1
 
 
+def test_environment_changes_between_compiled_calls_do_not_recompile(monkeypatch):
+    """The ops read PREFILLING_DLLM_* through os.environ's own dict; traced, that guarded every compiled op on
+    the environment's size, so any variable set anywhere recompiled it, and fullgraph failed after 8
+    (recompile_limit; found by a test session, 2026-12-08). The variables are read once, at trace time."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    gen = torch.Generator().manual_seed(3)
+    scores, k = torch.randn(2, 2, 12, generator=gen).to(DEVICE), torch.randn(2, 12, 2, 32, generator=gen).to(DEVICE)
+    compiled = torch.compile(lambda s, k: tk.topb_gather(s, k, k, 3)[2], fullgraph=True)
+    first = compiled(scores, k)
+    for i in range(12):
+        monkeypatch.setenv(f"PREFILLING_DLLM_TEST_UNRELATED_{i}", "1")
+        assert compiled(scores, k).equal(first)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_opcheck_registrations():
     """torch.library.opcheck: schema, fake (meta) kernels and dispatcher behaviour of each op."""
     q, kp, vp, slots, lens, kl, vl = _small()
