@@ -242,10 +242,8 @@ def with_layout(err: ValueError, layout: str, hint: str = "") -> ValueError:
     the ops here are token-major (``[B, M, H, D]``, the KV cache's layout), so every shape
     error says which layout it expected.
     """
-    msg = f"{err}. Expected layout: {layout}"
-    if hint:
-        msg += f"; {hint}"
-    return ValueError(msg)
+    sep = "; " if hint else ""  # one f-string: dynamo cannot trace str += str, and lost the message
+    return ValueError(f"{err}. Expected layout: {layout}{sep}{hint}")
 
 
 SDPA_NOTE = "tensors in SDPA's [B, H, M, D] layout must be transposed first (x.transpose(1, 2))"

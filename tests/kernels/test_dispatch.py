@@ -169,6 +169,20 @@ def test_environment_changes_between_compiled_calls_do_not_recompile(monkeypatch
     assert counters["stats"]["unique_graphs"] == 1
 
 
+def test_shape_errors_under_compile_keep_their_message():
+    """A layout error raised while dynamo traces reaches the user with the op's words (dynamo wraps it); the
+    GQA check's message was lost to 'missing sq_concat' (str += str in with_layout) before 2026-12-08."""
+    torch._dynamo.reset()
+    q, kp, vp, slots, lens, kl, vl = _small()
+    bad_q = q[:, :, :3]  # Hq=3 against Hkv=2
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        tk.split_s_attention(bad_q, kp, vp, slots, lens, kl, vl)
+    compiled = torch.compile(lambda *a: tk.split_s_attention(*a)[0], fullgraph=True)
+    with pytest.raises(Exception, match="multiple of KV heads Hkv=2") as e:
+        compiled(bad_q, kp, vp, slots, lens, kl, vl)
+    assert "Expected layout: q [B, M, Hq, D]" in str(e.value)
+
+
 def test_opcheck_registrations():
     """torch.library.opcheck: schema, fake (meta) kernels and dispatcher behaviour of each op."""
     q, kp, vp, slots, lens, kl, vl = _small()
