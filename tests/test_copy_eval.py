@@ -305,7 +305,43 @@ def test_paired_table_pairs_prefilling_and_the_crop_on_the_kept_cases():
     rows.append(_compare_row(16384, "devil", True, True, True, 2))
     lines = paired_table(rows).splitlines()
     # 4096 by hand: differences +1, -1, -1, 0: mean -0.25, sample variance 2.75 / 3, its standard error
-    # sqrt(0.9167 / 4) = 0.4787, 1.645 x 0.4787 = 0.7875: -103.7 to +53.7 points; 1 win, 2 losses, p = 1
-    assert "| 4096 | 4 | 50% (2/4) | 75% (3/4) | -25.0 | -103.7 to +53.7 | 1 | 2 | 1.00 |" in lines
+    # sqrt(0.9167 / 4) = 0.4787, 1.645 x 0.4787 = 0.7875: -103.7 (clamped at -100) to +53.7 points; 1 win,
+    # 2 losses, p = 1
+    assert "| 4096 | 4 | 50% (2/4) | 75% (3/4) | -25.0 | -100.0 to +53.7 | 1 | 2 | 1.00 |" in lines
     assert "| 16384 | 1 | 100% (1/1) | 100% (1/1) | +0.0 | +0.0 to +0.0 | 0 | 0 | 1.00 |" in lines
     assert lines[-1].startswith("| all | 5 | 60% (3/5) | 80% (4/5) | -20.0 |")
+
+
+def test_paired_table_clamps_the_interval_to_rates_and_prints_small_p_as_a_bound():
+    # differences +1, 0: mean 0.5, standard error 0.5, 1.645 x 0.5 = 0.8225: -32.2 to +132.2, clamped at +100
+    rows = [_compare_row(4096, "devil", True, b, e, 2) for b, e in ((1, 0), (1, 1))]
+    assert "| 4096 | 2 | 100% (2/2) | 50% (1/2) | +50.0 | -32.2 to +100.0 | 1 | 0 | 1.00 |" in paired_table(rows)
+    rows = [_compare_row(4096, "devil", True, True, False, 2)] * 10  # 10 wins, 0 losses: p = 2 / 1024
+    assert paired_table(rows).splitlines()[2].endswith("| 10 | 0 | < 0.01 |")
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--report-from", "{tmp}/missing.csv"], "No such file"),
+        (["--report-from", "{tmp}"], "Is a directory"),
+        (["--compare", "A={tmp}/missing.csv"], "No such file"),
+        (["--compare", "A="], "expected NAME=CSV"),
+        (["--compare", "={tmp}/a.csv"], "expected NAME=CSV"),
+        (["--compare", "A={tmp}/other.csv"], "is not a copy_eval.csv: no column 'kept'"),
+        (["--report-from", "{tmp}/other.csv"], "is not a copy_eval.csv: no column 'kept'"),
+        (["--cases-for", "4096"], "expected LENGTH=N"),
+        (["--cases-for", "x=y"], "expected LENGTH=N"),
+    ],
+)
+def test_cli_user_errors_are_one_error_line_and_exit_2(tmp_path, capsys, args, says):
+    from bench.fidelity.copy_eval import main
+
+    write_csv(tmp_path / "other.csv", [{"length": "4096", "haystack": "devil", "answer": "1"}])  # another CSV
+    with pytest.raises(SystemExit) as e:
+        main([a.format(tmp=tmp_path) for a in args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("copy_eval") or "error:" in line][-1].count(
+        "error:"
+    ) == 1

@@ -432,8 +432,20 @@ def kinds_table(rows: list[dict]) -> str:
 
 
 def read_rows(path: str) -> tuple[list[dict], str]:
-    """The rows of a ``copy_eval.csv`` (booleans parsed) and its first row's machine line."""
-    rows, machine = read_csv(path)
+    """The rows of a ``copy_eval.csv`` (booleans parsed) and its first row's machine line.
+
+    Raises:
+        OSError: it cannot be read (missing, a folder).
+        ValueError: it is not a ``copy_eval.csv`` (a column missing), naming the column.
+    """
+    try:
+        rows, machine = read_csv(path)
+    except KeyError as e:
+        raise ValueError(f"{path} is not a copy_eval.csv: no column {e}") from None
+    need = ("length", "haystack", "kept", "needle_last", "kept_chunks") + tuple(f"{c}_correct" for c in COLUMNS)
+    missing = [k for k in need if rows and k not in rows[0]]
+    if missing:
+        raise ValueError(f"{path} is not a copy_eval.csv: no column {missing[0]!r}")
     for r in rows:
         for k in ("kept", "needle_last"):
             r[k] = r[k] == "True"
@@ -487,9 +499,11 @@ def paired_table(rows: list[dict]) -> str:
         mean = sum(d) / n
         half = 1.645 * math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, n - 1) / n)
         wins, losses = d.count(1), d.count(-1)
+        lo, hi = max(-1.0, mean - half), min(1.0, mean + half)  # a difference of rates lies in [-100, 100]
+        p = sign_test_p(wins, losses)
         lines.append(f"| {length} | {n} | {_rate(kept, 'b')} | {_rate(kept, 'e')} | {100 * mean:+.1f} | "
-                     f"{100 * (mean - half):+.1f} to {100 * (mean + half):+.1f} | {wins} | {losses} | "
-                     f"{sign_test_p(wins, losses):.2f} |")  # fmt: skip
+                     f"{100 * lo:+.1f} to {100 * hi:+.1f} | {wins} | {losses} | "
+                     f"{'< 0.01' if p < 0.005 else f'{p:.2f}'} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -518,6 +532,15 @@ def report(rows: list[dict], cmd: str, machine: str, cfg_line: str, notes: str =
     )
 
 
+def length_count_arg(text: str) -> tuple[int, int]:
+    """``--cases-for``'s ``LENGTH=N`` as ``(LENGTH, N)``. Raises ``argparse.ArgumentTypeError`` (a usage
+    error) for anything else."""
+    length, _, n = text.partition("=")
+    if not (length.isdigit() and n.isdigit() and int(length) > 0):
+        raise argparse.ArgumentTypeError(f"expected LENGTH=N (two whole numbers, e.g. 16384=100), got {text!r}")
+    return int(length), int(n)
+
+
 def adaptive_k_arg(text: str) -> float | str:
     """``--adaptive-k``'s value: a margin (float) or ``"off"`` (a fixed K over a checkpoint that turns it on).
     Raises ``ValueError`` (argparse's usage error) for anything else."""
@@ -536,7 +559,8 @@ def main(argv=None) -> int:
         default=0,
         help="seed offset (default 0: the recorded evaluation; 1000 or more: tuning cases apart from it)",
     )
-    p.add_argument("--cases-for", nargs="*", default=[], metavar="LENGTH=N", help="another case count per length")
+    p.add_argument("--cases-for", nargs="*", type=length_count_arg, default=[], metavar="LENGTH=N",
+                   help="another case count per length")  # fmt: skip
     p.add_argument("--haystacks", nargs="+", default=list(GRID_SLOTS), choices=HAYSTACKS,
                    help="one round of the grid's haystacks (one may repeat: more cases of it)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared 2-core machine)")
@@ -560,9 +584,12 @@ def main(argv=None) -> int:
         runs = {}
         for item in args.compare:
             name, sep, path = item.rpartition("=")
-            if not sep:
+            if not sep or not name or not path:
                 p.error(f"--compare {item!r}: expected NAME=CSV")
-            runs[name] = read_rows(path)[0]
+            try:
+                runs[name] = read_rows(path)[0]
+            except (OSError, ValueError) as e:
+                p.error(f"--compare {path}: {e}")
             if not ran(runs[name], "e"):
                 p.error(f"--compare {path}: column (e) was not run there")
         print(f"All haystacks:\n\n{compare_table(runs)}\n\ndevil:\n\n{compare_table(runs, 'devil')}")
@@ -581,10 +608,13 @@ def main(argv=None) -> int:
                 f"lexical weight {cfg.lexical_weight}.")  # fmt: skip
     notes = args.notes + "\n\n" if args.notes else ""
     if args.report_from:
-        rows, machine = read_rows(args.report_from)
+        try:
+            rows, machine = read_rows(args.report_from)
+        except (OSError, ValueError) as e:
+            p.error(f"--report-from {args.report_from}: {e}")
         text = report(rows, rows[0]["command"] if rows else cmd, machine, cfg_line, notes)
     else:
-        counts = {int(k): int(v) for k, v in (s.split("=") for s in args.cases_for)}
+        counts = dict(args.cases_for)
         torch.manual_seed(0)
         torch.set_num_threads(args.threads)
         model = load_model(model_dir)
