@@ -177,7 +177,7 @@ def test_copy_table_is_the_recorded_one():
         se = (sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5
         want = f"{100 * mean:+.1f} ({100 * (mean - 1.645 * se):+.1f} to {100 * (mean + 1.645 * se):+.1f})"
         assert row["prefilling - crop, points (90% interval)"] == want
-        assert mean - 1.645 * se > -0.05  # issue 48's bar (-5 points), on the interval's lower end too
+        assert mean - 1.645 * se > -0.05  # within 5 points of the crop, even at the interval's lower end
 
 
 def test_multipart_recall_and_parts_right_are_the_recorded_ones():

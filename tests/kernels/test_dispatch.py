@@ -109,8 +109,8 @@ def test_compile_fullgraph_scoring_pipeline():
 
 def test_compile_after_eager_calls_with_numpy_scalars():
     """An eager call with numpy integers (accepted for b and pool_kernel) memoizes its metadata with them;
-    compiling any op afterwards once failed with dynamo's "unhashable type: 'numpy.ndarray'", because the
-    trace read that process-wide memo (seen in a full test run, 2026-12-07). Traced calls now skip it."""
+    compiling any op afterwards must not trace that process-wide memo (dynamo cannot hash numpy scalars:
+    "unhashable type: 'numpy.ndarray'"); traced calls skip it."""
     np = pytest.importorskip("numpy")
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(2)
@@ -130,8 +130,8 @@ def test_compile_after_eager_calls_with_numpy_scalars():
 
 
 def test_eager_calls_between_compiled_calls_do_not_recompile():
-    """Eager calls with new shapes add keys to the ops' metadata memo; a compiled graph that had read the memo
-    while tracing was guarded on it and recompiled (2 graphs for 1, measured 2026-12-08)."""
+    """Eager calls with new shapes add keys to the ops' metadata memo; a compiled graph stays one graph (had
+    it read the memo while tracing, it would be guarded on the memo and recompile)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -152,9 +152,9 @@ def test_eager_calls_between_compiled_calls_do_not_recompile():
 
 
 def test_environment_changes_between_compiled_calls_do_not_recompile(monkeypatch):
-    """The ops read PREFILLING_DLLM_* through os.environ's own dict; traced, that guarded every compiled op on
-    the environment's size, so any variable set anywhere recompiled it, and fullgraph failed after 8
-    (recompile_limit; found by a test session, 2026-12-08). The variables are read once, at trace time."""
+    """The ops read PREFILLING_DLLM_* through os.environ's own dict; read once at trace time, so setting
+    other variables between calls keeps one graph (a traced read would guard on the environment's size,
+    recompile on every change and fail fullgraph after recompile_limit)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -170,8 +170,8 @@ def test_environment_changes_between_compiled_calls_do_not_recompile(monkeypatch
 
 
 def test_shape_errors_under_compile_keep_their_message():
-    """A layout error raised while dynamo traces reaches the user with the op's words (dynamo wraps it); the
-    GQA check's message was lost to 'missing sq_concat' (str += str in with_layout) before 2026-12-08."""
+    """A layout error raised while dynamo traces reaches the user with the op's words (dynamo wraps it; a
+    message built with str += str would be lost to dynamo's 'missing sq_concat')."""
     torch._dynamo.reset()
     q, kp, vp, slots, lens, kl, vl = _small()
     bad_q = q[:, :, :3]  # Hq=3 against Hkv=2
